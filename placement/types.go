@@ -1,0 +1,27 @@
+package placement
+
+import "github.com/moetuner/moetuner/routing"
+
+// GPU is an expert-parallel rank, 0-based. GPU g lives on node g/GPUsPerNode.
+type GPU int
+
+// Plan places the physical expert slots of every MoE layer on GPUs.
+type Plan struct {
+	// GPUs is the number of expert-parallel ranks.
+	GPUs int
+	// Experts is the number of logical experts per layer.
+	Experts int
+	// Layers holds one LayerPlan per MoE layer.
+	Layers []LayerPlan
+	// Strategy names what produced the plan ("joint", "contiguous", ...);
+	// informational.
+	Strategy string
+}
+
+// LayerPlan maps the physical slots of one layer: slot s holds logical expert
+// SlotExpert[s] on GPU SlotGPU[s]. With one copy per expert there are
+// Experts slots; replication adds slots.
+type LayerPlan struct {
+	SlotExpert []routing.Expert
+	SlotGPU    []GPU
+}

@@ -1,0 +1,85 @@
+package solver
+
+import "context"
+
+// MIP is a mixed-integer linear program in column form, built in Go and
+// handed to a Backend once:
+//
+//	min  Σ_j Cost[j]·x_j + Offset
+//	s.t. RowLower[i] ≤ Σ_j A[i][j]·x_j ≤ RowUpper[i]
+//	     Lower[j] ≤ x_j ≤ Upper[j],  x_j integer where Integer[j]
+//
+// Rows are stored sparse (CSR). Use math.Inf for absent bounds.
+type MIP struct {
+	Names   []string // column names (for LP files); may be nil
+	Cost    []float64
+	Lower   []float64
+	Upper   []float64
+	Integer []bool
+	Offset  float64
+
+	RowNames []string
+	RowLower []float64
+	RowUpper []float64
+	RowStart []int // len rows+1
+	RowIndex []int
+	RowValue []float64
+}
+
+// MIPOptions are the backend settings for one solve. The zero value means
+// no limit, HiGHS's default gap, one thread, seed 0.
+type MIPOptions struct {
+	TimeLimitSec float64 // 0: none
+	RelGap       float64 // 0: backend default
+	Threads      int     // 0: 1
+	Seed         int
+	// Start is a feasible assignment of every column used as the incumbent
+	// (MIP start); nil for none.
+	Start []float64
+	// Progress, when set, receives the incumbent objective and the dual
+	// bound as the search goes on.
+	Progress func(objective, bound float64)
+}
+
+// MIPStatus is a backend's verdict.
+type MIPStatus int
+
+const (
+	MIPOptimal    MIPStatus = iota // proven optimal within RelGap
+	MIPFeasible                    // stopped (time limit, interrupt) with an incumbent
+	MIPInfeasible                  // proven infeasible
+	MIPNoSolution                  // stopped without any incumbent
+	MIPError                       // the backend failed
+)
+
+// String names the status.
+func (s MIPStatus) String() string {
+	switch s {
+	case MIPOptimal:
+		return "optimal"
+	case MIPFeasible:
+		return "feasible"
+	case MIPInfeasible:
+		return "infeasible"
+	case MIPNoSolution:
+		return "no solution"
+	case MIPError:
+		return "error"
+	}
+	return "unknown"
+}
+
+// MIPSolution is what a backend returns.
+type MIPSolution struct {
+	Status    MIPStatus
+	X         []float64 // column values; nil without an incumbent
+	Objective float64   // backend's objective (never trusted: recompute)
+	Bound     float64   // dual bound (≤ optimum)
+	Gap       float64   // backend's relative gap
+	TimedOut  bool      // stopped by the time limit or the watchdog
+}
+
+// Backend solves MIPs. solver/highs provides the HiGHS one.
+type Backend interface {
+	SolveMIP(ctx context.Context, m *MIP, opts MIPOptions) (*MIPSolution, error)
+}
