@@ -1,0 +1,90 @@
+// Package solver turns routing statistics into expert placements with
+// integer linear programs solved by a Backend (solver/highs wraps HiGHS).
+//
+// Every strategy's plan is validated (placement.Plan.Validate) and scored
+// with costmodel.Evaluate; a backend's objective is never trusted: each ILP
+// objective is recomputed in Go from the plan and checked against the
+// backend's, and a backend solution is checked row by row (MIP.Check).
+//
+// # Notation
+//
+// L layers (Stats.Layers), E experts per layer, G = Cluster.GPUs() GPUs on
+// N = Cluster.Nodes nodes of n = GPUsPerNode, P[l][e] = Stats.Load,
+// R[l][e1][e2] = Stats.Transitions (layer l to l+1, k×k pairs by default),
+// C[l][a][b] = Stats.CoActivation. Times inside the MIPs are microseconds.
+//
+// # Strategy "moetuner" (arXiv 2502.06643, errata fixed as in MOETUNER.md)
+//
+// ILP 1, one per layer (E1: each expert in exactly one cluster; E2: no
+// stray sum over tokens):
+//
+//	min Σ_c d_c
+//	    Σ_c x[c][e] = 1 ∀e;   Σ_e x[c][e] ≥ 1 ∀c            (non-empty)
+//	    d_c ≥ ±(Σ_e P[l][e]·x[c][e] − T̄_l),  T̄_l = Σ_e P[l][e]/G
+//	    Σ_e P·x[c] ≥ Σ_e P·x[c+1]                            (symmetry)
+//
+// Cluster sizes may differ (the paper's design). Ties in Σ|T−T̄| are not
+// broken by the largest cluster (the paper does not either).
+//
+// ILP 2, all layers at once (E3: layer-(l+1) clusters; E4: max over GPU
+// pairs; E5: no self-traffic; E6: l = 0..L−2), with y a permutation per
+// layer and the RLT (Adams–Johnson) linearisation of y·y:
+//
+//	min Σ_{l<L−1} M_l
+//	    M_l ≥ Σ_{c1,c2} C'[l][c1][c2]·z[l][c1][g1][c2][g2]·s(g1,g2)  ∀ g1≠g2
+//	    Σ_{c2} z[l][c1][g1][c2][g2] = y[l][c1][g1] ∀ g2
+//	    Σ_{c1} z[l][c1][g1][c2][g2] = y[l+1][c2][g2] ∀ g1
+//	    Σ_g y[l][c][g] = 1,  Σ_c y[l][c][g] = 1,
+//	    Σ_l Σ_c |c|·y[l][c][g] = E·L/G ∀g                     (Eq. 13)
+//
+// where C'[l][c1][c2] aggregates R over the clusters and s(g1,g2) is the
+// seconds per token on the link (TokenBytes over the per-direction NVLink
+// bandwidth within a node, over the NIC bandwidth across nodes). When Eq. 13
+// cannot hold (E·L mod G ≠ 0, or ILP 1's sizes do not fit) Solve returns an
+// *InfeasibleError (errors.Is(err, ErrInfeasible)).
+//
+// # Strategy "joint" (the default)
+//
+// One ILP on modeled layer time with x[l][e][g] ∈ {0,1}, Σ_g x = 1, and
+// Σ_e x[l][e][g] = E/G slots per GPU per layer (the serving stacks need
+// equal slots). Per layer:
+//
+//	Tc_l ≥ (α·Σ_e P[l][e]·x[l][e][g] + β·E/G)/speed_g   ∀g   (compute tail)
+//
+// with α, β from Cluster.Coefficients. Communication is priced per GPU
+// port (NVLink in/out at half the quoted NVLink bandwidth, NIC in/out) as in
+// costmodel, for tokens whose homes are spread evenly over the GPUs.
+//
+// Home flow. N_g = Σ_e P·x[e][g] − Σ_{(a,b)} C[a][b]·y[a][b][g] counts the
+// distinct tokens GPU g receives, with y ≤ x[a][g], y ≤ x[b][g] for the
+// MaxPairs most co-activated pairs (exact for top-2, a pairwise estimate
+// for larger k); M_B is the same per node. The dispatch phase satisfies
+//
+//	Td ≥ (n−1)/n·N_g·s_nv,  Td ≥ (Σ_{g'∈node(g), g'≠g} N_g')/n·s_nv
+//	Td ≥ (N−1)/G·M_B·s_nic, Td ≥ Σ_{B'≠B} M_B'/G·s_nic
+//
+// (the second pair only on several nodes: one NIC copy per destination node,
+// then NVLink forwarding), s = TokenBytes/bandwidth. Combine mirrors
+// dispatch, so communication is 2·Td plus two latencies. Layers are
+// independent and solved in parallel; the bound is the sum of their bounds.
+//
+// Chain flow. Layer 0 dispatches from homes, the last layer also combines
+// to homes (as above, without pair savings); in between, the traffic from
+// layer l−1 into layer l leaving GPU g is Σ_e rowsum(R)[e]·x[l−1][e][g] −
+// Σ_{(a,b)} R[a][b]·v[a][b][g] and entering g is Σ_e colsum(R)[e]·x[l][e][g]
+// − Σ R·v, with v ≤ x[l−1][a][g], v ≤ x[l][b][g] for the MaxPairs heaviest
+// transitions; node-level v likewise prices the NICs (spread over the n NICs
+// of a node). All layers form one ILP.
+//
+// Objective: Σ_l Tc_l + comm_l (Sequential) or Σ_l T_l + comm_l/4 with
+// T_l ≥ (1+σ)·Tc_l, T_l ≥ comm_l (Overlapped).
+//
+// The ILP is warm-started from the best of the greedy, contiguous and
+// round-robin baselines under the exact cost model, so its model objective
+// is never worse than the warm start's (checked). Because the ILP prices
+// duplicates only pairwise, the plan is then polished by pairwise expert
+// swaps scored by the exact costmodel.Evaluator (as is the baseline), and
+// the better one is returned. Result.Bound is HiGHS's dual bound on the
+// ILP's model objective and Result.Gap the relative gap of the returned
+// plan under that model; Result.Objective is the exact cost model's time.
+package solver

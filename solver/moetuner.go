@@ -1,0 +1,419 @@
+package solver
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// solveMoETuner runs the paper's two stages with errata E1–E6 fixed (see
+// doc.go): ILP 1 clusters each layer's experts into G non-empty clusters
+// minimising Σ_c |T_c − T̄|; ILP 2 maps clusters to GPUs per layer
+// minimising Σ_l max_{g1≠g2} V_{g1,g2,l}/B_{g1,g2} under Eq. 13.
+func solveMoETuner(ctx context.Context, p Problem, backend Backend, opts Options) (*Result, error) {
+	s := p.Stats
+	L, E, G := s.Layers, s.Experts, p.Cluster.GPUs()
+	if (E*L)%G != 0 {
+		return nil, &InfeasibleError{Constraint: "Eq. 13 (memory balance)", Detail: fmt.Sprintf("E·L = %d·%d = %d experts cannot be split evenly over %d GPUs; use a GPU count that divides %d", E, L, E*L, G, E*L)}
+	}
+	deadline := time.Now().Add(opts.TimeLimit)
+	res := &Result{}
+	// Stage 1, per layer, in parallel.
+	clusters := make([][]int, L) // [l][e] = cluster
+	subs := make([]subSolve, L)
+	var wg sync.WaitGroup
+	jobs := make(chan int)
+	stage1Deadline := time.Now().Add(opts.TimeLimit / 2)
+	for w := 0; w < opts.Parallel; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for l := range jobs {
+				m, xs, start := buildILP1(s.Load[l], G, l)
+				limit := time.Until(stage1Deadline)
+				if limit < 100*time.Millisecond {
+					limit = 100 * time.Millisecond
+				}
+				subs[l] = runMIP(ctx, backend, m, start, opts, limit)
+				if subs[l].err == nil && subs[l].sol.X != nil {
+					clusters[l] = make([]int, E)
+					for e := range E {
+						for c := range G {
+							if subs[l].sol.X[xs[c][e]] > 0.5 {
+								clusters[l][e] = c
+							}
+						}
+					}
+				}
+			}
+		}()
+	}
+	for l := range L {
+		jobs <- l
+	}
+	close(jobs)
+	wg.Wait()
+	allOptimal, timedOut := true, false
+	for _, ss := range subs {
+		if ss.err != nil {
+			return nil, ss.err
+		}
+		if err := mipVerdict(ss.sol); err != nil {
+			return nil, err
+		}
+		res.Cols += ss.cols
+		res.IntCols += ss.ints
+		res.Rows += ss.rows
+		res.Nonzeros += ss.nnz
+		allOptimal = allOptimal && ss.sol.Status == MIPOptimal
+		timedOut = timedOut || ss.sol.TimedOut
+	}
+	res.Stage1Objective = stage1Objective(s.Load, clusters, G)
+
+	// Stage 2.
+	sizes := make([][]int, L)
+	for l := range L {
+		sizes[l] = make([]int, G)
+		for _, c := range clusters[l] {
+			sizes[l][c]++
+		}
+	}
+	C := clusterTransitions(p, clusters, G)
+	B := pairSeconds(p) // seconds per token for g1 → g2
+	m, ys := buildILP2(sizes, C, B, E*L/G)
+	limit := time.Until(deadline)
+	if limit < time.Second {
+		limit = time.Second
+	}
+	ss := runMIP(ctx, backend, m, nil, opts, limit)
+	if ss.err != nil {
+		return nil, ss.err
+	}
+	if ss.sol.Status == MIPInfeasible {
+		return nil, &InfeasibleError{Constraint: "Eq. 13 (memory balance)", Detail: fmt.Sprintf("no cluster-to-GPU mapping gives every GPU %d experts over the model with ILP 1's cluster sizes; the paper has no fallback (MOETUNER.md E10): use the joint strategy or another GPU count", E*L/G)}
+	}
+	if err := mipVerdict(ss.sol); err != nil {
+		return nil, err
+	}
+	res.Cols += ss.cols
+	res.IntCols += ss.ints
+	res.Rows += ss.rows
+	res.Nonzeros += ss.nnz
+	allOptimal = allOptimal && ss.sol.Status == MIPOptimal
+	timedOut = timedOut || ss.sol.TimedOut
+	gpuOf := make([][]int, L) // [l][c] = GPU
+	for l := range L {
+		gpuOf[l] = make([]int, G)
+		for c := range G {
+			for g := range G {
+				if ss.sol.X[ys[l][c][g]] > 0.5 {
+					gpuOf[l][c] = g
+				}
+			}
+		}
+	}
+	stage2 := stage2Objective(C, B, gpuOf, G) // µs
+	if C != nil && ss.sol.Objective < stage2*(1-1e-6)-1e-6 {
+		return nil, fmt.Errorf("solver: internal error: ILP 2 objective %.9g µs below the plan's recomputed %.9g µs", ss.sol.Objective, stage2)
+	}
+	res.Stage2Objective = stage2 / 1e6
+	assign := make([][]int, L)
+	for l := range L {
+		assign[l] = make([]int, E)
+		for e, c := range clusters[l] {
+			assign[l][e] = gpuOf[l][c]
+		}
+	}
+	res.Plan = assignPlan(G, assign)
+	switch {
+	case timedOut:
+		res.Status = StatusTimeLimit
+	case allOptimal:
+		res.Status = StatusOptimal
+	default:
+		res.Status = StatusFeasible
+	}
+	res.Bound, res.Gap, res.ModelObjective = math.NaN(), math.NaN(), math.NaN()
+	return res, nil
+}
+
+// buildILP1 returns the corrected ILP 1 of one layer, its x[c][e] columns
+// and a feasible start (contiguous clusters).
+func buildILP1(load []float64, G, l int) (*MIP, [][]int, []float64) {
+	E := len(load)
+	b := &builder{}
+	mean := 0.0
+	for _, v := range load {
+		mean += v
+	}
+	mean /= float64(G)
+	xs := make([][]int, G)
+	d := make([]int, G)
+	for c := range G {
+		xs[c] = make([]int, E)
+		for e := range E {
+			xs[c][e] = b.binary(fmt.Sprintf("x_%d_%d_%d", l, c, e))
+		}
+		d[c] = b.col(fmt.Sprintf("d_%d_%d", l, c), 0, inf, 1, false)
+	}
+	for e := range E {
+		idx := make([]int, G)
+		for c := range G {
+			idx[c] = xs[c][e]
+		}
+		b.row(fmt.Sprintf("one_%d", e), 1, 1, idx, ones(G)) // E1
+	}
+	for c := range G {
+		b.row(fmt.Sprintf("nonempty_%d", c), 1, inf, xs[c], ones(E)) // Eq. 7
+		idx := append([]int{d[c]}, xs[c]...)
+		pos := append([]float64{1}, negate(load)...)
+		b.row(fmt.Sprintf("dev_pos_%d", c), -mean, inf, idx, pos)
+		b.row(fmt.Sprintf("dev_neg_%d", c), mean, inf, idx, append([]float64{1}, load...))
+		if c+1 < G { // symmetry breaking: T_0 ≥ T_1 ≥ …
+			idx := append(append([]int{}, xs[c]...), xs[c+1]...)
+			val := append(append([]float64{}, load...), negate(load)...)
+			b.row(fmt.Sprintf("order_%d", c), 0, inf, idx, val)
+		}
+	}
+	m := b.mip()
+	// Start: contiguous blocks sorted by load to respect the ordering rows.
+	per := E / G
+	block := make([]int, E)
+	for e := range E {
+		c := e / max(per, 1)
+		if c >= G {
+			c = G - 1
+		}
+		block[e] = c
+	}
+	tot := make([]float64, G)
+	for e, c := range block {
+		tot[c] += load[e]
+	}
+	rank := sortedDesc(tot)
+	start := make([]float64, len(m.Cost))
+	for e, c := range block {
+		start[xs[rank[c]][e]] = 1
+	}
+	for c := range G {
+		start[d[rank[c]]] = math.Abs(tot[c] - mean)
+	}
+	if E < G {
+		start = nil
+	}
+	return m, xs, start
+}
+
+// sortedDesc returns, for each index, its position in descending order.
+func sortedDesc(v []float64) []int {
+	idx := make([]int, len(v))
+	for i := range idx {
+		idx[i] = i
+	}
+	for i := 1; i < len(idx); i++ {
+		for j := i; j > 0 && (v[idx[j]] > v[idx[j-1]] || (v[idx[j]] == v[idx[j-1]] && idx[j] < idx[j-1])); j-- {
+			idx[j], idx[j-1] = idx[j-1], idx[j]
+		}
+	}
+	pos := make([]int, len(v))
+	for p, i := range idx {
+		pos[i] = p
+	}
+	return pos
+}
+
+func negate(v []float64) []float64 {
+	o := make([]float64, len(v))
+	for i, x := range v {
+		o[i] = -x
+	}
+	return o
+}
+
+// stage1Objective recomputes Σ_l Σ_c |T_c − T̄_l| from clusters.
+func stage1Objective(load [][]float64, clusters [][]int, G int) float64 {
+	total := 0.0
+	for l, cl := range clusters {
+		t := make([]float64, G)
+		sum := 0.0
+		for e, c := range cl {
+			t[c] += load[l][e]
+			sum += load[l][e]
+		}
+		for c := range G {
+			total += math.Abs(t[c] - sum/float64(G))
+		}
+	}
+	return total
+}
+
+// clusterTransitions aggregates R to clusters (Eq. 9 with erratum E3):
+// C[l][c1*G+c2] = Σ R[l][e1][e2] over e1 in cluster c1 of layer l and e2 in
+// cluster c2 of layer l+1. Nil without transitions.
+func clusterTransitions(p Problem, clusters [][]int, G int) [][]float64 {
+	s := p.Stats
+	if s.Transitions == nil {
+		return nil
+	}
+	C := make([][]float64, s.Layers-1)
+	for l := range C {
+		C[l] = make([]float64, G*G)
+		for e1 := range s.Experts {
+			for e2 := range s.Experts {
+				C[l][clusters[l][e1]*G+clusters[l+1][e2]] += s.Transitions[l][e1*s.Experts+e2]
+			}
+		}
+	}
+	return C
+}
+
+// pairSeconds returns the seconds per token from g1 to g2: TokenBytes over
+// NVLink (same node) or NIC bandwidth; 0 on the diagonal (erratum E5).
+func pairSeconds(p Problem) [][]float64 {
+	c := p.Cluster
+	G := c.GPUs()
+	B := make([][]float64, G)
+	for g1 := range G {
+		B[g1] = make([]float64, G)
+		for g2 := range G {
+			switch {
+			case g1 == g2:
+			case c.NodeOf(g1) == c.NodeOf(g2):
+				B[g1][g2] = p.Model.TokenBytes() / c.NVLinkBytesPerSec()
+			default:
+				B[g1][g2] = p.Model.TokenBytes() / c.NICBytesPerSec()
+			}
+		}
+	}
+	return B
+}
+
+// buildILP2 returns the corrected ILP 2 (McCormick with the RLT equalities)
+// and its y[l][c][g] columns. Times are in µs inside the MIP.
+func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*MIP, [][][]int) {
+	L := len(sizes)
+	G := len(B)
+	b := &builder{}
+	ys := make([][][]int, L)
+	for l := range L {
+		ys[l] = make([][]int, G)
+		for c := range G {
+			ys[l][c] = make([]int, G)
+			for g := range G {
+				ys[l][c][g] = b.binary(fmt.Sprintf("y_%d_%d_%d", l, c, g))
+			}
+			b.row(fmt.Sprintf("cl_%d_%d", l, c), 1, 1, ys[l][c], ones(G)) // Eq. 14
+		}
+		for g := range G {
+			idx := make([]int, G)
+			for c := range G {
+				idx[c] = ys[l][c][g]
+			}
+			b.row(fmt.Sprintf("gpu_%d_%d", l, g), 1, 1, idx, ones(G)) // Eq. 15
+		}
+	}
+	for g := range G { // Eq. 13
+		var idx []int
+		var val []float64
+		for l := range L {
+			for c := range G {
+				idx = append(idx, ys[l][c][g])
+				val = append(val, float64(sizes[l][c]))
+			}
+		}
+		b.row(fmt.Sprintf("mem_%d", g), float64(perGPU), float64(perGPU), idx, val)
+	}
+	if C == nil {
+		return b.mip(), ys
+	}
+	for l := 0; l+1 < L; l++ {
+		z := make([][][][]int, G) // [c1][g1][c2][g2]
+		for c1 := range G {
+			z[c1] = make([][][]int, G)
+			for g1 := range G {
+				z[c1][g1] = make([][]int, G)
+				for c2 := range G {
+					z[c1][g1][c2] = make([]int, G)
+					for g2 := range G {
+						z[c1][g1][c2][g2] = b.col(fmt.Sprintf("z_%d_%d_%d_%d_%d", l, c1, g1, c2, g2), 0, 1, 0, false)
+					}
+				}
+			}
+		}
+		// RLT: Σ_c2 z = y[l][c1][g1] for every g2; Σ_c1 z = y[l+1][c2][g2] for every g1.
+		for c1 := range G {
+			for g1 := range G {
+				for g2 := range G {
+					idx := []int{ys[l][c1][g1]}
+					val := []float64{-1}
+					for c2 := range G {
+						idx = append(idx, z[c1][g1][c2][g2])
+						val = append(val, 1)
+					}
+					b.row(fmt.Sprintf("rlt1_%d_%d_%d_%d", l, c1, g1, g2), 0, 0, idx, val)
+				}
+			}
+		}
+		for c2 := range G {
+			for g2 := range G {
+				for g1 := range G {
+					idx := []int{ys[l+1][c2][g2]}
+					val := []float64{-1}
+					for c1 := range G {
+						idx = append(idx, z[c1][g1][c2][g2])
+						val = append(val, 1)
+					}
+					b.row(fmt.Sprintf("rlt2_%d_%d_%d_%d", l, c2, g2, g1), 0, 0, idx, val)
+				}
+			}
+		}
+		M := b.col(fmt.Sprintf("M_%d", l), 0, inf, 1, false)
+		for g1 := range G {
+			for g2 := range G {
+				if g1 == g2 {
+					continue
+				}
+				idx := []int{M}
+				val := []float64{-1}
+				for c1 := range G {
+					for c2 := range G {
+						if w := C[l][c1*G+c2] * B[g1][g2] * 1e6; w != 0 {
+							idx = append(idx, z[c1][g1][c2][g2])
+							val = append(val, w)
+						}
+					}
+				}
+				b.row(fmt.Sprintf("bott_%d_%d_%d", l, g1, g2), -inf, 0, idx, val)
+			}
+		}
+	}
+	return b.mip(), ys
+}
+
+// stage2Objective recomputes Σ_l max_{g1≠g2} V_{g1,g2,l}·B in µs.
+func stage2Objective(C [][]float64, B [][]float64, gpuOf [][]int, G int) float64 {
+	if C == nil {
+		return 0
+	}
+	total := 0.0
+	for l := range C {
+		V := make([]float64, G*G)
+		for c1 := range G {
+			for c2 := range G {
+				V[gpuOf[l][c1]*G+gpuOf[l+1][c2]] += C[l][c1*G+c2]
+			}
+		}
+		worst := 0.0
+		for g1 := range G {
+			for g2 := range G {
+				if g1 != g2 {
+					worst = math.Max(worst, V[g1*G+g2]*B[g1][g2]*1e6)
+				}
+			}
+		}
+		total += worst
+	}
+	return total
+}

@@ -1,0 +1,327 @@
+package solver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+)
+
+// Strategy names a placement method.
+type Strategy string
+
+const (
+	StrategyJoint      Strategy = "joint"       // one ILP on modeled layer time (default)
+	StrategyMoETuner   Strategy = "moetuner"    // arXiv 2502.06643, two ILPs, errata fixed
+	StrategyGreedy     Strategy = "greedy"      // largest load first onto the lightest GPU
+	StrategyContiguous Strategy = "contiguous"  // Megatron: e on GPU e/(E/G)
+	StrategyRoundRobin Strategy = "round-robin" // e on GPU e mod G
+)
+
+// Strategies lists every strategy in the order compare prints them.
+var Strategies = []Strategy{StrategyContiguous, StrategyRoundRobin, StrategyGreedy, StrategyMoETuner, StrategyJoint}
+
+// ParseStrategy maps a name to a Strategy.
+func ParseStrategy(s string) (Strategy, error) {
+	for _, st := range Strategies {
+		if string(st) == s {
+			return st, nil
+		}
+	}
+	if s == "roundrobin" {
+		return StrategyRoundRobin, nil
+	}
+	return "", fmt.Errorf("solver: unknown strategy %q (want joint, moetuner, greedy, contiguous or round-robin)", s)
+}
+
+// Problem is what to place: statistics, hardware, model and token flow.
+type Problem struct {
+	Stats   *routing.Stats
+	Cluster costmodel.Cluster
+	Model   costmodel.Model
+	// Flow and Mode choose the modeled layer time that joint minimises and
+	// that every result is scored with.
+	Flow costmodel.Flow
+	Mode costmodel.Mode
+}
+
+// Options tune a solve. The zero value works.
+type Options struct {
+	// TimeLimit bounds the whole solve (default 60 s). It is passed to
+	// HiGHS and enforced by a wall-clock watchdog as well.
+	TimeLimit time.Duration
+	// RelGap is the relative MIP gap at which HiGHS stops (default 1e-4
+	// for joint, 0.025 for moetuner as in the paper; set a negative value
+	// for 0).
+	RelGap float64
+	// Threads for HiGHS (default 1, deterministic). Independent layer
+	// problems are also solved Parallel at a time.
+	Threads int
+	// Parallel is how many independent sub-problems run at once (default
+	// 2, the cores of the reference machine).
+	Parallel int
+	// Seed is HiGHS's random seed (default 0).
+	Seed int
+	// MaxPairs caps the co-activation (home flow) or transition (chain
+	// flow) expert pairs that get variables, per layer (default 4·E).
+	MaxPairs int
+	// NoPolish skips the exact-cost local search after the ILP.
+	NoPolish bool
+	// Progress, when set, receives progress reports.
+	Progress func(Progress)
+}
+
+// Progress is a progress report.
+type Progress struct {
+	Stage     string
+	Objective float64
+	Bound     float64
+	Elapsed   time.Duration
+}
+
+// Status is the outcome of a solve.
+type Status int
+
+const (
+	// StatusOptimal: every ILP was solved to within its gap.
+	StatusOptimal Status = iota
+	// StatusFeasible: a plan with a positive proven gap.
+	StatusFeasible
+	// StatusTimeLimit: the time limit stopped a solve; the plan is the
+	// best found.
+	StatusTimeLimit
+	// StatusInfeasible: the constraints admit no plan.
+	StatusInfeasible
+	// StatusHeuristic: no ILP was involved (baselines).
+	StatusHeuristic
+)
+
+// String names the status.
+func (s Status) String() string {
+	switch s {
+	case StatusOptimal:
+		return "optimal"
+	case StatusFeasible:
+		return "feasible"
+	case StatusTimeLimit:
+		return "time-limit"
+	case StatusInfeasible:
+		return "infeasible"
+	case StatusHeuristic:
+		return "heuristic"
+	}
+	return "unknown"
+}
+
+// Result is a solved placement with its evidence.
+type Result struct {
+	Strategy Strategy
+	Plan     *placement.Plan
+	Status   Status
+	// Objective is the modeled end-to-end time (seconds, sum of layer
+	// times) recomputed in Go by costmodel.Evaluate from the plan.
+	Objective float64
+	Report    *costmodel.Report
+	// ModelObjective is the ILP's own objective (seconds) recomputed in Go
+	// from the plan; Bound is the solver's dual bound on it and Gap =
+	// (ModelObjective − Bound)/ModelObjective. NaN without an ILP.
+	ModelObjective float64
+	Bound          float64
+	Gap            float64
+	// Stage1Objective is the moetuner strategy's ILP 1 objective
+	// Σ_l Σ_c |T_c − T̄| in tokens, recomputed in Go; Stage2Objective its
+	// ILP 2 objective in seconds. NaN for other strategies.
+	Stage1Objective float64
+	Stage2Objective float64
+	// Baseline names the warm start and BaselineObjective its Objective.
+	Baseline          Strategy
+	BaselineObjective float64
+	// Model size of the ILP(s), summed over sub-problems.
+	Cols, IntCols, Rows, Nonzeros int
+	SolveTime                     time.Duration
+}
+
+// ErrInfeasible is returned (wrapped in *InfeasibleError) when no plan
+// satisfies the constraints.
+var ErrInfeasible = errors.New("infeasible")
+
+// InfeasibleError says which constraint made a problem infeasible and what
+// would fix it.
+type InfeasibleError struct {
+	Constraint string
+	Detail     string
+}
+
+func (e *InfeasibleError) Error() string {
+	return "solver: infeasible: " + e.Constraint + ": " + e.Detail
+}
+
+// Unwrap lets errors.Is(err, ErrInfeasible) work.
+func (e *InfeasibleError) Unwrap() error { return ErrInfeasible }
+
+func (o Options) withDefaults(st Strategy) Options {
+	if o.TimeLimit <= 0 {
+		o.TimeLimit = 60 * time.Second
+	}
+	if o.RelGap == 0 {
+		o.RelGap = 1e-4
+		if st == StrategyMoETuner {
+			o.RelGap = 0.025
+		}
+	}
+	if o.RelGap < 0 {
+		o.RelGap = 0
+	}
+	if o.Threads <= 0 {
+		o.Threads = 1
+	}
+	if o.Parallel <= 0 {
+		o.Parallel = 2
+	}
+	return o
+}
+
+func (p Problem) check() error {
+	s := p.Stats
+	if s == nil {
+		return errors.New("solver: problem has no statistics")
+	}
+	if err := p.Cluster.Validate(); err != nil {
+		return err
+	}
+	g := p.Cluster.GPUs()
+	if s.Experts < g {
+		return &InfeasibleError{Constraint: "gpus", Detail: fmt.Sprintf("%d experts per layer cannot fill %d GPUs without replication; use at most %d GPUs", s.Experts, g, s.Experts)}
+	}
+	if len(s.Load) != s.Layers || s.Layers == 0 {
+		return fmt.Errorf("solver: statistics have %d load rows for %d layers", len(s.Load), s.Layers)
+	}
+	return nil
+}
+
+// evalOpts returns the cost-model options of p.
+func (p Problem) evalOpts() costmodel.Options {
+	return costmodel.Options{Flow: p.Flow, Mode: p.Mode}
+}
+
+// Score evaluates plan on p with the cost model and returns the report and
+// the modeled end-to-end time in seconds.
+func Score(p Problem, plan *placement.Plan) (*costmodel.Report, float64, error) {
+	rep, err := costmodel.Evaluate(plan, p.Stats, p.Cluster, p.Model, p.evalOpts())
+	if err != nil {
+		return nil, 0, err
+	}
+	return rep, rep.TimeSec, nil
+}
+
+// Solve places experts with strategy st. Every returned plan has been
+// validated and its cost recomputed in Go; solver objectives are never
+// trusted. backend may be nil for the baselines.
+func Solve(ctx context.Context, p Problem, st Strategy, backend Backend, opts Options) (*Result, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults(st)
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, opts.TimeLimit+opts.TimeLimit/10+time.Second)
+	defer cancel()
+	var res *Result
+	var err error
+	switch st {
+	case StrategyContiguous, StrategyRoundRobin, StrategyGreedy:
+		var plan *placement.Plan
+		plan, err = Baseline(p, st)
+		if err == nil {
+			res = &Result{Plan: plan, Status: StatusHeuristic}
+		}
+	case StrategyMoETuner:
+		if backend == nil {
+			return nil, errors.New("solver: the moetuner strategy needs a MIP backend (solver/highs)")
+		}
+		res, err = solveMoETuner(ctx, p, backend, opts)
+	case StrategyJoint:
+		if backend == nil {
+			return nil, errors.New("solver: the joint strategy needs a MIP backend (solver/highs)")
+		}
+		res, err = solveJoint(ctx, p, backend, opts, start)
+	default:
+		return nil, fmt.Errorf("solver: unknown strategy %q", st)
+	}
+	if err != nil {
+		return nil, err
+	}
+	res.Strategy = st
+	res.Plan.Strategy = string(st)
+	if err := res.Plan.Validate(placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}); err != nil {
+		return nil, fmt.Errorf("solver: %s produced an invalid plan: %w", st, err)
+	}
+	rep, obj, err := Score(p, res.Plan)
+	if err != nil {
+		return nil, err
+	}
+	res.Report, res.Objective = rep, obj
+	if st != StrategyJoint {
+		res.ModelObjective, res.Bound, res.Gap = nan(res.ModelObjective), nan(res.Bound), nan(res.Gap)
+	}
+	if st != StrategyMoETuner {
+		res.Stage1Objective, res.Stage2Objective = math.NaN(), math.NaN()
+	}
+	res.SolveTime = time.Since(start)
+	return res, nil
+}
+
+// nan keeps set values and turns unset zeros into NaN for non-ILP results.
+func nan(v float64) float64 {
+	if v == 0 {
+		return math.NaN()
+	}
+	return v
+}
+
+// Baseline builds a non-ILP plan.
+func Baseline(p Problem, st Strategy) (*placement.Plan, error) {
+	s := p.Stats
+	g := p.Cluster.GPUs()
+	switch st {
+	case StrategyContiguous:
+		return placement.Contiguous(s.Layers, s.Experts, g)
+	case StrategyRoundRobin:
+		return placement.RoundRobin(s.Layers, s.Experts, g)
+	case StrategyGreedy:
+		return placement.Greedy(s, g, placement.GreedyOptions{Speed: p.Cluster.Speed})
+	}
+	return nil, fmt.Errorf("solver: %q is not a baseline", st)
+}
+
+// bestBaseline returns the baseline with the lowest modeled time.
+func bestBaseline(p Problem) (Strategy, *placement.Plan, float64, error) {
+	var best *placement.Plan
+	var bestSt Strategy
+	bestObj := math.Inf(1)
+	var firstErr error
+	for _, st := range []Strategy{StrategyGreedy, StrategyContiguous, StrategyRoundRobin} {
+		plan, err := Baseline(p, st)
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		_, obj, err := Score(p, plan)
+		if err != nil {
+			return "", nil, 0, err
+		}
+		if obj < bestObj {
+			best, bestSt, bestObj = plan, st, obj
+		}
+	}
+	if best == nil {
+		return "", nil, 0, firstErr
+	}
+	return bestSt, best, bestObj, nil
+}
