@@ -16,6 +16,10 @@ type Plan struct {
 	// Strategy names what produced the plan ("joint", "contiguous", ...);
 	// informational.
 	Strategy string
+	// Meta records provenance (flow, objective, source trace, ...) as
+	// free-form key/value pairs; nil and empty are equivalent. Writers emit
+	// the keys sorted.
+	Meta map[string]string
 }
 
 // LayerPlan maps the physical slots of one layer: slot s holds logical expert

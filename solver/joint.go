@@ -2,6 +2,7 @@ package solver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -669,6 +670,15 @@ func runMIP(ctx context.Context, backend Backend, m *MIP, start []float64, opts 
 		}
 	}
 	ss.sol, ss.err = backend.SolveMIP(ctx, m, mo)
+	if ss.err != nil && errors.Is(ss.err, context.DeadlineExceeded) && ss.sol != nil && ss.sol.X != nil {
+		// The watchdog stopped a solve that had an incumbent: a result
+		// with a gap, not an error.
+		ss.err = nil
+		ss.sol.TimedOut = true
+		if ss.sol.Status == MIPOptimal {
+			ss.sol.Status = MIPFeasible
+		}
+	}
 	if ss.err == nil && ss.sol.X != nil {
 		if err := m.Check(ss.sol.X, 1e-5); err != nil {
 			ss.err = fmt.Errorf("solver: backend returned an infeasible solution: %w", err)
@@ -722,12 +732,13 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 		allOptimal = ss.sol.Status == MIPOptimal
 		timedOut = ss.sol.TimedOut
 	} else {
-		type job struct{ l int }
 		results := make([]subSolve, jm.L)
 		lvsAll := make([]layerVars, jm.L)
 		jobs := make(chan int)
 		var wg sync.WaitGroup
 		deadline := time.Now().Add(ilpBudget)
+		var mu sync.Mutex
+		left := jm.L
 		for w := 0; w < opts.Parallel; w++ {
 			wg.Add(1)
 			go func() {
@@ -736,10 +747,17 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 					b, lv := jm.buildHomeLayer(l)
 					m := b.mip()
 					lvsAll[l] = lv
-					// Share what is left fairly among the layers not done.
-					limit := time.Until(deadline)
-					if limit < 100*time.Millisecond {
-						limit = 100 * time.Millisecond
+					// Share what is left fairly among the layers not
+					// started: each worker runs one layer at a time.
+					mu.Lock()
+					limit := time.Until(deadline) * time.Duration(opts.Parallel) / time.Duration(left)
+					left--
+					mu.Unlock()
+					if rest := time.Until(deadline); limit > rest {
+						limit = rest
+					}
+					if limit < 50*time.Millisecond {
+						limit = 50 * time.Millisecond
 					}
 					results[l] = runMIP(ctx, backend, m, jm.startVector(m, warm, []int{l}, []layerVars{lv}), opts, limit)
 				}
@@ -830,7 +848,7 @@ func mipVerdict(sol *MIPSolution) error {
 	case MIPInfeasible:
 		return &InfeasibleError{Constraint: "joint ILP", Detail: "no assignment meets the slot and capacity constraints; check experts per GPU"}
 	case MIPNoSolution:
-		return fmt.Errorf("solver: the MIP stopped without a solution although it had a warm start; raise the time limit")
+		return fmt.Errorf("solver: the MIP stopped at its time limit without a feasible solution; raise the time limit")
 	case MIPError:
 		return fmt.Errorf("solver: the MIP backend failed")
 	}
@@ -838,4 +856,27 @@ func mipVerdict(sol *MIPSolution) error {
 		return fmt.Errorf("solver: the MIP backend reported %s without a solution", sol.Status)
 	}
 	return nil
+}
+
+// JointMIPs builds the joint strategy's ILP(s) for p without solving them:
+// one per layer in the home flow, one for all layers in the chain flow. It
+// is meant for debugging (write them with MIP.WriteLP).
+func JointMIPs(p Problem, opts Options) ([]*MIP, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
+	jm, err := newJointModel(p, opts.MaxPairs)
+	if err != nil {
+		return nil, err
+	}
+	if jm.chain {
+		b, _ := jm.buildChain()
+		return []*MIP{b.mip()}, nil
+	}
+	var out []*MIP
+	for l := range jm.L {
+		b, _ := jm.buildHomeLayer(l)
+		out = append(out, b.mip())
+	}
+	return out, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -26,15 +28,23 @@ func solveMoETuner(ctx context.Context, p Problem, backend Backend, opts Options
 	var wg sync.WaitGroup
 	jobs := make(chan int)
 	stage1Deadline := time.Now().Add(opts.TimeLimit / 2)
+	var mu sync.Mutex
+	left := L
 	for w := 0; w < opts.Parallel; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for l := range jobs {
-				m, xs, start := buildILP1(s.Load[l], G, l)
-				limit := time.Until(stage1Deadline)
-				if limit < 100*time.Millisecond {
-					limit = 100 * time.Millisecond
+				m, xs, start := buildILP1(s.Load[l], G, l, opts.MoETunerEqualSizes)
+				mu.Lock()
+				limit := time.Until(stage1Deadline) * time.Duration(opts.Parallel) / time.Duration(left)
+				left--
+				mu.Unlock()
+				if rest := time.Until(stage1Deadline); limit > rest {
+					limit = rest
+				}
+				if limit < 50*time.Millisecond {
+					limit = 50 * time.Millisecond
 				}
 				subs[l] = runMIP(ctx, backend, m, start, opts, limit)
 				if subs[l].err == nil && subs[l].sol.X != nil {
@@ -87,12 +97,15 @@ func solveMoETuner(ctx context.Context, p Problem, backend Backend, opts Options
 	if limit < time.Second {
 		limit = time.Second
 	}
-	ss := runMIP(ctx, backend, m, nil, opts, limit)
+	ss := runMIP(ctx, backend, m, startILP2(m, sizes, E*L/G), opts, limit)
 	if ss.err != nil {
 		return nil, ss.err
 	}
 	if ss.sol.Status == MIPInfeasible {
 		return nil, &InfeasibleError{Constraint: "Eq. 13 (memory balance)", Detail: fmt.Sprintf("no cluster-to-GPU mapping gives every GPU %d experts over the model with ILP 1's cluster sizes; the paper has no fallback (MOETUNER.md E10): use the joint strategy or another GPU count", E*L/G)}
+	}
+	if ss.sol.Status == MIPNoSolution {
+		return nil, fmt.Errorf("solver: ILP 2 found no mapping that meets Eq. 13 (every GPU %d experts over the model) with ILP 1's unequal cluster sizes before the time limit: %w; raise the time limit or use equal cluster sizes", E*L/G, ErrNoSolution)
 	}
 	if err := mipVerdict(ss.sol); err != nil {
 		return nil, err
@@ -141,7 +154,7 @@ func solveMoETuner(ctx context.Context, p Problem, backend Backend, opts Options
 
 // buildILP1 returns the corrected ILP 1 of one layer, its x[c][e] columns
 // and a feasible start (contiguous clusters).
-func buildILP1(load []float64, G, l int) (*MIP, [][]int, []float64) {
+func buildILP1(load []float64, G, l int, equalSizes bool) (*MIP, [][]int, []float64) {
 	E := len(load)
 	b := &builder{}
 	mean := 0.0
@@ -166,7 +179,13 @@ func buildILP1(load []float64, G, l int) (*MIP, [][]int, []float64) {
 		b.row(fmt.Sprintf("one_%d", e), 1, 1, idx, ones(G)) // E1
 	}
 	for c := range G {
-		b.row(fmt.Sprintf("nonempty_%d", c), 1, inf, xs[c], ones(E)) // Eq. 7
+		if equalSizes && E%G == 0 {
+			// Optional (not the paper's design): E/G experts per cluster,
+			// which always satisfies Eq. 13.
+			b.row(fmt.Sprintf("size_%d", c), float64(E/G), float64(E/G), xs[c], ones(E))
+		} else {
+			b.row(fmt.Sprintf("nonempty_%d", c), 1, inf, xs[c], ones(E)) // Eq. 7
+		}
 		idx := append([]int{d[c]}, xs[c]...)
 		pos := append([]float64{1}, negate(load)...)
 		b.row(fmt.Sprintf("dev_pos_%d", c), -mean, inf, idx, pos)
@@ -416,4 +435,108 @@ func stage2Objective(C [][]float64, B [][]float64, gpuOf [][]int, G int) float64
 		total += worst
 	}
 	return total
+}
+
+// startILP2 finds a mapping that meets Eq. 13 greedily (per layer, the
+// largest clusters to the GPUs with the fewest experts so far) and returns
+// it as a MIP start with every z and M at their implied values, or nil
+// when the greedy mapping misses Eq. 13.
+func startILP2(m *MIP, sizes [][]int, perGPU int) []float64 {
+	L, G := len(sizes), len(sizes[0])
+	count := make([]int, G)
+	gpuOf := make([][]int, L)
+	for l := range L {
+		order := make([]int, G)
+		for c := range order {
+			order[c] = c
+		}
+		sort.SliceStable(order, func(i, j int) bool { return sizes[l][order[i]] > sizes[l][order[j]] })
+		used := make([]bool, G)
+		gpuOf[l] = make([]int, G)
+		for _, c := range order {
+			best := -1
+			for g := range G {
+				if !used[g] && (best < 0 || count[g] < count[best]) {
+					best = g
+				}
+			}
+			used[best] = true
+			gpuOf[l][c] = best
+			count[best] += sizes[l][c]
+		}
+	}
+	// Repair: swap two clusters' GPUs within a layer while that brings the
+	// per-GPU totals closer to E·L/G.
+	dev := func() int {
+		d := 0
+		for _, n := range count {
+			d += abs(n - perGPU)
+		}
+		return d
+	}
+	for cur, improved := dev(), true; cur > 0 && improved; {
+		improved = false
+		for l := 0; l < L && cur > 0; l++ {
+			for c1 := range G {
+				for c2 := c1 + 1; c2 < G; c2++ {
+					g1, g2 := gpuOf[l][c1], gpuOf[l][c2]
+					delta := sizes[l][c1] - sizes[l][c2]
+					if delta == 0 {
+						continue
+					}
+					count[g1] -= delta
+					count[g2] += delta
+					if d := dev(); d < cur {
+						cur, improved = d, true
+						gpuOf[l][c1], gpuOf[l][c2] = g2, g1
+					} else {
+						count[g1] += delta
+						count[g2] -= delta
+					}
+				}
+			}
+		}
+	}
+	for _, n := range count {
+		if n != perGPU {
+			return nil
+		}
+	}
+	x := make([]float64, len(m.Cost))
+	for j, name := range m.Names {
+		var l, c, g, c2, g2 int
+		if n, _ := fmt.Sscanf(name, "y_%d_%d_%d", &l, &c, &g); n == 3 && gpuOf[l][c] == g {
+			x[j] = 1
+		} else if n, _ := fmt.Sscanf(name, "z_%d_%d_%d_%d_%d", &l, &c, &g, &c2, &g2); n == 5 && gpuOf[l][c] == g && gpuOf[l+1][c2] == g2 {
+			x[j] = 1
+		}
+	}
+	// M_l: the largest bottleneck row activity.
+	for i := range m.RowLower {
+		if !strings.HasPrefix(m.RowNames[i], "bott_") {
+			continue
+		}
+		mcol, act := -1, 0.0
+		for k := m.RowStart[i]; k < m.RowStart[i+1]; k++ {
+			if strings.HasPrefix(m.Names[m.RowIndex[k]], "M_") {
+				mcol = m.RowIndex[k]
+				continue
+			}
+			act += m.RowValue[k] * x[m.RowIndex[k]]
+		}
+		if mcol >= 0 && act > x[mcol] {
+			x[mcol] = act
+		}
+	}
+	if m.Check(x, 1e-9) != nil {
+		return nil
+	}
+	return x
+}
+
+func abs(v int) int {
+	if v < 0 {
+		return -v
+	}
+	return v
 }

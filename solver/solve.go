@@ -70,6 +70,11 @@ type Options struct {
 	// MaxPairs caps the co-activation (home flow) or transition (chain
 	// flow) expert pairs that get variables, per layer (default 4·E).
 	MaxPairs int
+	// MoETunerEqualSizes makes the moetuner strategy's ILP 1 give every
+	// cluster E/G experts (as a third-party SGLang reproduction does), so
+	// Eq. 13 always holds. Default false: the paper's unequal clusters,
+	// with an *InfeasibleError when Eq. 13 cannot be met.
+	MoETunerEqualSizes bool
 	// NoPolish skips the exact-cost local search after the ILP.
 	NoPolish bool
 	// Progress, when set, receives progress reports.
@@ -141,6 +146,9 @@ type Result struct {
 	// Baseline names the warm start and BaselineObjective its Objective.
 	Baseline          Strategy
 	BaselineObjective float64
+	// Note qualifies the result, e.g. "equal cluster sizes" when the
+	// moetuner strategy ran with Options.MoETunerEqualSizes.
+	Note string
 	// Model size of the ILP(s), summed over sub-problems.
 	Cols, IntCols, Rows, Nonzeros int
 	SolveTime                     time.Duration
@@ -149,6 +157,10 @@ type Result struct {
 // ErrInfeasible is returned (wrapped in *InfeasibleError) when no plan
 // satisfies the constraints.
 var ErrInfeasible = errors.New("infeasible")
+
+// ErrNoSolution is wrapped by errors for solves that stopped at their time
+// limit before finding any feasible plan (not a proof of infeasibility).
+var ErrNoSolution = errors.New("no feasible solution found in time")
 
 // InfeasibleError says which constraint made a problem infeasible and what
 // would fix it.
@@ -244,6 +256,9 @@ func Solve(ctx context.Context, p Problem, st Strategy, backend Backend, opts Op
 			return nil, errors.New("solver: the moetuner strategy needs a MIP backend (solver/highs)")
 		}
 		res, err = solveMoETuner(ctx, p, backend, opts)
+		if err == nil && opts.MoETunerEqualSizes {
+			res.Note = "E/G experts per cluster"
+		}
 	case StrategyJoint:
 		if backend == nil {
 			return nil, errors.New("solver: the joint strategy needs a MIP backend (solver/highs)")

@@ -1,0 +1,122 @@
+package costmodel
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+)
+
+// flameLike has FLAME-MoE-290M's shape: 1024 tokens, 8 layers, top-6 of 64.
+func flameLike() (*placement.Plan, *routing.Stats, Model) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	const L, E, K, G = 8, 64, 6, 8
+	var pats []pat
+	for i := 0; i < 1024; i++ {
+		p := pat{src: -1, count: 1}
+		for l := 0; l < L; l++ {
+			perm := rng.Perm(E)[:K]
+			set := make([]int16, K)
+			for j := range set {
+				set[j] = int16(perm[j])
+			}
+			slicesSort(set)
+			p.sets = append(p.sets, set)
+		}
+		pats = append(pats, p)
+	}
+	gpu := make([][]int, L)
+	for l := range gpu {
+		gpu[l] = make([]int, E)
+		for e := range gpu[l] {
+			gpu[l][e] = e * G / E
+		}
+	}
+	m, _ := ModelPreset("flame-moe-290m")
+	return singlePlan(G, gpu), patternStats(L, E, K, pats), m
+}
+
+// deepseekLike is count-only DeepSeek-V3 on 4×8 GPUs.
+func deepseekLike() (*placement.Plan, *routing.Stats, Model) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	const L, E, G = 58, 256, 32
+	st := &routing.Stats{Layers: L, Experts: E, TopK: 8, Load: make([][]float64, L)}
+	for l := range st.Load {
+		st.Load[l] = make([]float64, E)
+		for e := range st.Load[l] {
+			st.Load[l][e] = float64(rng.IntN(5000))
+		}
+		if l+1 < L {
+			r := make([]float64, E*E)
+			for i := range r {
+				r[i] = float64(rng.IntN(10))
+			}
+			st.Transitions = append(st.Transitions, r)
+		}
+	}
+	gpu := make([][]int, L)
+	for l := range gpu {
+		gpu[l] = make([]int, E)
+		for e := range gpu[l] {
+			gpu[l][e] = e * G / E
+		}
+	}
+	m, _ := ModelPreset("deepseek-v3")
+	return singlePlan(G, gpu), st, m
+}
+
+func benchEvaluate(b *testing.B, plan *placement.Plan, st *routing.Stats, c Cluster, m Model, opts Options) {
+	rep, err := Evaluate(plan, st, c, m, opts)
+	require.NoError(b, err)
+	for b.Loop() {
+		_, _ = Evaluate(plan, st, c, m, opts)
+	}
+	b.ReportMetric(rep.TimeSec*1e6, "model-µs")
+}
+
+func benchLayerTime(b *testing.B, plan *placement.Plan, st *routing.Stats, c Cluster, m Model, opts Options) {
+	ev, err := NewEvaluator(st, c, m, opts)
+	require.NoError(b, err)
+	ev.LayerTime(1, plan.Layers[1], &plan.Layers[0])
+	for b.Loop() {
+		ev.LayerTime(1, plan.Layers[1], &plan.Layers[0])
+	}
+}
+
+func BenchmarkEvaluateFlameChain(b *testing.B) {
+	plan, st, m := flameLike()
+	c, _ := ClusterPreset("h100x8")
+	benchEvaluate(b, plan, st, c, m, Options{Flow: FlowChain})
+}
+
+func BenchmarkLayerTimeFlameChain(b *testing.B) {
+	plan, st, m := flameLike()
+	c, _ := ClusterPreset("h100x8")
+	benchLayerTime(b, plan, st, c, m, Options{Flow: FlowChain})
+}
+
+func BenchmarkEvaluateDeepSeekCountOnly(b *testing.B) {
+	plan, st, m := deepseekLike()
+	c, _ := ClusterPreset("4xh200x8")
+	benchEvaluate(b, plan, st, c, m, Options{})
+}
+
+func BenchmarkLayerTimeDeepSeekCountOnlyChain(b *testing.B) {
+	plan, st, m := deepseekLike()
+	c, _ := ClusterPreset("4xh200x8")
+	benchLayerTime(b, plan, st, c, m, Options{Flow: FlowChain})
+}
+
+func TestLayerTimeAllocs(t *testing.T) {
+	plan, st, m := flameLike()
+	c, _ := ClusterPreset("2xh100x8")
+	plan.GPUs = 16
+	ev, err := NewEvaluator(st, c, m, Options{Flow: FlowChain, Mode: Overlapped})
+	require.NoError(t, err)
+	ev.LayerTime(1, plan.Layers[1], &plan.Layers[0])
+	allocs := testing.AllocsPerRun(20, func() { ev.LayerTime(1, plan.Layers[1], &plan.Layers[0]) })
+	require.Zero(t, allocs)
+}

@@ -1,0 +1,118 @@
+// Package placement holds expert placement plans for Mixture-of-Experts
+// models: which GPU holds which expert in every MoE layer, how plans are
+// checked, how they are read and written, and the baselines that need no
+// solver (Contiguous, RoundRobin, Greedy).
+//
+// # Slots
+//
+// A Plan has GPUs expert-parallel ranks (GPU ids 0..GPUs-1) and Experts
+// logical experts per layer (routing.Expert ids 0..Experts-1). Each layer l
+// is a list of physical slots: slot s of Layers[l] holds a copy of logical
+// expert SlotExpert[s] on GPU SlotGPU[s]. Without replication a layer has
+// exactly Experts slots, one per expert; a replicated expert simply has
+// several slots on different GPUs, so the same type carries EPLB- or
+// SGLang-style redundant experts (P = Experts + redundant slots) without
+// change. Layers may have different slot counts.
+//
+// Slot order carries no meaning in a Plan, but FromAssignment,
+// FromReplicas, GPUMajor and the baselines lay slots out GPU-major: all
+// slots of GPU 0 first (by ascending expert id), then GPU 1, and so on.
+// When every GPU holds S slots, slot s therefore lives on GPU s/S, which is
+// SGLang's and EPLB's convention (slot p on GPU p/(P/ep_size)).
+//
+// # Validation
+//
+// Plan.Validate returns a *ValidationError for the first rule broken, in
+// this order:
+//
+//  1. 1 ≤ GPUs ≤ MaxGPUs and 1 ≤ Experts ≤ MaxExperts;
+//  2. Experts equals ValidateOptions.Experts and len(Layers) equals
+//     ValidateOptions.Layers, where those are set;
+//
+// then, layer by layer:
+//
+//  3. len(SlotExpert) == len(SlotGPU);
+//  4. every slot's expert is in [0, Experts) and its GPU in [0, GPUs);
+//  5. no expert has two copies on the same GPU;
+//  6. every expert has at least one slot;
+//  7. no GPU holds more slots than ValidateOptions.SlotsPerGPU[g];
+//  8. with ValidateOptions.EqualSlots, every GPU holds the same number of
+//     slots (required by SGLang and EPLB);
+//
+// and finally, over the whole model:
+//
+//  9. no GPU holds more slots summed over all layers than
+//     ValidateOptions.TotalExpertsPerGPU[g] (expert weights in memory).
+//
+// Error messages say what would fix the plan, for example
+// "placement: layer 3: expert 5 has two copies on GPU 2 (slot 9); remove one".
+//
+// # File formats
+//
+// Format names the three formats; FormatFromPath picks one from a file
+// name, Write and WriteFile write, Read, ReadFile and ReadSGLang read.
+// Writers validate the plan first and never write an invalid one; readers
+// validate what they read. WriteFile is atomic (temporary file in the same
+// directory, fsync, rename).
+//
+// FormatJSON ("moetuner", ".json") is moetuner's own file. The layout is
+// fixed: two-space indentation, one line per layer, integer lists without
+// spaces, meta keys sorted, a final newline:
+//
+//	{
+//	  "schema": "moetuner.placement/v1",
+//	  "strategy": "round-robin",
+//	  "gpus": 2,
+//	  "experts": 4,
+//	  "layers": [
+//	    {"slot_expert": [0,2,1,3], "slot_gpu": [0,0,1,1]},
+//	    {"slot_expert": [0,2,1,3], "slot_gpu": [0,0,1,1]}
+//	  ],
+//	  "meta": {
+//	    "source": "trace.jsonl"
+//	  }
+//	}
+//
+// "schema", "gpus", "experts" and "layers" are required, and every layer
+// needs "slot_expert" and "slot_gpu"; "strategy" and "meta" (string to
+// string: provenance such as the flow model, objective and source trace)
+// are optional. Unknown fields are errors, to catch misspellings.
+//
+// FormatYAML ("yaml", ".yaml", ".yml") is the same document in YAML
+// (gopkg.in/yaml.v3, two-space indentation, flow-style integer lists):
+//
+//	schema: moetuner.placement/v1
+//	strategy: round-robin
+//	gpus: 2
+//	experts: 4
+//	layers:
+//	  - slot_expert: [0, 2, 1, 3]
+//	    slot_gpu: [0, 0, 1, 1]
+//	meta:
+//	  source: trace.jsonl
+//
+// FormatSGLang ("sglang", ".sglang.json") is the file SGLang's
+// --init-expert-location loads:
+//
+//	{
+//	  "physical_to_logical_map": [
+//	    [0,2,1,3],
+//	    [0,2,1,3]
+//	  ]
+//	}
+//
+// Row l lists the logical expert of every physical slot p of layer l, and
+// SGLang puts slot p on GPU p/(P/ep_size), so the GPUs are implicit. The
+// writer therefore reorders the slots GPU-major (a stable sort on SlotGPU;
+// the placement is unchanged, only slot indices move) and fails unless
+// every GPU holds the same number of slots and every layer the same P. The
+// file records neither the GPU count nor the strategy or meta: ReadSGLang
+// takes the GPU count and infers Experts as the largest id plus one, and
+// Read and ReadFile return an error wrapping ErrNeedGPUs for such files.
+//
+// # Determinism
+//
+// Everything here is deterministic: the baselines break ties by lower
+// expert and GPU index, writers emit fixed formatting and sorted keys, so
+// the same plan always gives the same bytes.
+package placement

@@ -1,0 +1,365 @@
+package placement
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+
+// goldenPlan is a small fixed plan: a replicated expert, slots that are not
+// GPU-major in layer 1, and meta that needs escaping.
+func goldenPlan() *Plan {
+	return &Plan{
+		GPUs: 2, Experts: 3, Strategy: "test",
+		Layers: []LayerPlan{
+			{SlotExpert: ex(0, 1, 2, 0), SlotGPU: gp(0, 0, 1, 1)},
+			{SlotExpert: ex(1, 2, 0, 0), SlotGPU: gp(1, 0, 0, 1)},
+		},
+		Meta: map[string]string{"source": "trace.jsonl", "objective": `max "load" <1>`, "flow": "ep"},
+	}
+}
+
+var goldenFiles = []struct {
+	format Format
+	file   string
+}{
+	{FormatJSON, "plan.json.golden"},
+	{FormatYAML, "plan.yaml.golden"},
+	{FormatSGLang, "plan.sglang.json.golden"},
+}
+
+func encodeT(t *testing.T, p *Plan, f Format) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	require.NoError(t, Write(&b, p, f))
+	return b.Bytes()
+}
+
+func TestGolden(t *testing.T) {
+	for _, gf := range goldenFiles {
+		t.Run(string(gf.format), func(t *testing.T) {
+			got := encodeT(t, goldenPlan(), gf.format)
+			path := filepath.Join("testdata", gf.file)
+			if *update {
+				require.NoError(t, os.WriteFile(path, got, 0o644))
+			}
+			want, err := os.ReadFile(path)
+			require.NoError(t, err, "run go test ./placement -update to create it")
+			assert.Equal(t, string(want), string(got))
+		})
+	}
+}
+
+func TestWriteDeterministic(t *testing.T) {
+	for _, gf := range goldenFiles {
+		first := encodeT(t, goldenPlan(), gf.format)
+		for range 20 {
+			// A fresh map each time gives Go a chance to iterate it in a
+			// different order.
+			assert.Equal(t, first, encodeT(t, goldenPlan(), gf.format), gf.format)
+		}
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	rr, err := RoundRobin(3, 10, 4)
+	require.NoError(t, err)
+	rr.Meta = map[string]string{"k": "v"}
+	ct, err := Contiguous(2, 8, 4)
+	require.NoError(t, err)
+	plans := map[string]*Plan{"golden": goldenPlan(), "round-robin": rr, "contiguous": ct,
+		"no layers": {GPUs: 1, Experts: 1, Layers: []LayerPlan{}}}
+	for name, p := range plans {
+		for _, f := range []Format{FormatJSON, FormatYAML} {
+			t.Run(name+"/"+string(f), func(t *testing.T) {
+				data := encodeT(t, p, f)
+				q, err := Read(bytes.NewReader(data), f)
+				require.NoError(t, err)
+				assert.True(t, p.Equal(q), "got %+v", q)
+				q, err = Read(bytes.NewReader(data), "")
+				require.NoError(t, err, "detect")
+				assert.True(t, p.Equal(q))
+			})
+		}
+	}
+	for _, name := range []string{"golden", "contiguous"} {
+		p := plans[name]
+		t.Run(name+"/sglang", func(t *testing.T) {
+			data := encodeT(t, p, FormatSGLang)
+			q, err := ReadSGLang(bytes.NewReader(data), p.GPUs)
+			require.NoError(t, err)
+			want := p.GPUMajor()
+			want.Strategy, want.Meta = "", nil
+			assert.True(t, want.Equal(q), "got %+v", q)
+			_, err = Read(bytes.NewReader(data), "")
+			assert.ErrorIs(t, err, ErrNeedGPUs)
+		})
+	}
+}
+
+func TestWriteSGLangErrors(t *testing.T) {
+	rr, err := RoundRobin(1, 5, 2)
+	require.NoError(t, err)
+	err = Write(&bytes.Buffer{}, rr, FormatSGLang)
+	assert.ErrorContains(t, err, "layer 0: GPU 1 holds 2 slots but GPU 0 holds 3")
+
+	p := goldenPlan()
+	p.Layers[1] = LayerPlan{SlotExpert: ex(0, 1, 2, 0, 1, 2), SlotGPU: gp(0, 0, 0, 1, 1, 1)}
+	err = Write(&bytes.Buffer{}, p, FormatSGLang)
+	assert.ErrorContains(t, err, "layer 1 has 6 slots but layer 0 has 4")
+
+	err = Write(&bytes.Buffer{}, &Plan{GPUs: 1, Experts: 1}, FormatSGLang)
+	assert.ErrorContains(t, err, "no layers")
+
+	err = Write(&bytes.Buffer{}, goldenPlan(), "csv")
+	assert.ErrorContains(t, err, `unknown format "csv"`)
+
+	bad := goldenPlan()
+	bad.GPUs = 1
+	var ve *ValidationError
+	assert.ErrorAs(t, Write(&bytes.Buffer{}, bad, FormatJSON), &ve)
+}
+
+func TestReadErrors(t *testing.T) {
+	cases := []struct {
+		name, in string
+		format   Format
+		want     string
+	}{
+		{"json missing schema", `{"gpus": 1, "experts": 1, "layers": []}`, FormatJSON, `missing "schema"`},
+		{"json wrong schema", `{"schema": "moetuner.placement/v9", "gpus": 1, "experts": 1, "layers": []}`, FormatJSON, `schema is "moetuner.placement/v9"`},
+		{"json missing gpus", `{"schema": "moetuner.placement/v1", "experts": 1, "layers": []}`, FormatJSON, `missing "gpus"`},
+		{"json missing experts", `{"schema": "moetuner.placement/v1", "gpus": 1, "layers": []}`, FormatJSON, `missing "experts"`},
+		{"json missing layers", `{"schema": "moetuner.placement/v1", "gpus": 1, "experts": 1}`, FormatJSON, `missing "layers"`},
+		{"json missing slot_gpu", `{"schema": "moetuner.placement/v1", "gpus": 1, "experts": 1, "layers": [{"slot_expert": [0]}]}`, FormatJSON, `layers[0]: missing "slot_gpu"`},
+		{"json missing slot_expert", `{"schema": "moetuner.placement/v1", "gpus": 1, "experts": 1, "layers": [{"slot_gpu": [0]}]}`, FormatJSON, `layers[0]: missing "slot_expert"`},
+		{"json unknown field", `{"schema": "moetuner.placement/v1", "gpus": 1, "experts": 1, "layers": [], "gpu": 2}`, FormatJSON, `unknown field "gpu"`},
+		{"json wrong type", `{"schema": "moetuner.placement/v1", "gpus": "two", "experts": 1, "layers": []}`, FormatJSON, `gpus`},
+		{"json trailing", `{"schema": "moetuner.placement/v1", "gpus": 1, "experts": 1, "layers": []} {}`, FormatJSON, `data after the top-level object`},
+		{"json invalid plan", `{"schema": "moetuner.placement/v1", "gpus": 1, "experts": 2, "layers": [{"slot_expert": [0], "slot_gpu": [0]}]}`, FormatJSON, `layer 0: expert 1 has no slot`},
+		{"yaml empty", ``, FormatYAML, `empty document`},
+		{"yaml unknown field", "schema: moetuner.placement/v1\ngpus: 1\nexperts: 1\nlayers: []\nextra: 1\n", FormatYAML, `field extra not found`},
+		{"yaml missing layers", "schema: moetuner.placement/v1\ngpus: 1\nexperts: 1\n", FormatYAML, `missing "layers"`},
+		{"yaml two documents", "schema: moetuner.placement/v1\ngpus: 1\nexperts: 1\nlayers: []\n---\na: 1\n", FormatYAML, `more than one document`},
+		{"sglang via Read", `{"physical_to_logical_map": [[0]]}`, FormatSGLang, `ReadSGLang`},
+		{"unknown format", `{}`, "csv", `unknown format "csv"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Read(strings.NewReader(tc.in), tc.format)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.True(t, strings.HasPrefix(err.Error(), "placement: "), err.Error())
+		})
+	}
+}
+
+func TestReadSGLang(t *testing.T) {
+	p, err := ReadSGLang(strings.NewReader(`{"physical_to_logical_map": [[0,1,2,3],[3,2,1,0]], "other": 1}`), 2)
+	require.NoError(t, err)
+	assert.Equal(t, 4, p.Experts)
+	assert.Equal(t, LayerPlan{SlotExpert: ex(3, 2, 1, 0), SlotGPU: gp(0, 0, 1, 1)}, p.Layers[1])
+
+	cases := []struct {
+		name, in string
+		gpus     int
+		want     string
+	}{
+		{"zero gpus", `{"physical_to_logical_map": [[0]]}`, 0, "gpus is 0"},
+		{"missing", `{"x": 1}`, 1, `missing "physical_to_logical_map"`},
+		{"logical_count", `{"logical_count": [[1,2]]}`, 1, `"logical_count" (load statistics)`},
+		{"no rows", `{"physical_to_logical_map": []}`, 1, "no rows"},
+		{"not multiple", `{"physical_to_logical_map": [[0,1,2]]}`, 2, "3 slots, not a positive multiple of 2 GPUs"},
+		{"ragged", `{"physical_to_logical_map": [[0,1],[0]]}`, 1, "physical_to_logical_map[1] has 1 slots but row 0 has 2"},
+		{"negative", `{"physical_to_logical_map": [[0,-1]]}`, 1, "physical_to_logical_map[0][1] is -1"},
+		{"duplicate on gpu", `{"physical_to_logical_map": [[0,0,1,1]]}`, 2, "expert 0 has two copies on GPU 0"},
+		{"not json", `physical_to_logical_map`, 1, "want {\"physical_to_logical_map\""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ReadSGLang(strings.NewReader(tc.in), tc.gpus)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestFormatFromPath(t *testing.T) {
+	cases := map[string]Format{
+		"a/plan.json": FormatJSON, "PLAN.JSON": FormatJSON, "p.yaml": FormatYAML, "p.yml": FormatYAML,
+		"x/p.sglang.json": FormatSGLang, "p.SGLang.json": FormatSGLang,
+	}
+	for path, want := range cases {
+		got, err := FormatFromPath(path)
+		require.NoError(t, err, path)
+		assert.Equal(t, want, got, path)
+	}
+	_, err := FormatFromPath("plan.txt")
+	assert.ErrorContains(t, err, `cannot tell the format of "plan.txt"`)
+}
+
+func TestWriteFileReadFile(t *testing.T) {
+	dir := t.TempDir()
+	p := goldenPlan()
+	for _, name := range []string{"p.json", "p.yaml", "p.yml"} {
+		path := filepath.Join(dir, name)
+		require.NoError(t, WriteFile(path, p, ""))
+		q, err := ReadFile(path)
+		require.NoError(t, err, name)
+		assert.True(t, p.Equal(q), name)
+	}
+	// Content detection when the name says nothing.
+	path := filepath.Join(dir, "plan.out")
+	require.NoError(t, WriteFile(path, p, FormatYAML))
+	q, err := ReadFile(path)
+	require.NoError(t, err)
+	assert.True(t, p.Equal(q))
+
+	path = filepath.Join(dir, "p.sglang.json")
+	require.NoError(t, WriteFile(path, p, ""))
+	_, err = ReadFile(path)
+	assert.ErrorIs(t, err, ErrNeedGPUs)
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	q, err = ReadSGLang(f, 2)
+	require.NoError(t, err)
+	assert.Equal(t, p.GPUMajor().Layers, q.Layers)
+
+	_, err = ReadFile(filepath.Join(dir, "missing.json"))
+	assert.ErrorIs(t, err, os.ErrNotExist)
+	assert.Error(t, WriteFile(filepath.Join(dir, "p.txt"), p, ""))
+
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range entries {
+		assert.False(t, strings.Contains(e.Name(), ".tmp-"), "temp file left: %s", e.Name())
+	}
+}
+
+func listDir(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+func TestWriteFileAtomic(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "plan.json")
+	old := []byte("old content\n")
+	require.NoError(t, os.WriteFile(path, old, 0o644))
+
+	t.Run("plan fails to encode", func(t *testing.T) {
+		bad := goldenPlan()
+		bad.Layers[0].SlotGPU[0] = 7
+		var ve *ValidationError
+		require.ErrorAs(t, WriteFile(path, bad, FormatJSON), &ve)
+		got, err := os.ReadFile(path)
+		require.NoError(t, err)
+		assert.Equal(t, old, got)
+		assert.Equal(t, []string{"plan.json"}, listDir(t, dir))
+	})
+	t.Run("sglang shape fails", func(t *testing.T) {
+		rr, err := RoundRobin(1, 5, 2)
+		require.NoError(t, err)
+		require.Error(t, WriteFile(path, rr, FormatSGLang))
+		got, err := os.ReadFile(path)
+		require.NoError(t, err)
+		assert.Equal(t, old, got)
+		assert.Equal(t, []string{"plan.json"}, listDir(t, dir))
+	})
+	t.Run("rename fails", func(t *testing.T) {
+		// Renaming a file over a non-empty directory fails even for root,
+		// unlike writing into a read-only directory.
+		target := filepath.Join(dir, "sub")
+		require.NoError(t, os.Mkdir(target, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(target, "keep"), old, 0o644))
+		err := WriteFile(target, goldenPlan(), FormatJSON)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "placement: write ")
+		assert.Equal(t, []string{"plan.json", "sub"}, listDir(t, dir))
+		assert.Equal(t, []string{"keep"}, listDir(t, target))
+		require.NoError(t, os.RemoveAll(target))
+	})
+	t.Run("missing directory", func(t *testing.T) {
+		err := WriteFile(filepath.Join(dir, "nope", "plan.json"), goldenPlan(), FormatJSON)
+		assert.ErrorIs(t, err, os.ErrNotExist)
+	})
+	t.Run("success replaces", func(t *testing.T) {
+		require.NoError(t, WriteFile(path, goldenPlan(), FormatJSON))
+		got, err := os.ReadFile(path)
+		require.NoError(t, err)
+		assert.Equal(t, encodeT(t, goldenPlan(), FormatJSON), got)
+		assert.Equal(t, []string{"plan.json"}, listDir(t, dir))
+		st, err := os.Stat(path)
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o644), st.Mode().Perm())
+	})
+}
+
+func FuzzRead(f *testing.F) {
+	for _, gf := range goldenFiles {
+		data, err := os.ReadFile(filepath.Join("testdata", gf.file))
+		if err == nil {
+			f.Add(data)
+		}
+	}
+	f.Add([]byte(`{"physical_to_logical_map": [[0,1],[1,0]]}`))
+	f.Add([]byte(`{"schema": "moetuner.placement/v1", "gpus": 1, "experts": 1, "layers": [{"slot_expert": [0], "slot_gpu": [0]}]}`))
+	f.Add([]byte("schema: moetuner.placement/v1\ngpus: 1\nexperts: 1\nlayers: [{slot_expert: [0], slot_gpu: [0]}]\n"))
+	f.Add([]byte(`{"logical_count": [[1]]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 1<<14 {
+			t.Skip("input too large")
+		}
+		check := func(p *Plan, err error) {
+			if err != nil {
+				if p != nil {
+					t.Fatalf("plan and error both returned: %v", err)
+				}
+				return
+			}
+			if verr := p.Validate(ValidateOptions{}); verr != nil {
+				t.Fatalf("reader returned an invalid plan: %v", verr)
+			}
+			// Whatever reads must write and read back unchanged.
+			for _, f := range []Format{FormatJSON, FormatYAML} {
+				var b bytes.Buffer
+				if err := Write(&b, p, f); err != nil {
+					t.Fatalf("write %s: %v", f, err)
+				}
+				q, err := Read(&b, f)
+				if err != nil {
+					t.Fatalf("read back %s: %v", f, err)
+				}
+				if !p.Equal(q) {
+					t.Fatalf("%s round trip changed the plan: %+v != %+v", f, p, q)
+				}
+			}
+		}
+		for _, f := range []Format{"", FormatJSON, FormatYAML} {
+			p, err := Read(bytes.NewReader(data), f)
+			if errors.Is(err, ErrNeedGPUs) && f != "" {
+				t.Fatalf("format %q reported ErrNeedGPUs", f)
+			}
+			check(p, err)
+		}
+		for _, g := range []int{1, 2, 3} {
+			check(ReadSGLang(bytes.NewReader(data), g))
+		}
+	})
+}
