@@ -662,7 +662,11 @@ type subSolve struct {
 func runMIP(ctx context.Context, backend Backend, m *MIP, start []float64, opts Options, limit time.Duration) subSolve {
 	var ss subSolve
 	ss.cols, ss.ints, ss.rows, ss.nnz = m.Size()
-	mo := MIPOptions{TimeLimitSec: limit.Seconds(), RelGap: opts.RelGap, Threads: opts.Threads, Seed: opts.Seed, Start: start}
+	gap := opts.RelGap
+	if gap == 0 {
+		gap = 1e-12 // exact: the backend's 0 means its own default
+	}
+	mo := MIPOptions{TimeLimitSec: limit.Seconds(), RelGap: gap, Threads: opts.Threads, Seed: opts.Seed, Start: start}
 	if start != nil {
 		if err := m.Check(start, 1e-6); err != nil {
 			ss.err = fmt.Errorf("solver: internal error: warm start infeasible: %w", err)
@@ -879,4 +883,29 @@ func JointMIPs(p Problem, opts Options) ([]*MIP, error) {
 		out = append(out, b.mip())
 	}
 	return out, nil
+}
+
+// JointModelObjective recomputes, in seconds, the joint ILP's model
+// objective of a single-copy plan (the quantity Result.ModelObjective and
+// Result.Bound refer to), with opts.MaxPairs as in the solve.
+func JointModelObjective(p Problem, plan *placement.Plan, opts Options) (float64, error) {
+	if err := p.check(); err != nil {
+		return 0, err
+	}
+	jm, err := newJointModel(p, opts.MaxPairs)
+	if err != nil {
+		return 0, err
+	}
+	if len(plan.Layers) != jm.L || plan.GPUs != jm.G {
+		return 0, fmt.Errorf("solver: plan has %d layers on %d GPUs, problem %d on %d", len(plan.Layers), plan.GPUs, jm.L, jm.G)
+	}
+	assign := planAssign(plan)
+	for l, a := range assign {
+		for e, g := range a {
+			if g < 0 {
+				return 0, fmt.Errorf("solver: layer %d: expert %d does not have exactly one copy", l, e)
+			}
+		}
+	}
+	return jm.objective(assign) / 1e6, nil
 }

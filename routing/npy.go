@@ -1,0 +1,293 @@
+package routing
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// npyMagic starts every NPY file.
+const npyMagic = "\x93NUMPY"
+
+// maxNPYHeader caps the NPY header dictionary length.
+const maxNPYHeader = 1 << 20
+
+// ReadNPY reads a trace stored as a NumPy array of expert ids with shape
+// [T, L, k] (or [T, L] for top-1) and dtype int16, int32, int64 or uint8,
+// C order. experts is Experts, or 0 to use max id + 1. Errors are
+// *ParseError; Field names the header key or the element as data[t,l,j].
+func ReadNPY(r io.Reader, experts int) (*Trace, error) {
+	return readNPY(r, "", experts)
+}
+
+type npyHeader struct {
+	descr   string
+	fortran bool
+	shape   []int
+}
+
+func readNPY(r io.Reader, file string, experts int) (*Trace, error) {
+	br := bufio.NewReader(r)
+	var pre [8]byte
+	if _, err := io.ReadFull(br, pre[:]); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, perr(file, 0, "", "empty file: want a .npy array")
+		}
+		return nil, perr(file, 0, "", "truncated NPY preamble: the file is cut short")
+	}
+	if string(pre[:6]) != npyMagic {
+		return nil, perr(file, 0, "", "not an NPY file (bad magic): save the array with numpy.save")
+	}
+	var hlen int
+	switch pre[6] {
+	case 1:
+		var b [2]byte
+		if _, err := io.ReadFull(br, b[:]); err != nil {
+			return nil, perr(file, 0, "", "truncated NPY header length")
+		}
+		hlen = int(binary.LittleEndian.Uint16(b[:]))
+	case 2, 3:
+		var b [4]byte
+		if _, err := io.ReadFull(br, b[:]); err != nil {
+			return nil, perr(file, 0, "", "truncated NPY header length")
+		}
+		hlen = int(binary.LittleEndian.Uint32(b[:]))
+	default:
+		return nil, perr(file, 0, "", "unsupported NPY version %d.%d: save with numpy.save (version 1, 2 or 3)", pre[6], pre[7])
+	}
+	if hlen > maxNPYHeader {
+		return nil, perr(file, 0, "", "NPY header of %d bytes exceeds %d: the file is corrupt", hlen, maxNPYHeader)
+	}
+	hb := make([]byte, hlen)
+	if _, err := io.ReadFull(br, hb); err != nil {
+		return nil, perr(file, 0, "", "truncated NPY header: the file is cut short")
+	}
+	h, err := parseNPYHeader(string(hb))
+	if err != nil {
+		return nil, withFile(err, file)
+	}
+	var size int
+	var order binary.ByteOrder = binary.LittleEndian
+	d := h.descr
+	if len(d) != 3 || !strings.ContainsRune("<>|=", rune(d[0])) {
+		return nil, perr(file, 0, "descr", "unsupported dtype %q: use int16, int32, int64 or uint8", d)
+	}
+	if d[0] == '>' {
+		order = binary.BigEndian
+	}
+	switch d[1:] {
+	case "i2":
+		size = 2
+	case "i4":
+		size = 4
+	case "i8":
+		size = 8
+	case "u1":
+		size = 1
+	default:
+		return nil, perr(file, 0, "descr", "unsupported dtype %q: use int16, int32, int64 or uint8 (cast with arr.astype(np.int16))", d)
+	}
+	if h.fortran && len(h.shape) > 1 {
+		return nil, perr(file, 0, "fortran_order", "Fortran-order arrays are not supported: save np.ascontiguousarray(arr)")
+	}
+	var T, L, K int
+	switch len(h.shape) {
+	case 2:
+		T, L, K = h.shape[0], h.shape[1], 1
+	case 3:
+		T, L, K = h.shape[0], h.shape[1], h.shape[2]
+	default:
+		return nil, perr(file, 0, "shape", "%d dimensions, want [tokens, layers, top-k] or [tokens, layers]", len(h.shape))
+	}
+	if L == 0 || K == 0 {
+		return nil, perr(file, 0, "shape", "shape %v has no layers or no experts per token", h.shape)
+	}
+	n := uint64(T) * uint64(L) * uint64(K)
+	if T > maxTraceIDs || L > maxTraceIDs || K > maxTraceIDs || n > maxTraceIDs {
+		return nil, perr(file, 0, "shape", "shape %v claims more than %d elements: split the trace", h.shape, uint64(maxTraceIDs))
+	}
+	if T == 0 {
+		return nil, perr(file, 0, "shape", "no tokens in shape %v", h.shape)
+	}
+	// ReadAll grows with the data actually present, so a header that lies
+	// about the shape cannot make us allocate more than the file holds.
+	raw, err := io.ReadAll(io.LimitReader(br, int64(n)*int64(size)+1))
+	if err != nil {
+		return nil, perr(file, 0, "", "read: %v", err)
+	}
+	if uint64(len(raw)) < n*uint64(size) {
+		return nil, perr(file, 0, "", "truncated data: %d bytes, shape %v of %s needs %d", len(raw), h.shape, d, n*uint64(size))
+	}
+	if uint64(len(raw)) > n*uint64(size) {
+		return nil, perr(file, 0, "", "trailing bytes after the %v array: the header shape does not match the data", h.shape)
+	}
+	limit := int64(math.MaxInt16 + 1)
+	if experts > 0 {
+		limit = int64(experts)
+	}
+	t := &Trace{Tokens: T, Layers: L, TopK: K, IDs: make([]int16, n)}
+	maxID := int64(-1)
+	for i := range t.IDs {
+		b := raw[i*size : (i+1)*size]
+		var v int64
+		switch size {
+		case 1:
+			v = int64(b[0])
+		case 2:
+			v = int64(int16(order.Uint16(b)))
+		case 4:
+			v = int64(int32(order.Uint32(b)))
+		case 8:
+			v = int64(order.Uint64(b))
+		}
+		if v < 0 || v >= limit {
+			field := fmt.Sprintf("data[%d,%d,%d]", i/(L*K), i/K%L, i%K)
+			if experts > 0 {
+				return nil, perr(file, 0, field, "expert %d out of range [0,%d): set LoadOptions.Experts or fix the id", v, limit)
+			}
+			return nil, perr(file, 0, field, "expert %d out of range [0,%d): ids must be non-negative int16", v, limit)
+		}
+		maxID = max(maxID, v)
+		t.IDs[i] = int16(v)
+	}
+	t.Experts = experts
+	if t.Experts == 0 {
+		t.Experts = int(maxID) + 1
+	}
+	if err := t.Validate(); err != nil {
+		return nil, perr(file, 0, "data", "%v", err)
+	}
+	return t, nil
+}
+
+// parseNPYHeader parses the Python dict literal of an NPY header, e.g.
+// {'descr': '<i2', 'fortran_order': False, 'shape': (10, 8, 6), }.
+func parseNPYHeader(s string) (npyHeader, error) {
+	var h npyHeader
+	s = strings.TrimSpace(s)
+	if !strings.HasPrefix(s, "{") || !strings.HasSuffix(s, "}") {
+		return h, perr("", 0, "", "malformed NPY header %q: want a Python dict", clip(s))
+	}
+	body := s[1 : len(s)-1]
+	seen := map[string]bool{}
+	for len(strings.TrimSpace(body)) > 0 {
+		body = strings.TrimSpace(body)
+		key, rest, ok := pyString(body)
+		if !ok {
+			return h, perr("", 0, "", "malformed NPY header key near %q", clip(body))
+		}
+		rest = strings.TrimSpace(rest)
+		if !strings.HasPrefix(rest, ":") {
+			return h, perr("", 0, key, "missing ':' in NPY header")
+		}
+		rest = strings.TrimSpace(rest[1:])
+		switch key {
+		case "descr":
+			v, r2, ok := pyString(rest)
+			if !ok {
+				return h, perr("", 0, key, "want a dtype string such as '<i2'")
+			}
+			h.descr, rest = v, r2
+		case "fortran_order":
+			switch {
+			case strings.HasPrefix(rest, "False"):
+				h.fortran, rest = false, rest[5:]
+			case strings.HasPrefix(rest, "True"):
+				h.fortran, rest = true, rest[4:]
+			default:
+				return h, perr("", 0, key, "want True or False")
+			}
+		case "shape":
+			if !strings.HasPrefix(rest, "(") {
+				return h, perr("", 0, key, "want a tuple of integers")
+			}
+			end := strings.IndexByte(rest, ')')
+			if end < 0 {
+				return h, perr("", 0, key, "unterminated tuple")
+			}
+			for tok := range strings.SplitSeq(rest[1:end], ",") {
+				tok = strings.TrimSpace(tok)
+				if tok == "" {
+					continue
+				}
+				tok = strings.TrimSuffix(tok, "L")
+				v, err := strconv.Atoi(tok)
+				if err != nil || v < 0 || v > maxTraceIDs {
+					return h, perr("", 0, key, "bad dimension %q: want an integer in [0,%d]", clip(tok), uint64(maxTraceIDs))
+				}
+				h.shape = append(h.shape, v)
+			}
+			rest = rest[end+1:]
+		default:
+			return h, perr("", 0, key, "unknown NPY header key")
+		}
+		seen[key] = true
+		rest = strings.TrimSpace(rest)
+		rest = strings.TrimPrefix(rest, ",")
+		body = rest
+	}
+	for _, k := range []string{"descr", "fortran_order", "shape"} {
+		if !seen[k] {
+			return h, perr("", 0, k, "missing from the NPY header")
+		}
+	}
+	return h, nil
+}
+
+// pyString reads a single- or double-quoted Python string at the start of s.
+func pyString(s string) (val, rest string, ok bool) {
+	if len(s) < 2 || (s[0] != '\'' && s[0] != '"') {
+		return "", s, false
+	}
+	end := strings.IndexByte(s[1:], s[0])
+	if end < 0 {
+		return "", s, false
+	}
+	return s[1 : 1+end], s[2+end:], true
+}
+
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
+}
+
+// WriteNPY writes the expert ids of t as a C-order int16 NumPy array of
+// shape [Tokens, Layers, TopK] (NPY version 1.0, header padded to 64 bytes
+// as numpy does). Weights, Source, Step and LayerNames are not stored. It
+// returns t.Validate's error for an invalid trace.
+func WriteNPY(w io.Writer, t *Trace) error {
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	dict := fmt.Sprintf("{'descr': '<i2', 'fortran_order': False, 'shape': (%d, %d, %d), }", t.Tokens, t.Layers, t.TopK)
+	total := len(npyMagic) + 4 + len(dict) + 1
+	pad := (64 - total%64) % 64
+	var hdr bytes.Buffer
+	hdr.WriteString(npyMagic)
+	hdr.Write([]byte{1, 0})
+	hlen := len(dict) + pad + 1
+	hdr.Write([]byte{byte(hlen), byte(hlen >> 8)})
+	hdr.WriteString(dict)
+	hdr.WriteString(strings.Repeat(" ", pad))
+	hdr.WriteByte('\n')
+	if _, err := w.Write(hdr.Bytes()); err != nil {
+		return err
+	}
+	bw := bufio.NewWriter(w)
+	var b [2]byte
+	for _, id := range t.IDs {
+		binary.LittleEndian.PutUint16(b[:], uint16(id))
+		if _, err := bw.Write(b[:]); err != nil {
+			return err
+		}
+	}
+	return bw.Flush()
+}
