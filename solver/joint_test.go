@@ -191,7 +191,6 @@ func TestJointCountOnlyIsExact(t *testing.T) {
 	}
 }
 
-
 func planOf(gpus int, layers ...[]int) *placement.Plan {
 	a := make([][]placement.GPU, len(layers))
 	for l, as := range layers {
