@@ -201,7 +201,7 @@ func planOf(gpus int, layers ...[]int) *placement.Plan {
 	return placement.FromAssignment(gpus, a, "test")
 }
 
-func testBackend(t *testing.T) Backend {
+func testBackend(t testing.TB) Backend {
 	t.Helper()
 	return highs.Backend{}
 }

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/placement"
+)
+
+func runCLI(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(context.Background(), args, strings.NewReader(""), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// chdirRoot runs the test from the repository root, as the README does.
+func chdirRoot(t *testing.T) {
+	t.Helper()
+	wd, err := os.Getwd()
+	require.NoError(t, err)
+	require.NoError(t, os.Chdir(filepath.Join("..", "..")))
+	t.Cleanup(func() { os.Chdir(wd) })
+}
+
+func TestPlanDefaultsAndEval(t *testing.T) {
+	chdirRoot(t)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "plan.json")
+	code, stdout, stderr := runCLI(t, "plan", "--out", out)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "joint placement of 32 layers × 8 experts on 4 GPUs")
+	assert.Contains(t, stdout, "contiguous")
+	first, err := os.ReadFile(out)
+	require.NoError(t, err)
+	plan, err := placement.ReadFile(out)
+	require.NoError(t, err)
+	assert.Equal(t, 4, plan.GPUs)
+
+	// Same inputs, same bytes.
+	code, _, stderr = runCLI(t, "plan", "--out", out, "--quiet")
+	require.Equal(t, 0, code, stderr)
+	second, err := os.ReadFile(out)
+	require.NoError(t, err)
+	assert.Equal(t, string(first), string(second))
+
+	code, stdout, stderr = runCLI(t, "eval", "--trace", "testdata/mixtral-8x7b/fiddler", "--plan", out)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "total")
+
+	sg := filepath.Join(dir, "plan.sglang.json")
+	code, _, stderr = runCLI(t, "plan", "--strategy", "greedy", "--out", sg, "--quiet")
+	require.Equal(t, 0, code, stderr)
+	data, err := os.ReadFile(sg)
+	require.NoError(t, err)
+	assert.Contains(t, string(data), "physical_to_logical_map")
+	code, _, stderr = runCLI(t, "eval", "--trace", "testdata/mixtral-8x7b/fiddler", "--plan", sg)
+	require.Equal(t, 0, code, stderr)
+}
+
+func TestStats(t *testing.T) {
+	chdirRoot(t)
+	code, stdout, stderr := runCLI(t, "stats", "testdata/flame-moe-290m/trace.jsonl")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "tokens 1024  layers 8  experts 64  top-k 6")
+	assert.Contains(t, stdout, "max/mean")
+}
+
+func TestCompareFLAMETwoNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("solves ILPs")
+	}
+	chdirRoot(t)
+	js := filepath.Join(t.TempDir(), "c.json")
+	code, stdout, stderr := runCLI(t, "compare", "--trace", "testdata/flame-moe-290m/trace.jsonl", "--nodes", "2", "--gpus-per-node", "4",
+		"--flow", "chain", "--time-limit", "4s", "--strategies", "contiguous,greedy,joint", "--json", js)
+	require.Equal(t, 0, code, stderr)
+	for _, s := range []string{"contiguous", "greedy", "joint", "vs contiguous", "2 nodes × 4 GPUs"} {
+		assert.Contains(t, stdout, s)
+	}
+	_, err := os.Stat(js)
+	assert.NoError(t, err)
+}
+
+func TestErrors(t *testing.T) {
+	chdirRoot(t)
+	cases := []struct {
+		name string
+		args []string
+		code int
+		msg  string
+	}{
+		{"no command", nil, 2, "Usage"},
+		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
+		{"bad flag", []string{"plan", "--nope"}, 2, "flag provided but not defined"},
+		{"missing trace", []string{"eval", "--plan", "x.json"}, 1, "no --trace"},
+		{"missing file", []string{"stats", "nope.jsonl"}, 1, "nope.jsonl"},
+		{"bad strategy", []string{"plan", "--strategy", "magic"}, 1, "unknown strategy"},
+		{"gpus do not divide", []string{"plan", "--gpus-per-node", "3", "--out", filepath.Join(t.TempDir(), "p.json")}, 1, "do not divide evenly"},
+		{"chain without transitions", []string{"plan", "--flow", "chain", "--out", filepath.Join(t.TempDir(), "p.json")}, 1, "per-token trace"},
+		{"bad flow", []string{"plan", "--flow", "sideways"}, 1, "sideways"},
+		{"eval needs plan", []string{"eval", "--trace", "testdata/mixtral-8x7b/fiddler"}, 1, "--plan"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runCLI(t, tc.args...)
+			assert.Equal(t, tc.code, code)
+			assert.Contains(t, stderr, tc.msg)
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, cmd := range []string{"stats", "plan", "eval", "compare"} {
+		code, _, stderr := runCLI(t, cmd, "-h")
+		assert.Equal(t, 0, code, cmd)
+		assert.Contains(t, stderr, "Usage: moetuner "+cmd, cmd)
+	}
+	code, stdout, _ := runCLI(t, "help")
+	assert.Equal(t, 0, code)
+	assert.Contains(t, stdout, "compare")
+}
