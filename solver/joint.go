@@ -131,6 +131,93 @@ func topPairs(all []pair, k int) []pair {
 
 func (jm *jointModel) node(g int) int { return g / jm.n }
 
+// symmetric reports whether every GPU is interchangeable with every other
+// up to node structure (equal speeds and slots).
+func (jm *jointModel) symmetric() bool {
+	for g := range jm.G {
+		if jm.speed[g] != jm.speed[0] || jm.slots[g] != jm.slots[0] {
+			return false
+		}
+	}
+	return true
+}
+
+// order returns layer l's experts by load, heaviest first (ties: lower id).
+func (jm *jointModel) order(l int) []int {
+	load := jm.p.Stats.Load[l]
+	o := make([]int, jm.E)
+	for e := range o {
+		o[e] = e
+	}
+	sort.SliceStable(o, func(i, j int) bool { return load[o[i]] > load[o[j]] })
+	return o
+}
+
+// canonical relabels GPUs in assign (a copy) to satisfy the symmetry
+// breaking of addLayer: per layer in the home flow, once for all layers
+// (from layer 0) in the chain flow, where one relabelling must serve all.
+func (jm *jointModel) canonical(assign [][]int) [][]int {
+	out := make([][]int, len(assign))
+	for l := range assign {
+		out[l] = append([]int(nil), assign[l]...)
+	}
+	if !jm.symmetric() {
+		return out
+	}
+	perm := func(l int) []int {
+		p := make([]int, jm.G)
+		order := jm.order(l)
+		if jm.N == 1 {
+			for g := range p {
+				p[g] = -1
+			}
+			next := 0
+			for _, e := range order {
+				if g := assign[l][e]; p[g] < 0 {
+					p[g] = next
+					next++
+				}
+			}
+			for g := range p {
+				if p[g] < 0 {
+					p[g] = next
+					next++
+				}
+			}
+			return p
+		}
+		g0 := assign[l][order[0]]
+		a, i := jm.node(g0), g0%jm.n
+		for g := range p {
+			nd, loc := jm.node(g), g%jm.n
+			switch nd {
+			case a:
+				nd = 0
+			case 0:
+				nd = a
+			}
+			switch loc {
+			case i:
+				loc = 0
+			case 0:
+				loc = i
+			}
+			p[g] = nd*jm.n + loc
+		}
+		return p
+	}
+	var p []int
+	for l := range out {
+		if l == 0 || !jm.chain {
+			p = perm(l)
+		}
+		for e, g := range assign[l] {
+			out[l][e] = p[g]
+		}
+	}
+	return out
+}
+
 // homeDispatch returns the dispatch-phase bottleneck (µs) of the home flow
 // given distinct tokens per GPU (ng) and per node (mb).
 func (jm *jointModel) homeDispatch(ng, mb []float64) float64 {
@@ -269,7 +356,7 @@ type layerVars struct {
 
 // addLayer adds x, Tc, Td (and T) and the assignment, capacity and compute
 // rows of layer l; the caller adds the communication rows.
-func (jm *jointModel) addLayer(b *builder, l int) layerVars {
+func (jm *jointModel) addLayer(b *builder, l int, breakSymmetry bool) layerVars {
 	s := jm.p.Stats
 	lv := layerVars{tb: -1, t: -1}
 	lv.x = make([][]int, jm.E)
@@ -277,6 +364,23 @@ func (jm *jointModel) addLayer(b *builder, l int) layerVars {
 		lv.x[e] = make([]int, jm.G)
 		for g := range jm.G {
 			lv.x[e][g] = b.binary(fmt.Sprintf("x_%d_%d_%d", l, e, g))
+		}
+	}
+	if breakSymmetry && jm.symmetric() {
+		// GPUs are interchangeable: on one node the k-th heaviest expert
+		// may only use GPUs 0..k (bins in order of first use); across
+		// nodes (permute nodes, then local ranks) the heaviest expert sits
+		// on GPU 0. canonical() relabels warm starts the same way.
+		order := jm.order(l)
+		for k, e := range order {
+			for g := range jm.G {
+				if (jm.N == 1 && g > k) || (jm.N > 1 && k == 0 && g != 0) {
+					b.m.Upper[lv.x[e][g]] = 0
+				}
+			}
+			if k >= jm.G {
+				break
+			}
 		}
 	}
 	lv.tc = b.col(fmt.Sprintf("Tc_%d", l), 0, inf, 0, false)
@@ -495,7 +599,7 @@ func (jm *jointModel) addObjective(b *builder, l int, lv *layerVars, phases []in
 // buildHomeLayer builds the independent ILP of one layer in the home flow.
 func (jm *jointModel) buildHomeLayer(l int) (*builder, layerVars) {
 	b := &builder{}
-	lv := jm.addLayer(b, l)
+	lv := jm.addLayer(b, l, true)
 	var pairs []pair
 	if jm.pairs != nil {
 		pairs = jm.pairs[l]
@@ -511,7 +615,7 @@ func (jm *jointModel) buildChain() (*builder, []layerVars) {
 	b := &builder{}
 	lvs := make([]layerVars, jm.L)
 	for l := range jm.L {
-		lvs[l] = jm.addLayer(b, l)
+		lvs[l] = jm.addLayer(b, l, l == 0)
 	}
 	for l := range jm.L {
 		lv := &lvs[l]
@@ -706,7 +810,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 		}
 	}
 	report("baseline "+string(baseSt), baseObj, math.NaN())
-	warm := planAssign(basePlan)
+	warm := jm.canonical(planAssign(basePlan))
 	assign := planAssign(basePlan)
 	// The ILP gets 80 % of the time; polishing the rest.
 	ilpBudget := opts.TimeLimit * 8 / 10
