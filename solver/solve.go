@@ -48,6 +48,32 @@ type Problem struct {
 	// that every result is scored with.
 	Flow costmodel.Flow
 	Mode costmodel.Mode
+
+	// RedundantSlots adds physical slots per layer beyond one per expert
+	// (EPLB's num_replicas − E); the joint strategy then decides how many
+	// copies each expert gets and where, tokens split evenly over copies.
+	RedundantSlots int
+	// SlotsPerGPU, when set, gives every GPU its own slot count per layer
+	// (heterogeneous clusters); it overrides RedundantSlots.
+	SlotsPerGPU []int
+	// ExpertGroups > 0 keeps each group of E/ExpertGroups consecutive
+	// experts, and all its copies, on one node (DeepSeek's group-limited
+	// routing).
+	ExpertGroups int
+	// Scenarios, when set, are several workloads (same shape as Stats) the
+	// plan must serve at once, combined by Across; Stats should be their
+	// sum and is used for scoring.
+	Scenarios []*routing.Stats
+	Across    Across
+	// Current is the running plan for incremental re-placement: the joint
+	// strategy starts from it and changes at most Options.MaxMoves slots
+	// per layer.
+	Current *placement.Plan
+}
+
+// replicated reports whether p needs the replicated (slot-based) solver.
+func (p Problem) replicated() bool {
+	return p.RedundantSlots > 0 || p.SlotsPerGPU != nil || p.ExpertGroups > 0 || len(p.Scenarios) > 0 || p.Current != nil
 }
 
 // Options tune a solve. The zero value works.
@@ -75,6 +101,9 @@ type Options struct {
 	// Eq. 13 always holds. Default false: the paper's unequal clusters,
 	// with an *InfeasibleError when Eq. 13 cannot be met.
 	MoETunerEqualSizes bool
+	// MaxMoves bounds the slots per layer that incremental re-placement
+	// (Problem.Current) may change; 0 means no bound.
+	MaxMoves int
 	// NoPolish skips the exact-cost local search after the ILP.
 	NoPolish bool
 	// Progress, when set, receives progress reports.
@@ -146,6 +175,9 @@ type Result struct {
 	// Baseline names the warm start and BaselineObjective its Objective.
 	Baseline          Strategy
 	BaselineObjective float64
+	// Balance certifies a replicated plan's busiest-GPU load per layer
+	// against a lower bound; nil for single-copy strategies.
+	Balance *BalanceReport
 	// Note qualifies the result, e.g. "equal cluster sizes" when the
 	// moetuner strategy ran with Options.MoETunerEqualSizes.
 	Note string
@@ -207,7 +239,7 @@ func (p Problem) check() error {
 		return err
 	}
 	g := p.Cluster.GPUs()
-	if s.Experts < g {
+	if s.Experts < g && !p.replicated() {
 		return &InfeasibleError{Constraint: "gpus", Detail: fmt.Sprintf("%d experts per layer cannot fill %d GPUs without replication; use at most %d GPUs", s.Experts, g, s.Experts)}
 	}
 	if len(s.Load) != s.Layers || s.Layers == 0 {
@@ -260,8 +292,12 @@ func Solve(ctx context.Context, p Problem, st Strategy, backend Backend, opts Op
 			res.Note = "E/G experts per cluster"
 		}
 	case StrategyJoint:
-		if backend == nil {
+		if backend == nil && !p.replicated() {
 			return nil, errors.New("solver: the joint strategy needs a MIP backend (solver/highs)")
+		}
+		if p.replicated() {
+			res, err = solveReplicated(ctx, p, opts, start)
+			break
 		}
 		res, err = solveJoint(ctx, p, backend, opts, start)
 	default:

@@ -100,6 +100,11 @@ type common struct {
 	seed        int
 	jsonOut     string
 	equalSizes  bool
+	redundant   int
+	groups      int
+	across      string
+	from        string
+	maxMoves    int
 }
 
 func (c *common) register(fs *flag.FlagSet, solve bool) {
@@ -120,6 +125,11 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 		fs.Float64Var(&c.gap, "gap", 0, "relative MIP gap (default 1e-4)")
 		fs.IntVar(&c.threads, "threads", 1, "HiGHS threads (1 is deterministic)")
 		fs.IntVar(&c.seed, "seed", 0, "HiGHS random seed")
+		fs.IntVar(&c.redundant, "redundant-slots", 0, "redundant physical slots per layer (EPLB's num_replicas − experts); joint then replicates hot experts")
+		fs.IntVar(&c.groups, "expert-groups", 0, "keep each of N expert groups (and its copies) on one node, as DeepSeek's group-limited routing (0: off)")
+		fs.StringVar(&c.across, "across", "", "with several --trace files: plan for all of them at once, minimising the mean or worst busiest/mean load (mean|worst); default: add the traces up")
+		fs.StringVar(&c.from, "from", "", "current placement file: re-place incrementally from it (see --max-moves)")
+		fs.IntVar(&c.maxMoves, "max-moves", 0, "with --from: at most this many slots per layer change (0: no bound)")
 		fs.BoolVar(&c.equalSizes, "moetuner-equal-sizes", false, "moetuner strategy: E/G experts per cluster in ILP 1 (not the paper's design; always meets Eq. 13)")
 	}
 }
@@ -173,6 +183,13 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if err != nil {
 		return p, nil, err
 	}
+	if stats.TopK == 0 && model.TopK > 0 {
+		// Count formats such as logical_count do not say; the model does.
+		stats.TopK = model.TopK
+		if len(stats.Load) > 0 {
+			stats.Tokens = stats.LayerTotal(0) / float64(model.TopK)
+		}
+	}
 	cluster, err := costmodel.LoadCluster(c.cluster)
 	if err != nil {
 		return p, nil, err
@@ -203,10 +220,27 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if err != nil {
 		return p, nil, err
 	}
-	if stats.Experts%cluster.GPUs() != 0 {
-		return p, nil, fmt.Errorf("%d experts per layer do not divide evenly over %d GPUs (%d nodes × %d); choose --nodes/--gpus-per-node so the GPU count divides %d", stats.Experts, cluster.GPUs(), cluster.Nodes, cluster.GPUsPerNode, stats.Experts)
+	if (stats.Experts+c.redundant)%cluster.GPUs() != 0 && c.from == "" {
+		return p, nil, fmt.Errorf("%d experts + %d redundant slots per layer do not divide evenly over %d GPUs (%d nodes × %d); choose --nodes/--gpus-per-node or --redundant-slots so the GPU count divides the slots", stats.Experts, c.redundant, cluster.GPUs(), cluster.Nodes, cluster.GPUsPerNode)
 	}
-	p = solver.Problem{Stats: stats, Cluster: cluster, Model: model, Flow: flow, Mode: mode}
+	p = solver.Problem{Stats: stats, Cluster: cluster, Model: model, Flow: flow, Mode: mode,
+		RedundantSlots: c.redundant, ExpertGroups: c.groups}
+	if c.across != "" {
+		if p.Across, err = solver.ParseAcross(c.across); err != nil {
+			return p, nil, err
+		}
+		if len(sources) < 2 {
+			return p, nil, fmt.Errorf("--across needs at least two --trace workloads")
+		}
+		for _, src := range sources {
+			p.Scenarios = append(p.Scenarios, src.Stats)
+		}
+	}
+	if c.from != "" {
+		if p.Current, err = readPlan(c.from, cluster.GPUs()); err != nil {
+			return p, nil, err
+		}
+	}
 	return p, sources, nil
 }
 
@@ -237,7 +271,7 @@ func (c *common) loadModel(stats *routing.Stats) (costmodel.Model, error) {
 }
 
 func (c *common) options() solver.Options {
-	return solver.Options{TimeLimit: c.timeLimit, RelGap: c.gap, Threads: c.threads, Seed: c.seed, MoETunerEqualSizes: c.equalSizes}
+	return solver.Options{TimeLimit: c.timeLimit, RelGap: c.gap, Threads: c.threads, Seed: c.seed, MoETunerEqualSizes: c.equalSizes, MaxMoves: c.maxMoves}
 }
 
 func cmdStats(args []string, stdout, stderr io.Writer) error {

@@ -1,0 +1,96 @@
+package solver_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/routing"
+	. "github.com/moetuner/moetuner/solver"
+)
+
+// sharedTraces finds ../shared/traces above the module root; tests that
+// need the unlicensed DeepSeek counts skip without it (never vendored).
+func sharedTraces(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	require.NoError(t, err)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			p := filepath.Join(dir, "..", "shared", "traces")
+			if _, err := os.Stat(p); err != nil {
+				t.Skip("../shared/traces is absent")
+			}
+			return p
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Skip("no module root")
+		}
+		dir = parent
+	}
+}
+
+var prefillWorkloads = []string{"prefill_in1000out1000", "prefill_in1024", "prefill_in1800out100", "prefill_in2000out100",
+	"prefill_in2048", "prefill_in4096", "prefill_in500out1500", "prefill_in512"}
+
+func deepseekStats(t testing.TB, name string) *routing.Stats {
+	t.Helper()
+	src, err := routing.Load(filepath.Join(sharedTraces(t), "sglang-deepseek-v3-expert-counts", name+".json"), routing.LoadOptions{TopK: 8})
+	require.NoError(t, err)
+	return src.Stats
+}
+
+func deepseekProblem(t testing.TB, stats *routing.Stats) Problem {
+	m, err := costmodel.ModelPreset("deepseek-v3")
+	require.NoError(t, err)
+	c, err := costmodel.ClusterPreset("4xh100x8")
+	require.NoError(t, err)
+	return Problem{Stats: stats, Cluster: c, Model: m, RedundantSlots: 32}
+}
+
+func TestDeepSeekReplicatedBalance(t *testing.T) {
+	p := deepseekProblem(t, deepseekStats(t, "prefill_in4096"))
+	res, err := Solve(context.Background(), p, StrategyJoint, nil, Options{TimeLimit: 60 * time.Second})
+	require.NoError(t, err)
+	verify(t, p, res)
+	require.NotNil(t, res.Balance)
+	worst, mean := 0.0, 0.0
+	for l, b := range res.Balance.Layers {
+		worst = max(worst, b.Busiest/b.Mean)
+		mean += b.Busiest / b.Mean / float64(len(res.Balance.Layers))
+		assert.LessOrEqual(t, b.Gap(), 0.005, "layer %d: busiest %.0f bound %.0f", l, b.Busiest, b.Bound)
+	}
+	t.Logf("busiest/mean: mean %.4f worst %.4f; gap to bound: max %.4f%% mean %.4f%%; %s", mean, worst, 100*res.Balance.MaxGap, 100*res.Balance.MeanGap, res.SolveTime)
+}
+
+func TestDeepSeekRobustAcrossWorkloads(t *testing.T) {
+	var scen []*routing.Stats
+	var sum *routing.Stats
+	for _, w := range prefillWorkloads {
+		s := deepseekStats(t, w)
+		scen = append(scen, s)
+		if sum == nil {
+			sum = s.Clone()
+		} else {
+			require.NoError(t, sum.Merge(s))
+		}
+	}
+	p := deepseekProblem(t, sum)
+	p.Scenarios = scen
+	res, err := Solve(context.Background(), p, StrategyJoint, nil, Options{TimeLimit: 60 * time.Second})
+	require.NoError(t, err)
+	verify(t, p, res)
+	m := 0.0
+	for _, v := range res.Balance.Scenario {
+		m += v / float64(len(res.Balance.Scenario))
+	}
+	t.Logf("per-workload mean busiest/mean: %v; mean %.4f; %s", res.Balance.Scenario, m, res.SolveTime)
+	assert.LessOrEqual(t, m, 1.04)
+}

@@ -1,0 +1,702 @@
+package solver
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/moetuner/moetuner/placement"
+)
+
+// Across says how a plan made for several workloads (Problem.Scenarios)
+// combines them.
+type Across int
+
+const (
+	// AcrossMean minimises the mean over workloads of the per-layer
+	// busiest/mean GPU load.
+	AcrossMean Across = iota
+	// AcrossWorst minimises the worst workload's busiest/mean.
+	AcrossWorst
+)
+
+// String returns "mean" or "worst".
+func (a Across) String() string {
+	if a == AcrossWorst {
+		return "worst"
+	}
+	return "mean"
+}
+
+// ParseAcross maps "mean" or "worst" to an Across.
+func ParseAcross(s string) (Across, error) {
+	switch s {
+	case "mean":
+		return AcrossMean, nil
+	case "worst":
+		return AcrossWorst, nil
+	}
+	return 0, fmt.Errorf("solver: --across %q: want mean or worst", s)
+}
+
+// LayerBalance is the certified balance of one layer: the busiest GPU's
+// load (tokens divided by speed), the mean, and a lower bound on the
+// busiest load of any plan with the same slots.
+type LayerBalance struct {
+	Busiest, Mean, Bound float64
+}
+
+// Gap is Busiest/Bound − 1.
+func (b LayerBalance) Gap() float64 {
+	if b.Bound <= 0 {
+		return 0
+	}
+	return b.Busiest/b.Bound - 1
+}
+
+// BalanceReport certifies a replicated plan's load balance layer by layer.
+type BalanceReport struct {
+	Layers []LayerBalance
+	// MaxGap and MeanGap summarise Layers' Gap.
+	MaxGap, MeanGap float64
+	// Scenario[s] is the mean over layers of busiest/mean for workload s
+	// (Problem.Scenarios), nil without scenarios.
+	Scenario []float64
+}
+
+// item weights: w[s][e] = load of expert e in scenario s, divided by its
+// copy count when placed.
+type packer struct {
+	G      int
+	slots  []int
+	speed  []float64
+	w      [][]float64 // [S][E] loads
+	across Across
+	norm   []float64 // per scenario: Σ load / Σ speed (the mean)
+	// state
+	cnt  []int       // copies per expert
+	gpus [][]int     // experts on each GPU
+	gl   [][]float64 // [S][G] load/speed
+	has  []map[int]bool
+}
+
+func newPacker(G int, slots []int, speed []float64, w [][]float64, across Across) *packer {
+	pk := &packer{G: G, slots: slots, speed: speed, w: w, across: across}
+	sumSpeed := 0.0
+	for _, s := range speed {
+		sumSpeed += s
+	}
+	pk.norm = make([]float64, len(w))
+	for s, row := range w {
+		t := 0.0
+		for _, v := range row {
+			t += v
+		}
+		pk.norm[s] = t / sumSpeed
+		if pk.norm[s] <= 0 {
+			pk.norm[s] = 1
+		}
+	}
+	return pk
+}
+
+// apportion gives every expert in experts one copy and the remaining
+// slots one at a time to the expert with the largest load per copy
+// (Jefferson/D'Hondt), which minimises the largest replica load; copies are
+// capped at maxCopies (distinct GPUs). weight is the per-expert load used.
+func apportion(weight []float64, experts []int, slots, maxCopies int) ([]int, error) {
+	cnt := make([]int, len(weight))
+	if slots < len(experts) {
+		return nil, fmt.Errorf("solver: %d slots for %d experts; every expert needs one", slots, len(experts))
+	}
+	if len(experts)*maxCopies < slots {
+		return nil, fmt.Errorf("solver: %d slots exceed %d experts × %d GPUs (copies of one expert must sit on distinct GPUs)", slots, len(experts), maxCopies)
+	}
+	for _, e := range experts {
+		cnt[e] = 1
+	}
+	for extra := slots - len(experts); extra > 0; extra-- {
+		best := -1
+		for _, e := range experts {
+			if cnt[e] >= maxCopies {
+				continue
+			}
+			if best < 0 || weight[e]*float64(cnt[best]) > weight[best]*float64(cnt[e]) {
+				best = e
+			}
+		}
+		cnt[best]++
+	}
+	return cnt, nil
+}
+
+// maxReplica is the largest load per copy.
+func maxReplica(weight []float64, cnt []int) float64 {
+	m := 0.0
+	for e, c := range cnt {
+		if c > 0 {
+			m = math.Max(m, weight[e]/float64(c))
+		}
+	}
+	return m
+}
+
+// init sets the copy counts and empties every GPU.
+func (pk *packer) init(cnt []int) {
+	pk.cnt = cnt
+	pk.gpus = make([][]int, pk.G)
+	pk.has = make([]map[int]bool, pk.G)
+	pk.gl = make([][]float64, len(pk.w))
+	for s := range pk.gl {
+		pk.gl[s] = make([]float64, pk.G)
+	}
+	for g := range pk.has {
+		pk.has[g] = map[int]bool{}
+	}
+}
+
+// pack places cnt[e] copies of each expert on the GPUs in gpuSet.
+func (pk *packer) pack(cnt []int, gpuSet []int) error {
+	pk.init(cnt)
+	return pk.packItems(cnt, gpuSet)
+}
+
+// aggWeight is the per-expert weight used for ordering: the mean over
+// scenarios of normalised loads (the max for AcrossWorst).
+func (pk *packer) aggWeight() []float64 {
+	E := len(pk.w[0])
+	agg := make([]float64, E)
+	for s, row := range pk.w {
+		for e, v := range row {
+			if pk.across == AcrossWorst {
+				agg[e] = math.Max(agg[e], v/pk.norm[s])
+			} else {
+				agg[e] += v / pk.norm[s] / float64(len(pk.w))
+			}
+		}
+	}
+	return agg
+}
+
+func (pk *packer) add(g, e int) {
+	pk.gpus[g] = append(pk.gpus[g], e)
+	pk.has[g][e] = true
+	for s := range pk.gl {
+		pk.gl[s][g] += pk.w[s][e] / float64(pk.cnt[e]) / pk.speed[g]
+	}
+}
+
+// score is the objective (lower is better): per scenario busiest/mean,
+// combined by mean or worst; tie is Σ squares of normalised loads, which
+// breaks plateaus of the max.
+func (pk *packer) score() (obj, tie float64) {
+	for s, row := range pk.gl {
+		m := 0.0
+		for _, v := range row {
+			m = math.Max(m, v)
+			tie += (v / pk.norm[s]) * (v / pk.norm[s])
+		}
+		r := m / pk.norm[s]
+		if pk.across == AcrossWorst {
+			obj = math.Max(obj, r)
+		} else {
+			obj += r / float64(len(pk.gl))
+		}
+	}
+	return obj, tie
+}
+
+// improve swaps copies between GPUs while a swap lowers the score (first
+// by the objective, then by the tie-breaker), touching at most maxMoves
+// slots (≤ 0: unlimited), until the deadline. A candidate swap changes two
+// GPUs, so it is scored in O(S) from each scenario's three largest loads.
+func (pk *packer) improve(gpuSet []int, deadline time.Time, maxMoves int) int {
+	moves := 0
+	const eps = 1e-12
+	S := len(pk.gl)
+	type top3 struct {
+		v [3]float64
+		g [3]int
+	}
+	tops := make([]top3, S)
+	inSet := make([]bool, pk.G)
+	for _, g := range gpuSet {
+		inSet[g] = true
+	}
+	for iter := 0; ; iter++ {
+		if (iter%16 == 0 && time.Now().After(deadline)) || (maxMoves > 0 && moves+2 > maxMoves) {
+			return moves
+		}
+		obj, tie := pk.score()
+		crit := map[int]bool{}
+		for s, row := range pk.gl {
+			t := top3{v: [3]float64{-1, -1, -1}, g: [3]int{-1, -1, -1}}
+			for g, v := range row {
+				switch {
+				case v > t.v[0]:
+					t.v[2], t.g[2], t.v[1], t.g[1] = t.v[1], t.g[1], t.v[0], t.g[0]
+					t.v[0], t.g[0] = v, g
+				case v > t.v[1]:
+					t.v[2], t.g[2] = t.v[1], t.g[1]
+					t.v[1], t.g[1] = v, g
+				case v > t.v[2]:
+					t.v[2], t.g[2] = v, g
+				}
+			}
+			tops[s] = t
+			if inSet[t.g[0]] {
+				crit[t.g[0]] = true
+			}
+		}
+		// score of the state after moving weight between g1 and g2.
+		eval := func(g1, g2, a, b int) (float64, float64) {
+			o, tt := 0.0, tie
+			for s := range S {
+				wa := pk.w[s][a] / float64(pk.cnt[a])
+				wb := pk.w[s][b] / float64(pk.cnt[b])
+				n1 := pk.gl[s][g1] + (wb-wa)/pk.speed[g1]
+				n2 := pk.gl[s][g2] + (wa-wb)/pk.speed[g2]
+				m := math.Max(n1, n2)
+				t := &tops[s]
+				for k := range 3 {
+					if t.g[k] != g1 && t.g[k] != g2 {
+						m = math.Max(m, t.v[k])
+						break
+					}
+				}
+				r := m / pk.norm[s]
+				if pk.across == AcrossWorst {
+					o = math.Max(o, r)
+				} else {
+					o += r / float64(S)
+				}
+				q := pk.norm[s] * pk.norm[s]
+				o1, o2 := pk.gl[s][g1], pk.gl[s][g2]
+				tt += (n1*n1 + n2*n2 - o1*o1 - o2*o2) / q
+			}
+			return o, tt
+		}
+		bestObj, bestTie := obj, tie
+		bg1, bi, bg2, bj := -1, -1, -1, -1
+		critList := make([]int, 0, len(crit))
+		for g := range crit {
+			critList = append(critList, g)
+		}
+		sort.Ints(critList)
+		for _, g1 := range critList {
+			for i, a := range pk.gpus[g1] {
+				for _, g2 := range gpuSet {
+					if g2 == g1 || pk.has[g2][a] {
+						continue
+					}
+					for j, b := range pk.gpus[g2] {
+						if a == b || pk.has[g1][b] {
+							continue
+						}
+						o, t := eval(g1, g2, a, b)
+						if o < bestObj-eps || (o <= bestObj+eps && t < bestTie-eps*math.Max(1, bestTie)) {
+							bestObj, bestTie = o, t
+							bg1, bi, bg2, bj = g1, i, g2, j
+						}
+					}
+				}
+			}
+		}
+		if bg1 < 0 {
+			return moves
+		}
+		pk.swap(bg1, bi, bg2, bj)
+		moves += 2
+	}
+}
+
+// swap exchanges the i-th copy on g1 with the j-th copy on g2 (its own
+// inverse).
+func (pk *packer) swap(g1, i, g2, j int) {
+	a, b := pk.gpus[g1][i], pk.gpus[g2][j]
+	for s := range pk.gl {
+		wa := pk.w[s][a] / float64(pk.cnt[a])
+		wb := pk.w[s][b] / float64(pk.cnt[b])
+		pk.gl[s][g1] += (wb - wa) / pk.speed[g1]
+		pk.gl[s][g2] += (wa - wb) / pk.speed[g2]
+	}
+	pk.gpus[g1][i], pk.gpus[g2][j] = b, a
+	delete(pk.has[g1], a)
+	delete(pk.has[g2], b)
+	pk.has[g1][b] = true
+	pk.has[g2][a] = true
+}
+
+// copies returns [e] → sorted GPUs of its copies.
+func (pk *packer) copies(E int) [][]placement.GPU {
+	out := make([][]placement.GPU, E)
+	for g, es := range pk.gpus {
+		for _, e := range es {
+			out[e] = append(out[e], placement.GPU(g))
+		}
+	}
+	for e := range out {
+		sort.Slice(out[e], func(i, j int) bool { return out[e][i] < out[e][j] })
+	}
+	return out
+}
+
+// replicaLayout is the per-problem slot layout for replicated plans.
+type replicaLayout struct {
+	slots []int // per GPU per layer
+	total int
+}
+
+func (p Problem) layout() (replicaLayout, error) {
+	G := p.Cluster.GPUs()
+	E := p.Stats.Experts
+	var lay replicaLayout
+	if p.SlotsPerGPU != nil {
+		if len(p.SlotsPerGPU) != G {
+			return lay, fmt.Errorf("solver: SlotsPerGPU has %d entries for %d GPUs", len(p.SlotsPerGPU), G)
+		}
+		lay.slots = append([]int(nil), p.SlotsPerGPU...)
+	} else {
+		R := E + p.RedundantSlots
+		if R%G != 0 {
+			return lay, &InfeasibleError{Constraint: "slots", Detail: fmt.Sprintf("%d experts + %d redundant slots = %d slots per layer do not divide over %d GPUs; use %d or %d redundant slots", E, p.RedundantSlots, R, G, p.RedundantSlots-R%G, p.RedundantSlots+G-R%G)}
+		}
+		lay.slots = make([]int, G)
+		for g := range lay.slots {
+			lay.slots[g] = R / G
+		}
+	}
+	for _, s := range lay.slots {
+		lay.total += s
+	}
+	if lay.total < E {
+		return lay, &InfeasibleError{Constraint: "slots", Detail: fmt.Sprintf("%d slots per layer cannot hold %d experts", lay.total, E)}
+	}
+	if eb := p.Model.ExpertBytes(); p.Cluster.GPUMemBytes > 0 && eb > 0 {
+		for g, s := range lay.slots {
+			need := int64(s) * eb * int64(p.Stats.Layers)
+			if need > p.Cluster.GPUMemBytes {
+				return lay, &InfeasibleError{Constraint: "memory", Detail: fmt.Sprintf("GPU %d needs %.2f GiB for %d expert slots × %d layers × %.1f MiB but has %.2f GiB: %.2f GiB missing; use fewer redundant slots or more GPUs", g, gib(need), s, p.Stats.Layers, float64(eb)/(1<<20), gib(p.Cluster.GPUMemBytes), gib(need-p.Cluster.GPUMemBytes))}
+			}
+		}
+	}
+	return lay, nil
+}
+
+func gib(b int64) float64 { return float64(b) / (1 << 30) }
+
+// scenarioLoads returns per layer the [S][E] loads the packer balances.
+func (p Problem) scenarioLoads(l int) [][]float64 {
+	if len(p.Scenarios) == 0 {
+		return [][]float64{p.Stats.Load[l]}
+	}
+	out := make([][]float64, len(p.Scenarios))
+	for s, st := range p.Scenarios {
+		out[s] = st.Load[l]
+	}
+	return out
+}
+
+// solveReplicated places every layer with replication: replica counts by
+// apportionment (which minimises the largest replica), copies packed
+// largest first, then improved by swaps; every layer's busiest load is
+// certified against the bound max(mean, largest replica under the best
+// apportionment). Layers run in parallel.
+func solveReplicated(ctx context.Context, p Problem, opts Options, start time.Time) (*Result, error) {
+	lay, err := p.layout()
+	if err != nil {
+		return nil, err
+	}
+	s := p.Stats
+	G, E, L := p.Cluster.GPUs(), s.Experts, s.Layers
+	speed := make([]float64, G)
+	for g := range speed {
+		speed[g] = p.Cluster.SpeedOf(g)
+	}
+	groups := p.ExpertGroups
+	if groups > 0 && (E%groups != 0 || groups%p.Cluster.Nodes != 0) {
+		return nil, &InfeasibleError{Constraint: "expert groups", Detail: fmt.Sprintf("%d groups must divide %d experts and be a multiple of %d nodes", groups, E, p.Cluster.Nodes)}
+	}
+	deadline := start.Add(opts.TimeLimit)
+	copies := make([][][]placement.GPU, L)
+	bal := make([]LayerBalance, L)
+	errs := make([]error, L)
+	var wg sync.WaitGroup
+	jobs := make(chan int)
+	for w := 0; w < opts.Parallel; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for l := range jobs {
+				if ctx.Err() != nil {
+					errs[l] = ctx.Err()
+					continue
+				}
+				copies[l], bal[l], errs[l] = placeLayer(p, l, lay, speed, groups, deadline, opts.MaxMoves)
+			}
+		}()
+	}
+	for l := range L {
+		jobs <- l
+	}
+	close(jobs)
+	wg.Wait()
+	for _, e := range errs {
+		if e != nil {
+			return nil, e
+		}
+	}
+	res := &Result{Plan: placement.FromReplicas(G, copies, string(StrategyJoint)), Status: StatusFeasible}
+	br := &BalanceReport{Layers: bal}
+	for _, b := range bal {
+		br.MaxGap = math.Max(br.MaxGap, b.Gap())
+		br.MeanGap += b.Gap() / float64(L)
+	}
+	if len(p.Scenarios) > 0 {
+		br.Scenario = make([]float64, len(p.Scenarios))
+		for si, st := range p.Scenarios {
+			for l := range L {
+				br.Scenario[si] += busiestOverMean(st.Load[l], copies[l], speed) / float64(L)
+			}
+		}
+	}
+	if br.MaxGap <= 1e-9 {
+		res.Status = StatusOptimal
+	}
+	if time.Now().After(deadline) {
+		res.Status = StatusTimeLimit
+	}
+	res.Balance = br
+	// For replicated plans the certified quantity is the busiest-GPU load:
+	// Gap is the largest per-layer gap to its bound.
+	res.Gap = br.MaxGap
+	res.Bound, res.ModelObjective = math.NaN(), math.NaN()
+	return res, nil
+}
+
+// busiestOverMean scores one layer of copies under a load vector.
+func busiestOverMean(load []float64, copies [][]placement.GPU, speed []float64) float64 {
+	gl := make([]float64, len(speed))
+	total, sp := 0.0, 0.0
+	for e, gs := range copies {
+		total += load[e]
+		for _, g := range gs {
+			gl[g] += load[e] / float64(len(gs)) / speed[g]
+		}
+	}
+	for _, v := range speed {
+		sp += v
+	}
+	m := 0.0
+	for _, v := range gl {
+		m = math.Max(m, v)
+	}
+	if total == 0 {
+		return 1
+	}
+	return m / (total / sp)
+}
+
+// placeLayer places one layer (see solveReplicated).
+func placeLayer(p Problem, l int, lay replicaLayout, speed []float64, groups int, deadline time.Time, maxMoves int) ([][]placement.GPU, LayerBalance, error) {
+	E, G := p.Stats.Experts, p.Cluster.GPUs()
+	w := p.scenarioLoads(l)
+	pk := newPacker(G, lay.slots, speed, w, p.Across)
+	agg := pk.aggWeight()
+	all := make([]int, G)
+	for g := range all {
+		all[g] = g
+	}
+	if p.Current != nil {
+		if err := pk.load(p.Current, l, E); err != nil {
+			return nil, LayerBalance{}, err
+		}
+		pk.improve(all, deadline, maxMoves)
+	} else if groups > 0 {
+		if err := pk.packGroups(p, agg, groups, all, deadline); err != nil {
+			return nil, LayerBalance{}, err
+		}
+	} else {
+		experts := make([]int, E)
+		for e := range experts {
+			experts[e] = e
+		}
+		cnt, err := apportion(agg, experts, lay.total, G)
+		if err != nil {
+			return nil, LayerBalance{}, err
+		}
+		if err := pk.pack(cnt, all); err != nil {
+			return nil, LayerBalance{}, err
+		}
+		pk.improve(all, deadline, 0)
+	}
+	// Certificate on the primary statistics.
+	load := p.Stats.Load[l]
+	total, sp, maxSp := 0.0, 0.0, 0.0
+	for _, v := range load {
+		total += v
+	}
+	for _, v := range speed {
+		sp += v
+		maxSp = math.Max(maxSp, v)
+	}
+	experts := make([]int, E)
+	for e := range experts {
+		experts[e] = e
+	}
+	cntLB, err := apportion(load, experts, lay.total, G)
+	if err != nil {
+		return nil, LayerBalance{}, err
+	}
+	cp := pk.copies(E)
+	mean := total / sp
+	b := LayerBalance{Mean: mean, Busiest: busiestOverMean(load, cp, speed) * mean, Bound: math.Max(mean, maxReplica(load, cntLB)/maxSp)}
+	return cp, b, nil
+}
+
+// load starts the packer from an existing plan's layer l.
+func (pk *packer) load(plan *placement.Plan, l, E int) error {
+	if l >= len(plan.Layers) || plan.GPUs != pk.G {
+		return fmt.Errorf("solver: the current plan has %d layers on %d GPUs; the problem has layer %d on %d GPUs", len(plan.Layers), plan.GPUs, l, pk.G)
+	}
+	cnt := make([]int, E)
+	lp := plan.Layers[l]
+	for _, e := range lp.SlotExpert {
+		cnt[e]++
+	}
+	pk.init(cnt)
+	for i, e := range lp.SlotExpert {
+		pk.add(int(lp.SlotGPU[i]), int(e))
+	}
+	return nil
+}
+
+// packGroups keeps each expert group (E/groups consecutive experts, as in
+// DeepSeek's group-limited routing) on one node: groups go to nodes
+// (groups/N each, heaviest first onto the lightest node, then improved by
+// swaps), then every node replicates and packs its own experts.
+func (pk *packer) packGroups(p Problem, agg []float64, groups int, all []int, deadline time.Time) error {
+	E, N, n := len(agg), p.Cluster.Nodes, p.Cluster.GPUsPerNode
+	size := E / groups
+	gload := make([]float64, groups)
+	for e, v := range agg {
+		gload[e/size] += v
+	}
+	order := make([]int, groups)
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(i, j int) bool { return gload[order[i]] > gload[order[j]] })
+	nodeOf := make([]int, groups)
+	nl := make([]float64, N)
+	nc := make([]int, N)
+	for _, gr := range order {
+		best := -1
+		for nd := range N {
+			if nc[nd] < groups/N && (best < 0 || nl[nd] < nl[best]) {
+				best = nd
+			}
+		}
+		nodeOf[gr] = best
+		nl[best] += gload[gr]
+		nc[best]++
+	}
+	// Swap groups between nodes while the heaviest node gets lighter.
+	for improved := true; improved; {
+		improved = false
+		for a := range groups {
+			for b := a + 1; b < groups; b++ {
+				na, nb := nodeOf[a], nodeOf[b]
+				if na == nb {
+					continue
+				}
+				old := math.Max(nl[na], nl[nb])
+				d := gload[a] - gload[b]
+				if math.Max(nl[na]-d, nl[nb]+d) < old-1e-12 {
+					nl[na] -= d
+					nl[nb] += d
+					nodeOf[a], nodeOf[b] = nb, na
+					improved = true
+				}
+			}
+		}
+	}
+	cnt := make([]int, E)
+	for nd := range N {
+		var experts []int
+		for e := range E {
+			if nodeOf[e/size] == nd {
+				experts = append(experts, e)
+			}
+		}
+		gpus := all[nd*n : (nd+1)*n]
+		slots := 0
+		for _, g := range gpus {
+			slots += pk.slots[g]
+		}
+		c, err := apportion(agg, experts, slots, n)
+		if err != nil {
+			return fmt.Errorf("solver: node %d: %w", nd, err)
+		}
+		for _, e := range experts {
+			cnt[e] = c[e]
+		}
+	}
+	pk.init(cnt)
+	for nd := range N {
+		sub := make([]int, E)
+		for e := range E {
+			if nodeOf[e/size] == nd {
+				sub[e] = cnt[e]
+			}
+		}
+		if err := pk.packItems(sub, all[nd*n:(nd+1)*n]); err != nil {
+			return err
+		}
+	}
+	for nd := range N {
+		pk.improve(all[nd*n:(nd+1)*n], deadline, 0)
+	}
+	return nil
+}
+
+// packItems places sub[e] copies of each expert (pk.cnt holds every
+// expert's total count) on gpus, largest replica first onto the least
+// loaded GPU with a free slot that does not hold the expert yet.
+func (pk *packer) packItems(sub []int, gpus []int) error {
+	type item struct {
+		e int
+		v float64
+	}
+	agg := pk.aggWeight()
+	var items []item
+	for e, c := range sub {
+		for range c {
+			items = append(items, item{e, agg[e] / float64(pk.cnt[e])})
+		}
+	}
+	sort.SliceStable(items, func(i, j int) bool { return items[i].v > items[j].v })
+	for _, it := range items {
+		best, bv := -1, 0.0
+		for _, g := range gpus {
+			if len(pk.gpus[g]) >= pk.slots[g] || pk.has[g][it.e] {
+				continue
+			}
+			v := 0.0
+			for s := range pk.gl {
+				v += pk.gl[s][g] / pk.norm[s]
+			}
+			if best < 0 || v < bv {
+				best, bv = g, v
+			}
+		}
+		if best < 0 {
+			return fmt.Errorf("solver: no GPU has a free slot for a copy of expert %d; give more slots or fewer copies", it.e)
+		}
+		pk.add(best, it.e)
+	}
+	return nil
+}

@@ -1,0 +1,213 @@
+package solver_test
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+	. "github.com/moetuner/moetuner/solver"
+)
+
+func replicatedProblem(load [][]float64, nodes, perNode, redundant int) Problem {
+	return Problem{Stats: routing.StatsFromLoad(load, 2), Cluster: smallCluster(nodes, perNode), Model: fakeModel(len(load[0]), 2), RedundantSlots: redundant}
+}
+
+// bruteBusiest is the smallest busiest-GPU load over every replicated
+// plan: every way of filling G GPUs × S slots with experts (each at least
+// once, no two copies on one GPU), tokens split evenly over copies.
+func bruteBusiest(load []float64, G, S int) float64 {
+	E := len(load)
+	// Enumerate each GPU's expert set as a bitmask with S bits set.
+	var sets []int
+	for m := 0; m < 1<<E; m++ {
+		if popcount(m) == S {
+			sets = append(sets, m)
+		}
+	}
+	best := math.Inf(1)
+	choice := make([]int, G)
+	var rec func(g, from int)
+	rec = func(g, from int) {
+		if g == G {
+			cnt := make([]int, E)
+			for _, m := range choice {
+				for e := range E {
+					if m>>e&1 == 1 {
+						cnt[e]++
+					}
+				}
+			}
+			for _, c := range cnt {
+				if c == 0 {
+					return
+				}
+			}
+			busiest := 0.0
+			for _, m := range choice {
+				t := 0.0
+				for e := range E {
+					if m>>e&1 == 1 {
+						t += load[e] / float64(cnt[e])
+					}
+				}
+				busiest = math.Max(busiest, t)
+			}
+			best = math.Min(best, busiest)
+			return
+		}
+		for i := from; i < len(sets); i++ { // GPUs are interchangeable
+			choice[g] = sets[i]
+			rec(g+1, i)
+		}
+	}
+	rec(0, 0)
+	return best
+}
+
+func popcount(m int) int {
+	n := 0
+	for ; m > 0; m &= m - 1 {
+		n++
+	}
+	return n
+}
+
+func TestReplicatedBoundIsValidAndTight(t *testing.T) {
+	cases := []struct {
+		name string
+		load []float64
+		G, R int // GPUs, redundant slots
+	}{
+		{"one hot expert", []float64{900, 50, 30, 20}, 2, 2},
+		{"two hot", []float64{500, 400, 60, 40, 30, 10}, 3, 3},
+		{"flat", []float64{100, 100, 100, 100, 100, 100}, 3, 3},
+		{"skewed 4 gpus", []float64{1000, 300, 200, 100, 50, 50, 20, 10}, 4, 4},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := replicatedProblem([][]float64{tc.load}, 1, tc.G, tc.R)
+			res, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{TimeLimit: 10 * time.Second})
+			require.NoError(t, err)
+			verify(t, p, res)
+			opt := bruteBusiest(tc.load, tc.G, (len(tc.load)+tc.R)/tc.G)
+			b := res.Balance.Layers[0]
+			assert.LessOrEqual(t, b.Bound, opt*(1+1e-12), "the bound must not exceed the true optimum")
+			assert.GreaterOrEqual(t, b.Busiest, opt*(1-1e-12))
+			assert.InDelta(t, opt, b.Busiest, 0.05*opt, "heuristic within 5%% of brute force")
+			assert.InDelta(t, res.Report.Layers[0].MaxTokens, b.Busiest, 1e-6*b.Busiest, "balance report agrees with the cost model")
+		})
+	}
+}
+
+func TestReplicatedErrors(t *testing.T) {
+	load := [][]float64{{5, 4, 3, 2, 1, 1}}
+	p := replicatedProblem(load, 1, 4, 1) // 7 slots on 4 GPUs
+	_, err := Solve(context.Background(), p, StrategyJoint, nil, Options{})
+	assert.ErrorIs(t, err, ErrInfeasible)
+	assert.Contains(t, err.Error(), "redundant slots")
+
+	p = replicatedProblem(load, 1, 2, 2)
+	p.Cluster.GPUMemBytes = 1 << 30 // 1 GiB for 4 Mixtral-size experts
+	_, err = Solve(context.Background(), p, StrategyJoint, nil, Options{})
+	assert.ErrorIs(t, err, ErrInfeasible)
+	assert.Contains(t, err.Error(), "GiB missing")
+}
+
+func TestReplicatedHeterogeneousSpeed(t *testing.T) {
+	load := [][]float64{{400, 300, 200, 100, 100, 100, 50, 50}}
+	p := replicatedProblem(load, 1, 2, 0)
+	p.Cluster.Speed = []float64{3, 1}
+	p.SlotsPerGPU = []int{6, 2}
+	res, err := Solve(context.Background(), p, StrategyJoint, nil, Options{})
+	require.NoError(t, err)
+	verify(t, p, res)
+	lr := res.Report.Layers[0]
+	assert.Greater(t, lr.Tokens[0], 2*lr.Tokens[1], "the 3× faster GPU takes most tokens")
+	assert.Equal(t, []int{6, 2}, res.Plan.SlotsPerGPU(0))
+}
+
+func TestReplicatedGroupsStayOnNode(t *testing.T) {
+	load := make([]float64, 16)
+	for e := range load {
+		load[e] = float64(1000 / (e + 1))
+	}
+	p := replicatedProblem([][]float64{load, load}, 2, 2, 4) // 20 slots, 5 per GPU
+	p.ExpertGroups = 4
+	res, err := Solve(context.Background(), p, StrategyJoint, nil, Options{})
+	require.NoError(t, err)
+	verify(t, p, res)
+	for l := range res.Plan.Layers {
+		for e, gs := range res.Plan.ExpertGPUs(l) {
+			groupNode := -1
+			for _, g := range gs {
+				nd := int(g) / 2
+				if groupNode < 0 {
+					groupNode = nd
+				}
+				assert.Equal(t, groupNode, nd, "layer %d expert %d copies on one node", l, e)
+			}
+		}
+		// All experts of a group on one node.
+		for gr := range 4 {
+			nodes := map[int]bool{}
+			for e := gr * 4; e < gr*4+4; e++ {
+				for _, g := range res.Plan.ExpertGPUs(l)[e] {
+					nodes[int(g)/2] = true
+				}
+			}
+			assert.Len(t, nodes, 1, "group %d", gr)
+		}
+	}
+}
+
+func TestIncrementalRespectsMoveBudget(t *testing.T) {
+	old := [][]float64{{100, 90, 80, 70, 60, 50, 40, 30}}
+	p := replicatedProblem(old, 1, 4, 0)
+	cur, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{})
+	require.NoError(t, err)
+	// Traffic shifts: the two coldest experts become the hottest.
+	newLoad := [][]float64{{30, 40, 50, 60, 70, 80, 200, 190}}
+	for _, k := range []int{2, 4, 0} {
+		q := replicatedProblem(newLoad, 1, 4, 0)
+		q.Current = cur.Plan
+		res, err := Solve(context.Background(), q, StrategyJoint, nil, Options{MaxMoves: k})
+		require.NoError(t, err)
+		verify(t, q, res)
+		moved := changedSlots(cur.Plan, res.Plan)
+		if k > 0 {
+			assert.LessOrEqual(t, moved, k)
+		}
+		before, err := placement.Contiguous(1, 8, 4)
+		require.NoError(t, err)
+		_ = before
+		_, curT, err := Score(q, cur.Plan)
+		require.NoError(t, err)
+		assert.LessOrEqual(t, res.Objective, curT*(1+1e-12), "k=%d never worse than staying", k)
+	}
+}
+
+// changedSlots counts (GPU, expert) copies present in b but not in a.
+func changedSlots(a, b *placement.Plan) int {
+	n := 0
+	for l := range a.Layers {
+		have := map[[2]int]int{}
+		for s, e := range a.Layers[l].SlotExpert {
+			have[[2]int{int(a.Layers[l].SlotGPU[s]), int(e)}]++
+		}
+		for s, e := range b.Layers[l].SlotExpert {
+			k := [2]int{int(b.Layers[l].SlotGPU[s]), int(e)}
+			if have[k] > 0 {
+				have[k]--
+			} else {
+				n++
+			}
+		}
+	}
+	return n
+}
