@@ -14,18 +14,17 @@ import (
 func (m *MIP) WriteLP(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	num := func(v float64) string { return strconv.FormatFloat(v, 'g', 17, 64) }
+	// term renders one coefficient: "2.5 x" first, then "+ 2.5 x" or "- 2.5 x".
 	term := func(first bool, c float64, name string) string {
-		sign := " + "
-		if c < 0 {
-			sign = " - "
-			c = -c
-		} else if first {
-			sign = ""
+		switch {
+		case first && c < 0:
+			return "-" + num(-c) + " " + name
+		case first:
+			return num(c) + " " + name
+		case c < 0:
+			return "- " + num(-c) + " " + name
 		}
-		if first && sign == " - " {
-			sign = "- "
-		}
-		return sign + num(c) + " " + name
+		return "+ " + num(c) + " " + name
 	}
 	fmt.Fprintln(bw, "\\ moetuner MIP")
 	fmt.Fprintln(bw, "Minimize")

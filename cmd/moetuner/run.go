@@ -32,6 +32,7 @@ Usage:
   moetuner plan    [--trace T]... [flags]         solve a placement and write it
   moetuner eval    --trace T... --plan FILE       model the cost of a placement
   moetuner compare --trace T... [flags]           every strategy side by side
+  moetuner replay  --trace T... --plan A [--plan B] [--backend sim|cpu|gpu]   measure placements
 
 A TRACE is a file or directory: moetuner JSONL or .npy per-token traces,
 FLAME-MoE CSV (one file per layer), OLMoE routing-analysis JSON, Fiddler
@@ -54,6 +55,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdEval(args[1:], stdout, stderr)
 	case "compare":
 		err = cmdCompare(ctx, args[1:], stdout, stderr)
+	case "replay":
+		err = cmdReplay(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -334,7 +337,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	strategy := fs.String("strategy", "joint", "joint, moetuner, greedy, contiguous or round-robin")
 	out := fs.String("out", "placement.json", "placement file to write (atomically)")
 	format := fs.String("format", "", "placement format: moetuner (JSON), yaml or sglang (default: from --out's extension)")
-	writeLP := fs.String("write-lp", "", "also write the joint ILP(s) as CPLEX LP files with this path prefix, for debugging")
+	writeLP := fs.String("write-model", "", "also write the joint ILP(s) for debugging to PREFIX<i>.lp (CPLEX LP, written in Go) or, with a .mps suffix (PREFIX.mps), PREFIX<i>.mps via HiGHS")
 	quiet := fs.Bool("quiet", false, "print only errors")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -362,7 +365,13 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 		for i, m := range mips {
-			if err := writeLPFile(fmt.Sprintf("%s%d.lp", *writeLP, i), m); err != nil {
+			var err error
+			if base, ok := strings.CutSuffix(*writeLP, ".mps"); ok {
+				err = highs.WriteModel(m, fmt.Sprintf("%s%d.mps", base, i))
+			} else {
+				err = writeLPFile(fmt.Sprintf("%s%d.lp", strings.TrimSuffix(*writeLP, ".lp"), i), m)
+			}
+			if err != nil {
 				return err
 			}
 		}
