@@ -57,7 +57,7 @@ var modelPresets = map[string]Model{
 	"mixtral-8x7b": {Name: "mixtral-8x7b", Layers: 32, Experts: 8, TopK: 2,
 		Hidden: 4096, FFN: 14336, BytesPerActivation: 2},
 	"deepseek-v3": {Name: "deepseek-v3", Layers: 58, Experts: 256, TopK: 8,
-		Hidden: 7168, FFN: 2048, BytesPerActivation: 2},
+		Hidden: 7168, FFN: 2048, BytesPerActivation: 2, ExpertGroups: 8},
 	"qwen3-235b-a22b": {Name: "qwen3-235b-a22b", Layers: 94, Experts: 128, TopK: 8,
 		Hidden: 4096, FFN: 1536, BytesPerActivation: 2},
 	"olmoe-1b-7b": {Name: "olmoe-1b-7b", Layers: 16, Experts: 64, TopK: 8,

@@ -56,6 +56,11 @@ type Model struct {
 	// for a SwiGLU expert); 0 derives it from Hidden, FFN and
 	// BytesPerActivation.
 	BytesPerExpert int64 `yaml:"bytes_per_expert"`
+	// ExpertGroups is the number of routing groups of group-limited
+	// routing (DeepSeek-V3: 8 groups, a token uses at most 4); 0 when the
+	// model routes freely. EPLB's hierarchical policy keeps a group on one
+	// node.
+	ExpertGroups int `yaml:"expert_groups"`
 }
 
 // Flow selects how tokens move between GPUs; see the package doc.

@@ -1,7 +1,7 @@
 // Package placement holds expert placement plans for Mixture-of-Experts
 // models: which GPU holds which expert in every MoE layer, how plans are
 // checked, how they are read and written, and the baselines that need no
-// solver (Contiguous, RoundRobin, Greedy).
+// solver (Contiguous, RoundRobin, Greedy, EPLB).
 //
 // # Slots
 //
@@ -49,8 +49,9 @@
 //
 // # File formats
 //
-// Format names the three formats; FormatFromPath picks one from a file
-// name, Write and WriteFile write, Read, ReadFile and ReadSGLang read.
+// Format names the five formats; FormatFromPath picks one from a file
+// name, Write and WriteFile write, Read, ReadFile, ReadSGLang, ReadEPLB and
+// ReadVLLM read.
 // Writers validate the plan first and never write an invalid one; readers
 // validate what they read. WriteFile is atomic (temporary file in the same
 // directory, fsync, rename).
@@ -109,6 +110,49 @@
 // file records neither the GPU count nor the strategy or meta: ReadSGLang
 // takes the GPU count and infers Experts as the largest id plus one, and
 // Read and ReadFile return an error wrapping ErrNeedGPUs for such files.
+//
+// FormatEPLB ("eplb", ".eplb.json") holds DeepSeek EPLB's three maps
+// (Plan.EPLBMaps) and the GPU count, one line per layer in every map:
+//
+//	{
+//	  "num_gpus": 2,
+//	  "phy2log": [
+//	    [0,1,2,0]
+//	  ],
+//	  "log2phy": [
+//	    [[0,3],[1,-1],[2,-1]]
+//	  ],
+//	  "logcnt": [
+//	    [2,1,1]
+//	  ]
+//	}
+//
+// Slots are GPU-major as in FormatSGLang (slot p on GPU p/(R/num_gpus)),
+// with the same requirements on the plan. log2phy[l][e] lists the slots of
+// expert e in ascending order, padded with -1 to the largest logcnt. The
+// reader checks that the three maps agree; without "num_gpus" it needs
+// ReadEPLB(r, gpus).
+//
+// FormatVLLM ("vllm", ".vllm.json") is the {"expert_to_ep_rank": [...]}
+// file of vLLM's --expert-placement-file (vllm-project/vllm#34811): the EP
+// rank of every expert, one map for all layers and no replicas. The writer
+// fails for replicated plans and for plans whose layers differ, and says
+// to use FormatSGLang or FormatEPLB instead; ReadVLLM(r, gpus, layers)
+// repeats the map for every layer.
+//
+// # EPLB
+//
+// RebalanceExperts is a bit-exact port of DeepSeek's rebalance_experts
+// (deepseek-ai/EPLB), hierarchical when the expert groups split evenly over
+// the nodes and global otherwise, returning its phy2log, log2phy and
+// logcnt (EPLBResult). EPLB runs it on routing statistics and returns a
+// Plan whose slot p is EPLB's physical slot p. EPLB's packing can put two
+// copies of one expert on one GPU (deepseek-ai/EPLB#22: the README example
+// under the global policy, and 20 of 58 layers with the global and 48 with
+// the hierarchical policy on SGLang's DeepSeek-V3 prefill statistics on 32
+// GPUs), which Validate rejects: EPLB then fails with an error naming the
+// copies, or with EPLBOptions.FixDuplicates swaps slots between GPUs of the
+// same node until no GPU holds two copies.
 //
 // # Determinism
 //

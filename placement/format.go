@@ -28,7 +28,17 @@ const (
 	// FormatSGLang is the {"physical_to_logical_map": [[...]]} JSON that
 	// SGLang's --init-expert-location loads.
 	FormatSGLang Format = "sglang"
+	// FormatEPLB is DeepSeek EPLB's three maps as JSON:
+	// {"num_gpus": G, "phy2log": [L][R], "log2phy": [L][E][X], "logcnt": [L][E]}.
+	FormatEPLB Format = "eplb"
+	// FormatVLLM is the {"expert_to_ep_rank": [E ranks]} JSON of vLLM's
+	// --expert-placement-file: one map for all layers, no replicas.
+	FormatVLLM Format = "vllm"
 )
+
+// maxVLLMLayers bounds the layers argument of ReadVLLM, which allocates
+// one row per layer.
+const maxVLLMLayers = 1 << 12
 
 // Schema is the value of the "schema" field of moetuner plan files.
 const Schema = "moetuner.placement/v1"
@@ -37,20 +47,31 @@ const Schema = "moetuner.placement/v1"
 // GPU count, which the file does not record; read it with ReadSGLang.
 var ErrNeedGPUs = errors.New("placement: SGLang physical_to_logical_map does not record the GPU count; read it with ReadSGLang(r, gpus)")
 
+// needGPUsError is an ErrNeedGPUs with a message for another format.
+type needGPUsError struct{ msg string }
+
+func (e *needGPUsError) Error() string { return e.msg }
+func (e *needGPUsError) Unwrap() error { return ErrNeedGPUs }
+
 // FormatFromPath tells the format from a file name: ".sglang.json" is
-// FormatSGLang, other ".json" is FormatJSON, ".yaml" and ".yml" are
-// FormatYAML (case-insensitive). Other names give an error.
+// FormatSGLang, ".eplb.json" FormatEPLB, ".vllm.json" FormatVLLM, other
+// ".json" is FormatJSON, ".yaml" and ".yml" are FormatYAML
+// (case-insensitive). Other names give an error.
 func FormatFromPath(path string) (Format, error) {
 	name := strings.ToLower(filepath.Base(path))
 	switch {
 	case strings.HasSuffix(name, ".sglang.json"):
 		return FormatSGLang, nil
+	case strings.HasSuffix(name, ".eplb.json"):
+		return FormatEPLB, nil
+	case strings.HasSuffix(name, ".vllm.json"):
+		return FormatVLLM, nil
 	case strings.HasSuffix(name, ".json"):
 		return FormatJSON, nil
 	case strings.HasSuffix(name, ".yaml"), strings.HasSuffix(name, ".yml"):
 		return FormatYAML, nil
 	}
-	return "", fmt.Errorf("placement: cannot tell the format of %q from its name; use .json, .yaml, .yml or .sglang.json, or name the format", path)
+	return "", fmt.Errorf("placement: cannot tell the format of %q from its name; use .json, .yaml, .yml, .sglang.json, .eplb.json or .vllm.json, or name the format", path)
 }
 
 // fileLayer and fileDoc are the moetuner JSON/YAML document. Pointers and
@@ -76,9 +97,10 @@ type sglangDoc struct {
 
 // Write validates p (ValidateOptions{}) and writes it to w in format. The
 // output depends only on p: the same plan gives the same bytes. FormatSGLang
-// reorders slots GPU-major (see GPUMajor) and fails unless every GPU holds
-// the same number of slots in every layer and every layer has the same
-// number of slots.
+// and FormatEPLB reorder slots GPU-major (see GPUMajor) and fail unless
+// every GPU holds the same number of slots in every layer and every layer
+// has the same number of slots. FormatVLLM fails unless the plan has one
+// copy of every expert and the same expert-to-GPU map in every layer.
 func Write(w io.Writer, p *Plan, format Format) error {
 	data, err := encode(p, format)
 	if err != nil {
@@ -99,8 +121,12 @@ func encode(p *Plan, format Format) ([]byte, error) {
 		return encodeYAML(p)
 	case FormatSGLang:
 		return encodeSGLang(p)
+	case FormatEPLB:
+		return encodeEPLB(p)
+	case FormatVLLM:
+		return encodeVLLM(p)
 	}
-	return nil, fmt.Errorf("placement: unknown format %q; use %q, %q or %q", format, FormatJSON, FormatYAML, FormatSGLang)
+	return nil, unknownFormat(format)
 }
 
 func jsonString(s string) string {
@@ -226,8 +252,10 @@ func encodeSGLang(p *Plan) ([]byte, error) {
 }
 
 // Read reads a plan in format from r and validates it (ValidateOptions{}).
-// An empty format detects it from the content. FormatSGLang, given or
-// detected, fails with an error wrapping ErrNeedGPUs; use ReadSGLang.
+// An empty format detects it from the content. FormatSGLang and
+// FormatVLLM, given or detected, fail with an error wrapping ErrNeedGPUs;
+// use ReadSGLang or ReadVLLM. FormatEPLB needs "num_gpus" in the file
+// (else ErrNeedGPUs; use ReadEPLB).
 func Read(r io.Reader, format Format) (*Plan, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {
@@ -239,8 +267,9 @@ func Read(r io.Reader, format Format) (*Plan, error) {
 // ReadFile reads the plan file at path, detecting the format from the name
 // (".yaml", ".yml") or, for JSON and other names, from the content (a
 // "schema" field means moetuner JSON, "physical_to_logical_map" means
-// SGLang). SGLang files fail with an error wrapping ErrNeedGPUs; use
-// ReadSGLang for them.
+// SGLang, "phy2log" EPLB, "expert_to_ep_rank" vLLM). SGLang and vLLM files
+// fail with an error wrapping ErrNeedGPUs; use ReadSGLang or ReadVLLM for
+// them.
 func ReadFile(path string) (*Plan, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -259,8 +288,10 @@ func ReadFile(path string) (*Plan, error) {
 
 // detect guesses the format of data: a JSON object with "schema" is
 // moetuner JSON, one with "physical_to_logical_map" or "logical_count" is
-// SGLang, any other JSON object is taken as moetuner JSON (so that the
-// reader names what is missing), and anything else as YAML.
+// SGLang, one with "phy2log", "log2phy" or "logcnt" is EPLB, one with
+// "expert_to_ep_rank" is vLLM, any other JSON object is taken as moetuner
+// JSON (so that the reader names what is missing), and anything else as
+// YAML.
 func detect(data []byte) Format {
 	trimmed := bytes.TrimLeft(data, " \t\r\n")
 	if len(trimmed) == 0 || trimmed[0] != '{' {
@@ -280,6 +311,14 @@ func detect(data []byte) Format {
 	_, lc := keys["logical_count"]
 	if p2l || lc {
 		return FormatSGLang
+	}
+	for _, k := range []string{"phy2log", "log2phy", "logcnt"} {
+		if _, ok := keys[k]; ok {
+			return FormatEPLB
+		}
+	}
+	if _, ok := keys["expert_to_ep_rank"]; ok {
+		return FormatVLLM
 	}
 	return FormatJSON
 }
@@ -314,8 +353,12 @@ func decode(data []byte, format Format) (*Plan, error) {
 		}
 	case FormatSGLang:
 		return nil, fmt.Errorf("%w", ErrNeedGPUs)
+	case FormatEPLB:
+		return decodeEPLB(data, 0)
+	case FormatVLLM:
+		return nil, &needGPUsError{"placement: vllm: expert_to_ep_rank records neither the GPU count nor the number of layers; read it with ReadVLLM(r, gpus, layers)"}
 	default:
-		return nil, fmt.Errorf("placement: unknown format %q; use %q, %q or %q", format, FormatJSON, FormatYAML, FormatSGLang)
+		return nil, unknownFormat(format)
 	}
 	return fromDoc(&doc, string(format))
 }
@@ -462,4 +505,238 @@ func writeAtomic(path string, data []byte) (err error) {
 		d.Close()
 	}
 	return nil
+}
+
+func unknownFormat(format Format) error {
+	return fmt.Errorf("placement: unknown format %q; use %q, %q, %q, %q or %q", format, FormatJSON, FormatYAML, FormatSGLang, FormatEPLB, FormatVLLM)
+}
+
+// encodeEPLB writes EPLBMaps with one line per layer in every map.
+func encodeEPLB(p *Plan) ([]byte, error) {
+	m, err := p.EPLBMaps()
+	if err != nil {
+		return nil, err
+	}
+	var b []byte
+	b = fmt.Appendf(b, "{\n  \"num_gpus\": %d,\n", p.GPUs)
+	b = append(b, "  \"phy2log\": [\n"...)
+	for l, row := range m.Phy2Log {
+		b = append(b, "    "...)
+		b = appendInts(b, row)
+		b = appendRowEnd(b, l, len(m.Phy2Log))
+	}
+	b = append(b, "  ],\n  \"log2phy\": [\n"...)
+	for l, rows := range m.Log2Phy {
+		b = append(b, "    ["...)
+		for e, row := range rows {
+			if e > 0 {
+				b = append(b, ',')
+			}
+			b = appendInts(b, row)
+		}
+		b = append(b, ']')
+		b = appendRowEnd(b, l, len(m.Log2Phy))
+	}
+	b = append(b, "  ],\n  \"logcnt\": [\n"...)
+	for l, row := range m.LogCnt {
+		b = append(b, "    "...)
+		b = appendInts(b, row)
+		b = appendRowEnd(b, l, len(m.LogCnt))
+	}
+	return append(b, "  ]\n}\n"...), nil
+}
+
+func appendRowEnd(b []byte, i, n int) []byte {
+	if i < n-1 {
+		b = append(b, ',')
+	}
+	return append(b, '\n')
+}
+
+// encodeVLLM writes the one expert-to-rank map vLLM's placement file holds.
+func encodeVLLM(p *Plan) ([]byte, error) {
+	if len(p.Layers) == 0 {
+		return nil, errors.New("placement: vllm: plan has no layers; nothing to write")
+	}
+	var first []GPU
+	for l := range p.Layers {
+		gpus := p.ExpertGPUs(l)
+		row := make([]GPU, len(gpus))
+		for e, gs := range gpus {
+			if len(gs) != 1 {
+				return nil, fmt.Errorf("placement: vllm: layer %d: expert %d has %d copies; vLLM's expert_to_ep_rank allows exactly one copy per expert, so write replicated plans in the sglang or eplb format", l, e, len(gs))
+			}
+			row[e] = gs[0]
+		}
+		if first == nil {
+			first = row
+			continue
+		}
+		for e, g := range row {
+			if g != first[e] {
+				return nil, fmt.Errorf("placement: vllm: layer %d puts expert %d on GPU %d but layer 0 puts it on GPU %d; vLLM's expert_to_ep_rank is one map for all layers, so write per-layer plans in the sglang or eplb format", l, e, g, first[e])
+			}
+		}
+	}
+	var b []byte
+	b = append(b, "{\n  \"expert_to_ep_rank\": "...)
+	b = appendInts(b, first)
+	return append(b, "\n}\n"...), nil
+}
+
+type eplbDoc struct {
+	NumGPUs *int      `json:"num_gpus"`
+	Phy2Log [][]int   `json:"phy2log"`
+	Log2Phy [][][]int `json:"log2phy"`
+	LogCnt  [][]int   `json:"logcnt"`
+}
+
+// ReadEPLB reads a FormatEPLB file: {"num_gpus": G, "phy2log": [L][R],
+// "log2phy": [L][E][X], "logcnt": [L][E]}, where slot p lives on GPU
+// p/(R/G). gpus 0 takes the GPU count from "num_gpus"; a positive gpus is
+// used for files without it and must match it otherwise. Unknown keys are
+// ignored. The three maps must agree: logcnt[l][e] counts e in phy2log[l],
+// and log2phy[l][e] lists exactly those slots, then -1 up to X. The plan is
+// validated; Experts is len(logcnt[0]), Strategy and Meta are empty.
+func ReadEPLB(r io.Reader, gpus int) (*Plan, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("placement: %w", err)
+	}
+	if gpus < 0 || gpus > MaxGPUs {
+		return nil, fmt.Errorf("placement: eplb: gpus is %d; pass 0 (take \"num_gpus\" from the file) or the expert-parallel size, in [1,%d]", gpus, MaxGPUs)
+	}
+	return decodeEPLB(data, gpus)
+}
+
+func decodeEPLB(data []byte, gpus int) (*Plan, error) {
+	var d eplbDoc
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&d); err != nil {
+		return nil, fmt.Errorf("placement: eplb: %v; want {\"num_gpus\": G, \"phy2log\": [[...]], \"log2phy\": [[[...]]], \"logcnt\": [[...]]}", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("placement: eplb: data after the top-level object; keep one object per file")
+	}
+	switch {
+	case d.Phy2Log == nil:
+		return nil, errors.New("placement: eplb: missing \"phy2log\"; add the logical expert of every physical slot, one row per MoE layer")
+	case d.Log2Phy == nil:
+		return nil, errors.New("placement: eplb: missing \"log2phy\"; add the slots of every logical expert, one row per MoE layer")
+	case d.LogCnt == nil:
+		return nil, errors.New("placement: eplb: missing \"logcnt\"; add the replica count of every logical expert, one row per MoE layer")
+	}
+	switch {
+	case d.NumGPUs != nil && gpus != 0 && *d.NumGPUs != gpus:
+		return nil, fmt.Errorf("placement: eplb: the file says num_gpus %d but %d GPUs were given; check the expert-parallel size", *d.NumGPUs, gpus)
+	case d.NumGPUs != nil:
+		gpus = *d.NumGPUs
+	case gpus == 0:
+		return nil, &needGPUsError{"placement: eplb: missing \"num_gpus\"; add it to the file or read it with ReadEPLB(r, gpus)"}
+	}
+	if gpus < 1 || gpus > MaxGPUs {
+		return nil, fmt.Errorf("placement: eplb: num_gpus is %d; need the expert-parallel size, in [1,%d]", gpus, MaxGPUs)
+	}
+	L := len(d.Phy2Log)
+	if L == 0 {
+		return nil, errors.New("placement: eplb: phy2log has no rows; add one row per MoE layer")
+	}
+	if len(d.LogCnt) != L || len(d.Log2Phy) != L {
+		return nil, fmt.Errorf("placement: eplb: phy2log has %d layers, log2phy %d and logcnt %d; give all three one row per MoE layer", L, len(d.Log2Phy), len(d.LogCnt))
+	}
+	R, E := len(d.Phy2Log[0]), len(d.LogCnt[0])
+	if R == 0 || R%gpus != 0 {
+		return nil, fmt.Errorf("placement: eplb: phy2log rows have %d slots, not a positive multiple of %d GPUs; check num_gpus", R, gpus)
+	}
+	if E < 1 || E > MaxExperts {
+		return nil, fmt.Errorf("placement: eplb: logcnt rows have %d experts; need [1,%d]", E, MaxExperts)
+	}
+	X := -1
+	perGPU := R / gpus
+	p := &Plan{GPUs: gpus, Experts: E, Layers: make([]LayerPlan, L)}
+	count := make([]int, E)
+	for l := range L {
+		phy, cnt, l2p := d.Phy2Log[l], d.LogCnt[l], d.Log2Phy[l]
+		if len(phy) != R || len(cnt) != E || len(l2p) != E {
+			return nil, fmt.Errorf("placement: eplb: layer %d has %d slots, %d logcnt and %d log2phy entries; layer 0 has %d slots and %d experts", l, len(phy), len(cnt), len(l2p), R, E)
+		}
+		clear(count)
+		lp := LayerPlan{SlotExpert: make([]routing.Expert, R), SlotGPU: make([]GPU, R)}
+		for s, e := range phy {
+			if e < 0 || e >= E {
+				return nil, fmt.Errorf("placement: eplb: phy2log[%d][%d] is %d; logical expert ids must be in [0,%d)", l, s, e, E)
+			}
+			count[e]++
+			lp.SlotExpert[s], lp.SlotGPU[s] = routing.Expert(e), GPU(s/perGPU)
+		}
+		for e, slots := range l2p {
+			if X < 0 {
+				X = len(slots)
+			}
+			if len(slots) != X {
+				return nil, fmt.Errorf("placement: eplb: log2phy[%d][%d] has %d entries but log2phy[0][0] has %d; pad every row with -1 to the same length", l, e, len(slots), X)
+			}
+			if cnt[e] != count[e] {
+				return nil, fmt.Errorf("placement: eplb: logcnt[%d][%d] is %d but expert %d fills %d slots of phy2log[%d]; the maps disagree", l, e, cnt[e], e, count[e], l)
+			}
+			if cnt[e] > X {
+				return nil, fmt.Errorf("placement: eplb: logcnt[%d][%d] is %d but log2phy rows hold %d slots; the maps disagree", l, e, cnt[e], X)
+			}
+			for r, s := range slots {
+				switch {
+				case r >= cnt[e] && s != -1:
+					return nil, fmt.Errorf("placement: eplb: log2phy[%d][%d][%d] is %d; entries beyond logcnt (%d) must be -1", l, e, r, s, cnt[e])
+				case r < cnt[e] && (s < 0 || s >= R || phy[s] != e):
+					return nil, fmt.Errorf("placement: eplb: log2phy[%d][%d][%d] is %d, not a slot of expert %d in phy2log[%d]; the maps disagree", l, e, r, s, e, l)
+				case r < cnt[e] && slices.Contains(slots[:r], s):
+					return nil, fmt.Errorf("placement: eplb: log2phy[%d][%d] lists slot %d twice; the maps disagree", l, e, s)
+				}
+			}
+		}
+		p.Layers[l] = lp
+	}
+	if err := p.Validate(ValidateOptions{}); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// ReadVLLM reads vLLM's {"expert_to_ep_rank": [E ranks]} placement file for
+// gpus expert-parallel ranks and applies the map to each of layers layers
+// (the file holds one map for all layers). Experts is the length of the
+// map; every rank must be in [0,gpus). Slots are laid out as in
+// FromAssignment; the plan is validated and Strategy and Meta are empty.
+func ReadVLLM(r io.Reader, gpus, layers int) (*Plan, error) {
+	if gpus < 1 || gpus > MaxGPUs {
+		return nil, fmt.Errorf("placement: vllm: gpus is %d; pass the expert-parallel size, in [1,%d]", gpus, MaxGPUs)
+	}
+	if layers < 1 || layers > maxVLLMLayers {
+		return nil, fmt.Errorf("placement: vllm: layers is %d; pass the number of MoE layers, in [1,%d]", layers, maxVLLMLayers)
+	}
+	var d struct {
+		ExpertToEPRank []int `json:"expert_to_ep_rank"`
+	}
+	dec := json.NewDecoder(r)
+	if err := dec.Decode(&d); err != nil {
+		return nil, fmt.Errorf("placement: vllm: %v; want {\"expert_to_ep_rank\": [...]}", err)
+	}
+	row := d.ExpertToEPRank
+	switch {
+	case row == nil:
+		return nil, errors.New("placement: vllm: missing \"expert_to_ep_rank\"; want {\"expert_to_ep_rank\": [...]} with the EP rank of every expert")
+	case len(row) == 0 || len(row) > MaxExperts:
+		return nil, fmt.Errorf("placement: vllm: expert_to_ep_rank has %d entries; need one per expert, in [1,%d]", len(row), MaxExperts)
+	}
+	assign := make([]GPU, len(row))
+	for e, g := range row {
+		if g < 0 || g >= gpus {
+			return nil, fmt.Errorf("placement: vllm: expert_to_ep_rank[%d] is %d; ranks must be in [0,%d)", e, g, gpus)
+		}
+		assign[e] = GPU(g)
+	}
+	p := FromAssignment(gpus, sameEveryLayer(layers, assign), "")
+	if err := p.Validate(ValidateOptions{}); err != nil {
+		return nil, err
+	}
+	return p, nil
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/routing"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
@@ -35,6 +37,24 @@ var goldenFiles = []struct {
 	{FormatJSON, "plan.json.golden"},
 	{FormatYAML, "plan.yaml.golden"},
 	{FormatSGLang, "plan.sglang.json.golden"},
+	{FormatEPLB, "plan.eplb.json.golden"},
+}
+
+// vllmGoldenPlan is a single-copy plan with the same map in every layer,
+// the only kind FormatVLLM can hold.
+func vllmGoldenPlan() *Plan {
+	return FromAssignment(3, [][]GPU{gp(2, 0, 1, 0, 2), gp(2, 0, 1, 0, 2)}, "test")
+}
+
+func TestGoldenVLLM(t *testing.T) {
+	got := encodeT(t, vllmGoldenPlan(), FormatVLLM)
+	path := filepath.Join("testdata", "plan.vllm.json.golden")
+	if *update {
+		require.NoError(t, os.WriteFile(path, got, 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err, "run go test ./placement -update to create it")
+	assert.Equal(t, string(want), string(got))
 }
 
 func encodeT(t *testing.T, p *Plan, f Format) []byte {
@@ -102,6 +122,141 @@ func TestRoundTrip(t *testing.T) {
 			assert.True(t, want.Equal(q), "got %+v", q)
 			_, err = Read(bytes.NewReader(data), "")
 			assert.ErrorIs(t, err, ErrNeedGPUs)
+		})
+		t.Run(name+"/eplb", func(t *testing.T) {
+			data := encodeT(t, p, FormatEPLB)
+			want := p.GPUMajor()
+			want.Strategy, want.Meta = "", nil
+			for _, gpus := range []int{0, p.GPUs} {
+				q, err := ReadEPLB(bytes.NewReader(data), gpus)
+				require.NoError(t, err)
+				assert.True(t, want.Equal(q), "got %+v", q)
+			}
+			for _, f := range []Format{FormatEPLB, ""} {
+				q, err := Read(bytes.NewReader(data), f)
+				require.NoError(t, err, "format %q", f)
+				assert.True(t, want.Equal(q), "got %+v", q)
+			}
+			// The written maps are EPLBMaps, and they write back unchanged.
+			q, err := ReadEPLB(bytes.NewReader(data), 0)
+			require.NoError(t, err)
+			assert.Equal(t, data, encodeT(t, q, FormatEPLB))
+		})
+	}
+	t.Run("vllm", func(t *testing.T) {
+		p := vllmGoldenPlan()
+		data := encodeT(t, p, FormatVLLM)
+		q, err := ReadVLLM(bytes.NewReader(data), 3, 2)
+		require.NoError(t, err)
+		p.Strategy = ""
+		assert.True(t, p.Equal(q), "got %+v", q)
+		for _, f := range []Format{FormatVLLM, ""} {
+			_, err = Read(bytes.NewReader(data), f)
+			assert.ErrorIs(t, err, ErrNeedGPUs)
+			assert.ErrorContains(t, err, "ReadVLLM(r, gpus, layers)")
+		}
+	})
+	t.Run("eplb plan", func(t *testing.T) {
+		p, err := EPLB(routing.StatsFromLoad(readmeWeight, 0), 8, EPLBOptions{RedundantSlots: 4, Groups: 4, Nodes: 2})
+		require.NoError(t, err)
+		data := encodeT(t, p, FormatEPLB)
+		q, err := ReadEPLB(bytes.NewReader(data), 8)
+		require.NoError(t, err)
+		assert.Equal(t, p.Layers, q.Layers)
+		assert.Contains(t, string(data), "    [5,6,5,7,8,4,3,4,10,9,10,2,0,1,11,1],\n")
+	})
+}
+
+func TestWriteVLLMErrors(t *testing.T) {
+	err := Write(&bytes.Buffer{}, goldenPlan(), FormatVLLM)
+	assert.EqualError(t, err, "placement: vllm: layer 0: expert 0 has 2 copies; vLLM's expert_to_ep_rank allows exactly one copy per expert, so write replicated plans in the sglang or eplb format")
+	p := FromAssignment(2, [][]GPU{gp(0, 1, 1), gp(0, 1, 0)}, "x")
+	err = Write(&bytes.Buffer{}, p, FormatVLLM)
+	assert.EqualError(t, err, "placement: vllm: layer 1 puts expert 2 on GPU 0 but layer 0 puts it on GPU 1; vLLM's expert_to_ep_rank is one map for all layers, so write per-layer plans in the sglang or eplb format")
+	err = Write(&bytes.Buffer{}, &Plan{GPUs: 1, Experts: 1}, FormatVLLM)
+	assert.ErrorContains(t, err, "no layers")
+	err = Write(&bytes.Buffer{}, &Plan{GPUs: 1, Experts: 1}, FormatEPLB)
+	assert.ErrorContains(t, err, "no layers")
+	rr, err := RoundRobin(1, 5, 2)
+	require.NoError(t, err)
+	err = Write(&bytes.Buffer{}, rr, FormatEPLB)
+	assert.ErrorContains(t, err, "every GPU needs the same number")
+}
+
+func TestReadEPLB(t *testing.T) {
+	good := `{"num_gpus": 2, "phy2log": [[0,1,2,0]], "log2phy": [[[0,3],[1,-1],[2,-1]]], "logcnt": [[2,1,1]]}`
+	p, err := ReadEPLB(strings.NewReader(good), 0)
+	require.NoError(t, err)
+	assert.Equal(t, &Plan{GPUs: 2, Experts: 3, Layers: []LayerPlan{{SlotExpert: ex(0, 1, 2, 0), SlotGPU: gp(0, 0, 1, 1)}}}, p)
+	// Without num_gpus the caller says; replica order in log2phy is free.
+	p, err = ReadEPLB(strings.NewReader(`{"phy2log": [[0,1,2,0]], "log2phy": [[[3,0],[1,-1],[2,-1]]], "logcnt": [[2,1,1]], "weight": [[1,2,3]]}`), 2)
+	require.NoError(t, err)
+	assert.Equal(t, 2, p.GPUs)
+
+	cases := []struct {
+		name, in string
+		gpus     int
+		want     string
+	}{
+		{"negative gpus", good, -1, "gpus is -1"},
+		{"gpus mismatch", good, 4, "num_gpus 2 but 4 GPUs were given"},
+		{"no gpus", `{"phy2log": [[0]], "log2phy": [[[0]]], "logcnt": [[1]]}`, 0, `missing "num_gpus"`},
+		{"zero num_gpus", `{"num_gpus": 0, "phy2log": [[0]], "log2phy": [[[0]]], "logcnt": [[1]]}`, 0, "num_gpus is 0"},
+		{"not json", `phy2log`, 1, "want {\"num_gpus\""},
+		{"trailing", good + ` {}`, 0, "data after the top-level object"},
+		{"missing phy2log", `{"num_gpus": 1, "log2phy": [], "logcnt": []}`, 0, `missing "phy2log"`},
+		{"missing log2phy", `{"num_gpus": 1, "phy2log": [], "logcnt": []}`, 0, `missing "log2phy"`},
+		{"missing logcnt", `{"num_gpus": 1, "phy2log": [], "log2phy": []}`, 0, `missing "logcnt"`},
+		{"no rows", `{"num_gpus": 1, "phy2log": [], "log2phy": [], "logcnt": []}`, 0, "no rows"},
+		{"layer counts", `{"num_gpus": 1, "phy2log": [[0]], "log2phy": [], "logcnt": [[1]]}`, 0, "phy2log has 1 layers, log2phy 0 and logcnt 1"},
+		{"not multiple", `{"num_gpus": 2, "phy2log": [[0,1,2]], "log2phy": [[[0],[1],[2]]], "logcnt": [[1,1,1]]}`, 0, "3 slots, not a positive multiple of 2 GPUs"},
+		{"no experts", `{"num_gpus": 1, "phy2log": [[0]], "log2phy": [[]], "logcnt": [[]]}`, 0, "0 experts"},
+		{"ragged", `{"num_gpus": 1, "phy2log": [[0],[0,0]], "log2phy": [[[0]],[[0]]], "logcnt": [[1],[1]]}`, 0, "layer 1 has 2 slots, 1 logcnt and 1 log2phy entries"},
+		{"expert out of range", `{"num_gpus": 1, "phy2log": [[1]], "log2phy": [[[0]]], "logcnt": [[1]]}`, 0, "phy2log[0][0] is 1"},
+		{"padding", `{"num_gpus": 1, "phy2log": [[0,1]], "log2phy": [[[0],[1,-1]]], "logcnt": [[1,1]]}`, 0, "log2phy[0][1] has 2 entries but log2phy[0][0] has 1"},
+		{"count mismatch", `{"num_gpus": 2, "phy2log": [[0,1]], "log2phy": [[[0],[1]]], "logcnt": [[2,1]]}`, 0, "logcnt[0][0] is 2 but expert 0 fills 1 slots"},
+		{"count above X", `{"num_gpus": 2, "phy2log": [[0,0]], "log2phy": [[[0]]], "logcnt": [[2]]}`, 0, "logcnt[0][0] is 2 but log2phy rows hold 1 slots"},
+		{"not padded", `{"num_gpus": 2, "phy2log": [[0,1]], "log2phy": [[[0,1],[1,-1]]], "logcnt": [[1,1]]}`, 0, "log2phy[0][0][1] is 1; entries beyond logcnt (1) must be -1"},
+		{"wrong slot", `{"num_gpus": 2, "phy2log": [[0,1]], "log2phy": [[[1],[0]]], "logcnt": [[1,1]]}`, 0, "log2phy[0][0][0] is 1, not a slot of expert 0"},
+		{"slot out of range", `{"num_gpus": 2, "phy2log": [[0,1]], "log2phy": [[[7],[1]]], "logcnt": [[1,1]]}`, 0, "log2phy[0][0][0] is 7"},
+		{"slot twice", `{"num_gpus": 2, "phy2log": [[0,0]], "log2phy": [[[0,0]]], "logcnt": [[2]]}`, 0, "log2phy[0][0] lists slot 0 twice"},
+		{"duplicate on gpu", `{"num_gpus": 1, "phy2log": [[0,0]], "log2phy": [[[0,1]]], "logcnt": [[2]]}`, 0, "expert 0 has two copies on GPU 0"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ReadEPLB(strings.NewReader(tc.in), tc.gpus)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			assert.True(t, strings.HasPrefix(err.Error(), "placement: "), err.Error())
+		})
+	}
+	_, err = Read(strings.NewReader(`{"phy2log": [[0]], "log2phy": [[[0]]], "logcnt": [[1]]}`), "")
+	assert.ErrorIs(t, err, ErrNeedGPUs)
+}
+
+func TestReadVLLM(t *testing.T) {
+	p, err := ReadVLLM(strings.NewReader(`{"expert_to_ep_rank": [1,0,1,0], "extra": 1}`), 2, 3)
+	require.NoError(t, err)
+	assert.Len(t, p.Layers, 3)
+	assert.Equal(t, LayerPlan{SlotExpert: ex(1, 3, 0, 2), SlotGPU: gp(0, 0, 1, 1)}, p.Layers[2])
+	cases := []struct {
+		name, in     string
+		gpus, layers int
+		want         string
+	}{
+		{"zero gpus", `{"expert_to_ep_rank": [0]}`, 0, 1, "gpus is 0"},
+		{"zero layers", `{"expert_to_ep_rank": [0]}`, 1, 0, "layers is 0"},
+		{"too many layers", `{"expert_to_ep_rank": [0]}`, 1, 1 << 20, "layers is 1048576"},
+		{"not json", `[`, 1, 1, "want {\"expert_to_ep_rank\""},
+		{"missing", `{"experts": [0]}`, 1, 1, `missing "expert_to_ep_rank"`},
+		{"empty", `{"expert_to_ep_rank": []}`, 1, 1, "0 entries"},
+		{"rank out of range", `{"expert_to_ep_rank": [0,2]}`, 2, 1, "expert_to_ep_rank[1] is 2; ranks must be in [0,2)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ReadVLLM(strings.NewReader(tc.in), tc.gpus, tc.layers)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
 }
@@ -197,6 +352,7 @@ func TestFormatFromPath(t *testing.T) {
 	cases := map[string]Format{
 		"a/plan.json": FormatJSON, "PLAN.JSON": FormatJSON, "p.yaml": FormatYAML, "p.yml": FormatYAML,
 		"x/p.sglang.json": FormatSGLang, "p.SGLang.json": FormatSGLang,
+		"p.eplb.json": FormatEPLB, "x/P.EPLB.JSON": FormatEPLB, "p.vllm.json": FormatVLLM,
 	}
 	for path, want := range cases {
 		got, err := FormatFromPath(path)
@@ -234,6 +390,19 @@ func TestWriteFileReadFile(t *testing.T) {
 	q, err = ReadSGLang(f, 2)
 	require.NoError(t, err)
 	assert.Equal(t, p.GPUMajor().Layers, q.Layers)
+
+	path = filepath.Join(dir, "p.eplb.json")
+	require.NoError(t, WriteFile(path, p, ""))
+	q, err = ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, p.GPUMajor().Layers, q.Layers)
+
+	path = filepath.Join(dir, "p.vllm.json")
+	v := vllmGoldenPlan()
+	require.NoError(t, WriteFile(path, v, ""))
+	_, err = ReadFile(path)
+	assert.ErrorIs(t, err, ErrNeedGPUs)
+	assert.Error(t, WriteFile(path, p, ""), "replicated plan in vllm format")
 
 	_, err = ReadFile(filepath.Join(dir, "missing.json"))
 	assert.ErrorIs(t, err, os.ErrNotExist)
@@ -322,6 +491,8 @@ func FuzzRead(f *testing.F) {
 	f.Add([]byte(`{"schema": "moetuner.placement/v1", "gpus": 1, "experts": 1, "layers": [{"slot_expert": [0], "slot_gpu": [0]}]}`))
 	f.Add([]byte("schema: moetuner.placement/v1\ngpus: 1\nexperts: 1\nlayers: [{slot_expert: [0], slot_gpu: [0]}]\n"))
 	f.Add([]byte(`{"logical_count": [[1]]}`))
+	f.Add([]byte(`{"num_gpus": 2, "phy2log": [[0,1,2,0]], "log2phy": [[[0,3],[1,-1],[2,-1]]], "logcnt": [[2,1,1]]}`))
+	f.Add([]byte(`{"expert_to_ep_rank": [1,0,1,0]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) > 1<<14 {
 			t.Skip("input too large")
@@ -360,6 +531,22 @@ func FuzzRead(f *testing.F) {
 		}
 		for _, g := range []int{1, 2, 3} {
 			check(ReadSGLang(bytes.NewReader(data), g))
+			check(ReadVLLM(bytes.NewReader(data), g, 2))
+		}
+		for _, g := range []int{0, 2} {
+			p, err := ReadEPLB(bytes.NewReader(data), g)
+			check(p, err)
+			if err == nil {
+				// An EPLB file writes back as EPLB and reads back unchanged.
+				var b bytes.Buffer
+				if err := Write(&b, p, FormatEPLB); err != nil {
+					t.Fatalf("write eplb: %v", err)
+				}
+				q, err := ReadEPLB(&b, p.GPUs)
+				if err != nil || !p.Equal(q) {
+					t.Fatalf("eplb round trip: %v, %+v != %+v", err, p, q)
+				}
+			}
 		}
 	})
 }

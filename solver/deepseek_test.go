@@ -94,3 +94,26 @@ func TestDeepSeekRobustAcrossWorkloads(t *testing.T) {
 	t.Logf("per-workload mean busiest/mean: %v; mean %.4f; %s", res.Balance.Scenario, m, res.SolveTime)
 	assert.LessOrEqual(t, m, 1.04)
 }
+
+// TestDeepSeekAgainstEPLB: on the shared prefill counts (4 nodes × 8 GPUs,
+// 32 redundant slots) joint is better balanced in every layer than EPLB's
+// global policy's worst layer, and faster (modeled) than the hierarchical
+// policy.
+func TestDeepSeekAgainstEPLB(t *testing.T) {
+	p := deepseekProblem(t, deepseekStats(t, "prefill_in4096"))
+	joint, err := Solve(context.Background(), p, StrategyJoint, nil, Options{TimeLimit: 60 * time.Second})
+	require.NoError(t, err)
+	verify(t, p, joint)
+	global, err := Solve(context.Background(), p, StrategyEPLB, nil, Options{})
+	require.NoError(t, err)
+	verify(t, p, global)
+	hier, err := Solve(context.Background(), p, StrategyEPLBHierarchical, nil, Options{})
+	require.NoError(t, err)
+	verify(t, p, hier)
+	assert.Less(t, joint.Report.MaxImbalance, global.Report.MaxImbalance)
+	assert.Less(t, joint.Report.MaxImbalance, 1.013)
+	assert.Less(t, joint.Objective, hier.Objective)
+	assert.LessOrEqual(t, joint.Objective, global.Objective)
+	t.Logf("worst busiest/mean: joint %.4f, eplb %.4f, eplb-hierarchical %.4f; layer time %.2f / %.2f / %.2f s",
+		joint.Report.MaxImbalance, global.Report.MaxImbalance, hier.Report.MaxImbalance, joint.Objective, global.Objective, hier.Objective)
+}

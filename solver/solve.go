@@ -21,10 +21,16 @@ const (
 	StrategyGreedy     Strategy = "greedy"      // largest load first onto the lightest GPU
 	StrategyContiguous Strategy = "contiguous"  // Megatron: e on GPU e/(E/G)
 	StrategyRoundRobin Strategy = "round-robin" // e on GPU e mod G
+	// StrategyEPLB is DeepSeek's EPLB, global policy (bit-exact port,
+	// duplicate copies on one GPU repaired).
+	StrategyEPLB Strategy = "eplb"
+	// StrategyEPLBHierarchical is EPLB's hierarchical policy: expert
+	// groups (Problem.ExpertGroups, else Model.ExpertGroups) stay on nodes.
+	StrategyEPLBHierarchical Strategy = "eplb-hierarchical"
 )
 
 // Strategies lists every strategy in the order compare prints them.
-var Strategies = []Strategy{StrategyContiguous, StrategyRoundRobin, StrategyGreedy, StrategyMoETuner, StrategyJoint}
+var Strategies = []Strategy{StrategyContiguous, StrategyRoundRobin, StrategyGreedy, StrategyEPLB, StrategyEPLBHierarchical, StrategyMoETuner, StrategyJoint}
 
 // ParseStrategy maps a name to a Strategy.
 func ParseStrategy(s string) (Strategy, error) {
@@ -36,7 +42,7 @@ func ParseStrategy(s string) (Strategy, error) {
 	if s == "roundrobin" {
 		return StrategyRoundRobin, nil
 	}
-	return "", fmt.Errorf("solver: unknown strategy %q (want joint, moetuner, greedy, contiguous or round-robin)", s)
+	return "", fmt.Errorf("solver: unknown strategy %q (want joint, moetuner, greedy, eplb, eplb-hierarchical, contiguous or round-robin)", s)
 }
 
 // Problem is what to place: statistics, hardware, model and token flow.
@@ -277,7 +283,7 @@ func Solve(ctx context.Context, p Problem, st Strategy, backend Backend, opts Op
 	var res *Result
 	var err error
 	switch st {
-	case StrategyContiguous, StrategyRoundRobin, StrategyGreedy:
+	case StrategyContiguous, StrategyRoundRobin, StrategyGreedy, StrategyEPLB, StrategyEPLBHierarchical:
 		var plan *placement.Plan
 		plan, err = Baseline(p, st)
 		if err == nil {
@@ -345,6 +351,17 @@ func Baseline(p Problem, st Strategy) (*placement.Plan, error) {
 		return placement.RoundRobin(s.Layers, s.Experts, g)
 	case StrategyGreedy:
 		return placement.Greedy(s, g, placement.GreedyOptions{Speed: p.Cluster.Speed})
+	case StrategyEPLB:
+		return placement.EPLB(s, g, placement.EPLBOptions{RedundantSlots: p.RedundantSlots, Nodes: p.Cluster.Nodes, FixDuplicates: true})
+	case StrategyEPLBHierarchical:
+		groups := p.ExpertGroups
+		if groups == 0 {
+			groups = p.Model.ExpertGroups
+		}
+		if groups == 0 || groups%p.Cluster.Nodes != 0 {
+			return nil, fmt.Errorf("solver: eplb-hierarchical needs expert groups that are a multiple of the %d nodes (model %q has %d); pass --expert-groups", p.Cluster.Nodes, p.Model.Name, groups)
+		}
+		return placement.EPLB(s, g, placement.EPLBOptions{RedundantSlots: p.RedundantSlots, Groups: groups, Nodes: p.Cluster.Nodes, FixDuplicates: true})
 	}
 	return nil, fmt.Errorf("solver: %q is not a baseline", st)
 }
@@ -355,7 +372,7 @@ func bestBaseline(p Problem) (Strategy, *placement.Plan, float64, error) {
 	var bestSt Strategy
 	bestObj := math.Inf(1)
 	var firstErr error
-	for _, st := range []Strategy{StrategyGreedy, StrategyContiguous, StrategyRoundRobin} {
+	for _, st := range []Strategy{StrategyGreedy, StrategyEPLB, StrategyContiguous, StrategyRoundRobin} {
 		plan, err := Baseline(p, st)
 		if err != nil {
 			if firstErr == nil {

@@ -334,9 +334,9 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := newFlagSet("plan", "plan [--trace T]... [flags]", stderr)
 	var c common
 	c.register(fs, true)
-	strategy := fs.String("strategy", "joint", "joint, moetuner, greedy, contiguous or round-robin")
+	strategy := fs.String("strategy", "joint", "joint, moetuner, greedy, eplb, eplb-hierarchical, contiguous or round-robin")
 	out := fs.String("out", "placement.json", "placement file to write (atomically)")
-	format := fs.String("format", "", "placement format: moetuner (JSON), yaml or sglang (default: from --out's extension)")
+	format := fs.String("format", "", "placement format: moetuner (JSON), yaml, sglang, eplb or vllm (default: from --out's extension: .yaml, .sglang.json, .eplb.json, .vllm.json, else moetuner JSON)")
 	writeLP := fs.String("write-model", "", "also write the joint ILP(s) for debugging to PREFIX<i>.lp (CPLEX LP, written in Go) or, with a .mps suffix (PREFIX.mps), PREFIX<i>.mps via HiGHS")
 	quiet := fs.Bool("quiet", false, "print only errors")
 	if err := parse(fs, args); err != nil {
@@ -490,7 +490,7 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlagSet("compare", "compare --trace T... [flags]", stderr)
 	var c common
 	c.register(fs, true)
-	strategies := fs.String("strategies", "contiguous,round-robin,greedy,moetuner,joint", "comma-separated strategies to compare")
+	strategies := fs.String("strategies", "", "comma-separated strategies to compare (default: contiguous, round-robin, greedy, eplb, eplb-hierarchical when the model has expert groups, moetuner when it fits, joint)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -498,8 +498,24 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	list := *strategies
+	if list == "" {
+		list = "contiguous,round-robin,greedy,eplb"
+		if p.ExpertGroups > 0 || (p.Model.ExpertGroups > 0 && p.Model.ExpertGroups%p.Cluster.Nodes == 0) {
+			list += ",eplb-hierarchical"
+		}
+		switch {
+		case p.RedundantSlots > 0 || len(p.Scenarios) > 0 || p.Current != nil:
+			fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: it places one copy per expert for one workload")
+		case p.Stats.Experts*p.Cluster.GPUs() > 4096:
+			fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: its ILP 2 has G⁴ variables per layer pair; pass --strategies to force it")
+		default:
+			list += ",moetuner"
+		}
+		list += ",joint"
+	}
 	var results []*solver.Result
-	for _, name := range strings.Split(*strategies, ",") {
+	for _, name := range strings.Split(list, ",") {
 		st, err := solver.ParseStrategy(strings.TrimSpace(name))
 		if err != nil {
 			return err
@@ -563,7 +579,8 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 		}
 	}
 	fmt.Fprintln(w, "token tail: Σ over layers of the busiest GPU's routed tokens; max/mean: mean over layers; all-to-all tail: Σ of dispatch+combine bottleneck times; layer time: Σ modeled layer times;")
-	fmt.Fprintln(w, "vs contiguous: how much lower the layer time is than Megatron's contiguous placement; gap: joint's proven gap to HiGHS's bound on its ILP model.")
+	fmt.Fprintln(w, "vs contiguous: how much lower the layer time is than Megatron's contiguous placement; gap: joint's proven gap to HiGHS's bound on its ILP model,")
+	fmt.Fprintln(w, "or, with replication, the largest per-layer gap between the busiest GPU's load and its lower bound max(mean, largest replica).")
 }
 
 type jsonResult struct {

@@ -127,3 +127,53 @@ func TestHelp(t *testing.T) {
 	assert.Equal(t, 0, code)
 	assert.Contains(t, stdout, "compare")
 }
+
+func TestIssue3Flags(t *testing.T) {
+	chdirRoot(t)
+	dir := t.TempDir()
+	fid := "testdata/mixtral-8x7b/fiddler/"
+	// EPLB with replicas, written in EPLB's three maps.
+	ep := filepath.Join(dir, "p.eplb.json")
+	code, _, stderr := runCLI(t, "plan", "--strategy", "eplb", "--redundant-slots", "4", "--out", ep, "--quiet")
+	require.Equal(t, 0, code, stderr)
+	data, err := os.ReadFile(ep)
+	require.NoError(t, err)
+	for _, k := range []string{"phy2log", "log2phy", "logcnt"} {
+		assert.Contains(t, string(data), k)
+	}
+	// Joint with replicas; the table certifies the balance gap.
+	out := filepath.Join(dir, "joint.json")
+	code, stdout, stderr := runCLI(t, "plan", "--redundant-slots", "4", "--out", out)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "joint")
+	// vLLM's single map needs one map for all layers: contiguous works,
+	// a per-layer joint plan is refused with advice.
+	code, _, stderr = runCLI(t, "plan", "--strategy", "contiguous", "--out", filepath.Join(dir, "c.vllm.json"), "--quiet")
+	require.Equal(t, 0, code, stderr)
+	code, _, stderr = runCLI(t, "plan", "--out", filepath.Join(dir, "j.vllm.json"), "--quiet")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "sglang")
+	// Robust over two workloads, then an incremental re-plan from it.
+	rob := filepath.Join(dir, "robust.json")
+	code, stdout, stderr = runCLI(t, "plan", "--trace", fid+"expert_popularity_college_medicine.json", "--trace", fid+"expert_popularity_machine_learning.json", "--across", "worst", "--out", rob)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "joint")
+	code, _, stderr = runCLI(t, "plan", "--trace", fid+"expert_popularity_international_law.json", "--from", rob, "--max-moves", "2", "--out", filepath.Join(dir, "inc.json"), "--quiet")
+	require.Equal(t, 0, code, stderr)
+	code, _, stderr = runCLI(t, "plan", "--trace", fid+"expert_popularity_international_law.json", "--across", "mean", "--out", filepath.Join(dir, "x.json"))
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "at least two")
+}
+
+func TestCompareDeepSeekShared(t *testing.T) {
+	chdirRoot(t)
+	path := filepath.Join("..", "shared", "traces", "sglang-deepseek-v3-expert-counts", "prefill_in4096.json")
+	if _, err := os.Stat(path); err != nil {
+		t.Skip("../shared/traces is absent")
+	}
+	code, stdout, stderr := runCLI(t, "compare", "--trace", path, "--nodes", "4", "--redundant-slots", "32")
+	require.Equal(t, 0, code, stderr)
+	for _, s := range []string{"contiguous", "eplb", "eplb-hierarchical", "greedy", "joint", "gap"} {
+		assert.Contains(t, stdout, s)
+	}
+}
