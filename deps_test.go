@@ -15,6 +15,7 @@ func TestImportDirection(t *testing.T) {
 		"placement": {"routing"},
 		"costmodel": {"routing", "placement"},
 		"solver":    {"routing", "placement", "costmodel"},
+		"replay":    {"routing", "placement", "costmodel"},
 	}
 	const mod = "github.com/moetuner/moetuner/"
 	for pkg, ok := range allowed {

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/costmodel"
+)
+
+func TestReplaySim(t *testing.T) {
+	chdirRoot(t)
+	js := filepath.Join(t.TempDir(), "replay.json")
+	code, stdout, stderr := runCLI(t, "replay", "--trace", "testdata/flame-moe-290m/trace.jsonl",
+		"--plan", "testdata/plans/flame-contiguous.json", "--plan", "testdata/plans/flame-joint.json", "--json", js)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "backend sim")
+	assert.Contains(t, stdout, "B vs A tail")
+	assert.Contains(t, stdout, "compute: modeled")
+	assert.Contains(t, stdout, "communication: modeled")
+	assert.Contains(t, stdout, "total")
+	assert.Regexp(t, `total .* [-+]\d+\.\d%`, stdout)
+	data, err := os.ReadFile(js)
+	require.NoError(t, err)
+	var out jsonReplay
+	require.NoError(t, json.Unmarshal(data, &out))
+	require.Len(t, out.Plans, 2)
+	assert.Equal(t, "sim", out.Backend)
+	assert.Len(t, out.Plans[1].Measurement.Layers, 8)
+	assert.Less(t, out.Plans[1].Measurement.Tail, out.Plans[0].Measurement.Tail)
+
+	code, stdout, stderr = runCLI(t, "replay", "--trace", "testdata/flame-moe-290m/trace.jsonl",
+		"--plan", "testdata/plans/flame-joint.json", "--mode", "overlapped", "--batch-tokens", "256")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "4 iteration(s) of 256 tokens")
+	assert.NotContains(t, stdout, "vs A")
+}
+
+func TestReplayCPUCalibrate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs GEMMs")
+	}
+	chdirRoot(t)
+	dir := t.TempDir()
+	cl := filepath.Join(dir, "cluster.yaml")
+	code, stdout, stderr := runCLI(t, "replay", "--trace", "testdata/mixtral-8x7b/fiddler",
+		"--plan", "testdata/plans/mixtral-contiguous.json", "--plan", "testdata/plans/mixtral-joint.json",
+		"--backend", "cpu", "--hidden", "64", "--ffn", "224", "--batch-tokens", "512", "--iterations", "1", "--repeats", "1",
+		"--calibrate", cl)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "compute: measured")
+	assert.Contains(t, stdout, "B vs A tail")
+	assert.Contains(t, stdout, "calibrated on 256 GPU-layer shares at hidden 64, FFN 224")
+	assert.Contains(t, stdout, "cost model vs measurement")
+	c, err := costmodel.LoadCluster(cl)
+	require.NoError(t, err)
+	assert.Positive(t, c.TokenCost)
+	assert.Equal(t, 4, c.GPUsPerNode)
+}
+
+func TestReplayErrors(t *testing.T) {
+	chdirRoot(t)
+	for name, tc := range map[string]struct {
+		args []string
+		code int
+		want string
+	}{
+		"no plan":       {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl"}, 1, "needs --plan"},
+		"no trace":      {[]string{"--plan", "testdata/plans/flame-joint.json"}, 1, "no --trace"},
+		"bad backend":   {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/flame-joint.json", "--backend", "tpu"}, 1, "want sim, cpu or gpu"},
+		"plan mismatch": {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/mixtral-joint.json"}, 1, "plan has 4 GPUs but the cluster 8"},
+		"sim calibrate": {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/flame-joint.json", "--calibrate", "x.yaml"}, 1, "cpu or gpu"},
+		"bad flag":      {[]string{"--nope"}, 2, "flag provided but not defined"},
+		"missing plan":  {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "nope.json"}, 1, "nope.json"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			code, _, stderr := runCLI(t, append([]string{"replay"}, tc.args...)...)
+			assert.Equal(t, tc.code, code)
+			assert.Contains(t, stderr, tc.want)
+		})
+	}
+	code, _, stderr := runCLI(t, "replay", "-h")
+	assert.Equal(t, 0, code)
+	assert.Contains(t, stderr, "-backend")
+	assert.Contains(t, stderr, "-calibrate")
+}

@@ -1,0 +1,175 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"runtime"
+	"time"
+
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/gonum"
+)
+
+// Defaults of the CPU backend: Mixtral's FFN/hidden ratio of 3.5 at a size a
+// laptop core runs in milliseconds per expert.
+const (
+	DefaultCPUHidden         = 256
+	DefaultCPUFFN            = 896
+	DefaultCPUMaxWeightBytes = 512 << 20
+)
+
+// CPU is the backend that really runs every GPU's expert FFNs on this
+// machine's CPU with gonum, one virtual GPU after another on the calling
+// goroutine, and times each GPU's share of each layer. An expert is SwiGLU in
+// float32: Y = (SiLU(X·W1) ⊙ (X·W3))·W2 with X [tokens×Hidden], W1 and W3
+// [Hidden×FFN], W2 [FFN×Hidden]: three GEMMs and the activation. The zero
+// value uses DefaultCPUHidden × DefaultCPUFFN and the true token counts.
+type CPU struct {
+	// Hidden and FFN are the scaled-down expert sizes; 0 means
+	// DefaultCPUHidden and DefaultCPUFFN.
+	Hidden, FFN int
+	// TokenScale multiplies every slot's token count before running it
+	// (rounded, at least 1 for a slot with tokens), to keep runs short on
+	// large batches; 0 means 1. Reported times are for the scaled counts.
+	TokenScale float64
+	// MaxWeightBytes caps the memory of the expert weights; 0 means
+	// DefaultCPUMaxWeightBytes. Weights are allocated once per logical expert
+	// and shared by all layers (values do not change the time, and one
+	// expert's weights already exceed the caches); beyond the cap, expert e
+	// uses weight set e mod n.
+	MaxWeightBytes int64
+}
+
+// Name returns "cpu".
+func (CPU) Name() string { return "cpu" }
+
+func (b CPU) sizes() (h, f int, scale float64) {
+	h, f, scale = b.Hidden, b.FFN, b.TokenScale
+	if h <= 0 {
+		h = DefaultCPUHidden
+	}
+	if f <= 0 {
+		f = DefaultCPUFFN
+	}
+	if scale <= 0 {
+		scale = 1
+	}
+	return h, f, scale
+}
+
+// ScaledTokens returns the token count the backend runs for n routed tokens.
+func (b CPU) ScaledTokens(n int) int {
+	_, _, scale := b.sizes()
+	if n == 0 {
+		return 0
+	}
+	return max(1, int(math.Round(float64(n)*scale)))
+}
+
+type cpuExpert struct{ w1, w3, w2 []float32 }
+
+// Run executes w's expert FFNs and returns the measured per-GPU times, with
+// the communication modeled from opts (see RunOptions).
+func (b CPU) Run(ctx context.Context, w *Workload, opts RunOptions) (*Measurement, error) {
+	h, f, scale := b.sizes()
+	m := newMeasurement("cpu", w, opts)
+	if err := modelComm(m, w, opts); err != nil {
+		return nil, err
+	}
+	capBytes := b.MaxWeightBytes
+	if capBytes <= 0 {
+		capBytes = DefaultCPUMaxWeightBytes
+	}
+	setBytes := int64(3*h*f) * 4
+	sets := int(min(int64(w.Plan.Experts), max(1, capBytes/setBytes)))
+	experts := make([]cpuExpert, sets)
+	for e := range experts {
+		experts[e] = cpuExpert{w1: fill(h*f, e, 1), w3: fill(h*f, e, 2), w2: fill(f*h, e, 3)}
+	}
+	maxTok := b.ScaledTokens(w.maxSlotTokens())
+	x := fill(maxTok*h, 0, 4)
+	gate := make([]float32, maxTok*f)
+	up := make([]float32, maxTok*f)
+	y := make([]float32, maxTok*h)
+	runGPU := func(i, l int, slots []int) {
+		for _, s := range slots {
+			n := b.ScaledTokens(w.SlotTokens[i][l][s])
+			if n == 0 {
+				continue
+			}
+			ex := experts[int(w.Plan.Layers[l].SlotExpert[s])%sets]
+			gemm(n, f, h, x, ex.w1, gate)
+			gemm(n, f, h, x, ex.w3, up)
+			swiglu(gate[:n*f], up[:n*f])
+			gemm(n, h, f, gate, ex.w2, y)
+		}
+	}
+	// Thread CPU time only means something on one locked thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for range opts.warmup() {
+		for g, slots := range w.GPUSlots(0) {
+			_ = g
+			runGPU(0, 0, slots)
+		}
+	}
+	reps := opts.repeats()
+	times := make([]time.Duration, reps)
+	for i := range w.Iterations() {
+		for l := range w.Layers() {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			for g, slots := range w.GPUSlots(l) {
+				for r := range reps {
+					start := threadTime()
+					runGPU(i, l, slots)
+					times[r] = threadTime() - start
+				}
+				m.GPUTime[i][l][g] = median(times)
+			}
+		}
+	}
+	m.Compute = Measured
+	m.ComputeNote = fmt.Sprintf("gonum float32 SwiGLU experts (3 GEMMs + SiLU⊙) at hidden %d, FFN %d, token scale %g, single-threaded, timed by the thread's CPU clock; median of %d repeats after %d warm-up", h, f, scale, reps, opts.warmup())
+	m.finish(opts)
+	return m, nil
+}
+
+// fill returns n deterministic small values, so the arithmetic stays finite.
+func fill(n, a, b int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32((i*7+a*13+b*31)%17-8) / 256
+	}
+	return v
+}
+
+// Tiles keep gonum's Sgemm serial: it goes parallel from 4 blocks of 64×64
+// up, so a tile of at most 64 rows × 192 columns runs on the caller's
+// goroutine and the timing does not depend on GOMAXPROCS or on other load.
+const (
+	tileRows = 64
+	tileCols = 192
+)
+
+var impl gonum.Implementation
+
+// gemm computes c[m×n] = a[m×k]·b[k×n], row-major, single-threaded.
+func gemm(m, n, k int, a, b, c []float32) {
+	for i := 0; i < m; i += tileRows {
+		mi := min(tileRows, m-i)
+		for j := 0; j < n; j += tileCols {
+			nj := min(tileCols, n-j)
+			impl.Sgemm(blas.NoTrans, blas.NoTrans, mi, nj, k, 1, a[i*k:], k, b[j:], n, 0, c[i*n+j:], n)
+		}
+	}
+}
+
+// swiglu sets gate = SiLU(gate) ⊙ up.
+func swiglu(gate, up []float32) {
+	for i, g := range gate {
+		gate[i] = g / (1 + float32(math.Exp(float64(-g)))) * up[i]
+	}
+}

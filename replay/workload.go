@@ -1,0 +1,275 @@
+package replay
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+)
+
+// Defaults of WorkloadOptions.
+const (
+	// DefaultBatchTokens is the batch size used to expand count-only stats.
+	DefaultBatchTokens = 4096
+	// DefaultIterations is the number of batches sampled from count-only stats.
+	DefaultIterations = 4
+	// DefaultSeed seeds the sampler of count-only stats.
+	DefaultSeed = 0x6d6f65 // "moe"
+)
+
+// Input is the routing data a Workload replays: a per-token Trace, or
+// count-only Stats (Fiddler, EPLB/SGLang logical_count, OLMoE). When Trace is
+// set, Stats is ignored.
+type Input struct {
+	Trace *routing.Trace
+	Stats *routing.Stats
+}
+
+// WorkloadOptions are the optional settings of NewWorkload. The zero value
+// replays a whole trace as one batch, or samples DefaultIterations batches of
+// DefaultBatchTokens tokens from stats with DefaultSeed.
+type WorkloadOptions struct {
+	// BatchTokens is the number of tokens per iteration (one forward pass
+	// through every MoE layer). For a Trace, 0 makes the whole trace one
+	// batch; otherwise the trace is cut into consecutive batches of
+	// BatchTokens tokens and a trailing partial batch is dropped (a trace
+	// shorter than BatchTokens is one batch). For Stats, 0 means
+	// DefaultBatchTokens.
+	BatchTokens int
+	// Iterations caps the number of batches of a Trace (0: all) and is the
+	// number of batches sampled from Stats (0: DefaultIterations).
+	Iterations int
+	// Seed seeds the PCG generator that samples batches from Stats; 0 means
+	// DefaultSeed. Traces are not sampled.
+	Seed uint64
+	// TopK is the routing top-k for Stats that do not state it
+	// (Stats.TopK == 0); ignored otherwise.
+	TopK int
+}
+
+// Workload is the work every GPU does in every layer of every iteration
+// under one plan: how many tokens reach each physical slot (expert copy).
+type Workload struct {
+	// Plan is the placement replayed; Workload does not modify it.
+	Plan *placement.Plan
+	// TopK is the routing top-k.
+	TopK int
+	// Sampled reports whether the batches were sampled from count-only stats
+	// (true) or cut from a per-token trace (false).
+	Sampled bool
+	// Tokens[i] is the number of tokens in iteration i.
+	Tokens []int
+	// SlotTokens[i][l][s] is the number of tokens routed to slot s of layer l
+	// in iteration i. Tokens of an expert with c copies are split evenly over
+	// its slots in slot order; the first (n mod c) slots get one more.
+	SlotTokens [][][]int
+	// Stats[i] are the routing statistics of iteration i's batch, which the
+	// backends pass to costmodel.Evaluate to model communication.
+	Stats []*routing.Stats
+}
+
+// NewWorkload builds the workload of plan under src. It checks that the plan
+// fits the routing data (same layer and expert counts, a valid placement)
+// and returns an error naming the mismatch otherwise.
+func NewWorkload(plan *placement.Plan, src Input, opts WorkloadOptions) (*Workload, error) {
+	if plan == nil {
+		return nil, errors.New("replay: nil plan")
+	}
+	if opts.BatchTokens < 0 || opts.Iterations < 0 {
+		return nil, fmt.Errorf("replay: negative batch size %d or iteration count %d", opts.BatchTokens, opts.Iterations)
+	}
+	switch {
+	case src.Trace != nil:
+		return fromTrace(plan, src.Trace, opts)
+	case src.Stats != nil:
+		return fromStats(plan, src.Stats, opts)
+	}
+	return nil, errors.New("replay: input has neither a trace nor stats")
+}
+
+func checkPlan(plan *placement.Plan, layers, experts int) error {
+	if plan.Experts != experts || len(plan.Layers) != layers {
+		return fmt.Errorf("replay: plan has %d layers × %d experts but the routing data has %d × %d; use a plan made for this model", len(plan.Layers), plan.Experts, layers, experts)
+	}
+	if err := plan.Validate(placement.ValidateOptions{Experts: experts, Layers: layers}); err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	return nil
+}
+
+func fromTrace(plan *placement.Plan, t *routing.Trace, opts WorkloadOptions) (*Workload, error) {
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	if t.Tokens == 0 {
+		return nil, errors.New("replay: the trace has no tokens")
+	}
+	if err := checkPlan(plan, t.Layers, t.Experts); err != nil {
+		return nil, err
+	}
+	b := opts.BatchTokens
+	if b == 0 || b > t.Tokens {
+		b = t.Tokens
+	}
+	n := t.Tokens / b
+	if opts.Iterations > 0 && opts.Iterations < n {
+		n = opts.Iterations
+	}
+	w := &Workload{Plan: plan, TopK: t.TopK}
+	for i := range n {
+		batch := t.Slice(i*b, (i+1)*b)
+		st := batch.Stats(routing.StatsOptions{})
+		w.add(b, st.Load, st)
+	}
+	return w, nil
+}
+
+func fromStats(plan *placement.Plan, s *routing.Stats, opts WorkloadOptions) (*Workload, error) {
+	if err := s.Validate(); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	if err := checkPlan(plan, s.Layers, s.Experts); err != nil {
+		return nil, err
+	}
+	k := s.TopK
+	if k == 0 {
+		k = opts.TopK
+	}
+	if k <= 0 || k > s.Experts {
+		return nil, fmt.Errorf("replay: top-k %d: the stats do not state a usable top-k; set WorkloadOptions.TopK (1..%d)", k, s.Experts)
+	}
+	b, iters, seed := opts.BatchTokens, opts.Iterations, opts.Seed
+	if b == 0 {
+		b = DefaultBatchTokens
+	}
+	if iters == 0 {
+		iters = DefaultIterations
+	}
+	if seed == 0 {
+		seed = DefaultSeed
+	}
+	// Cumulative expert shares per layer.
+	cum := make([][]float64, s.Layers)
+	for l := range s.Layers {
+		cum[l] = make([]float64, s.Experts)
+		var acc float64
+		for e, v := range s.Load[l] {
+			acc += v
+			cum[l][e] = acc
+		}
+		if acc <= 0 {
+			return nil, fmt.Errorf("replay: layer %d has no load to sample from", l)
+		}
+	}
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	w := &Workload{Plan: plan, TopK: k, Sampled: true}
+	for range iters {
+		load := make([][]float64, s.Layers)
+		for l := range s.Layers {
+			load[l] = make([]float64, s.Experts)
+			c := cum[l]
+			total := c[len(c)-1]
+			for range b * k {
+				u := rng.Float64() * total
+				e := sort.Search(len(c), func(j int) bool { return c[j] > u })
+				if e == len(c) {
+					e--
+				}
+				load[l][e]++
+			}
+		}
+		st := routing.StatsFromLoad(load, k)
+		st.LayerNames = s.LayerNames
+		if s.Transitions != nil && s.Tokens > 0 {
+			// Chain flow needs transitions; scale the source's to the batch.
+			f := float64(b) / s.Tokens
+			st.Transitions = make([][]float64, len(s.Transitions))
+			for l, row := range s.Transitions {
+				st.Transitions[l] = make([]float64, len(row))
+				for j, v := range row {
+					st.Transitions[l][j] = v * f
+				}
+			}
+			st.TransitionMode = s.TransitionMode
+		}
+		w.add(b, load, st)
+	}
+	return w, nil
+}
+
+// add appends one iteration with per-expert loads load[l][e].
+func (w *Workload) add(tokens int, load [][]float64, st *routing.Stats) {
+	slots := make([][]int, len(w.Plan.Layers))
+	for l, lp := range w.Plan.Layers {
+		slots[l] = splitSlots(lp, load[l])
+	}
+	w.Tokens = append(w.Tokens, tokens)
+	w.SlotTokens = append(w.SlotTokens, slots)
+	w.Stats = append(w.Stats, st)
+}
+
+// splitSlots splits every expert's tokens evenly over its slots in slot
+// order, the remainder going to the lower slots.
+func splitSlots(lp placement.LayerPlan, load []float64) []int {
+	copies := make([]int, len(load))
+	for _, e := range lp.SlotExpert {
+		copies[e]++
+	}
+	seen := make([]int, len(load))
+	out := make([]int, len(lp.SlotExpert))
+	for s, e := range lp.SlotExpert {
+		n := int(load[e] + 0.5)
+		c := copies[e]
+		out[s] = n / c
+		if seen[e] < n%c {
+			out[s]++
+		}
+		seen[e]++
+	}
+	return out
+}
+
+// Iterations returns the number of iterations (batches).
+func (w *Workload) Iterations() int { return len(w.SlotTokens) }
+
+// Layers returns the number of MoE layers.
+func (w *Workload) Layers() int { return len(w.Plan.Layers) }
+
+// GPUs returns the number of GPUs of the plan.
+func (w *Workload) GPUs() int { return w.Plan.GPUs }
+
+// GPUTokens returns the tokens every GPU processes in layer l of iteration
+// i (summed over its slots).
+func (w *Workload) GPUTokens(i, l int) []int {
+	out := make([]int, w.Plan.GPUs)
+	for s, g := range w.Plan.Layers[l].SlotGPU {
+		out[g] += w.SlotTokens[i][l][s]
+	}
+	return out
+}
+
+// GPUSlots returns, for every GPU, the slots of layer l it holds, in
+// ascending slot order.
+func (w *Workload) GPUSlots(l int) [][]int {
+	out := make([][]int, w.Plan.GPUs)
+	for s, g := range w.Plan.Layers[l].SlotGPU {
+		out[g] = append(out[g], s)
+	}
+	return out
+}
+
+// maxSlotTokens returns the largest token count of any slot.
+func (w *Workload) maxSlotTokens() int {
+	m := 0
+	for _, it := range w.SlotTokens {
+		for _, ly := range it {
+			for _, n := range ly {
+				m = max(m, n)
+			}
+		}
+	}
+	return m
+}
