@@ -5,7 +5,7 @@ go 1.26
 require (
 	codeberg.org/sbinet/npyio v0.14.0
 	github.com/bartolsthoorn/gohighs v0.1.1
-	github.com/ebitengine/purego v0.9.1
+	github.com/ebitengine/purego v0.11.3
 	github.com/stretchr/testify v1.11.1
 	gonum.org/v1/gonum v0.17.0
 	gopkg.in/yaml.v3 v3.0.1

@@ -16,9 +16,9 @@ var (
 
 // cuda implements driver with the CUDA driver API and cuBLAS, loaded with
 // purego. Only integers and pointers cross the boundary and no callbacks are
-// registered (PEERS.md §10). cuBLAS's cublasGemmEx takes 19 arguments, more
-// than purego passes (15), so Gemm uses cublasHgemm (14): fp16 has bf16's
-// size and the same tensor-core rate on Ampere and Hopper.
+// registered (PEERS.md §10). Gemm calls cublasGemmEx with bf16 inputs and
+// outputs and fp32 accumulation (19 arguments: purego ≥ v0.11 passes up to
+// 32, spilling to the stack as the C ABI does).
 type cuda struct {
 	cuInit                    func(flags uint32) int32
 	cuDeviceGetCount          func(n *int32) int32
@@ -42,7 +42,7 @@ type cuda struct {
 	cublasCreate    func(h *uintptr) int32
 	cublasDestroy   func(h uintptr) int32
 	cublasSetStream func(h, stream uintptr) int32
-	cublasHgemm     func(h uintptr, ta, tb int32, m, n, k int32, alpha *uint16, a uintptr, lda int32, b uintptr, ldb int32, beta *uint16, c uintptr, ldc int32) int32
+	cublasGemmEx    func(h uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uintptr, atype, lda int32, b uintptr, btype, ldb int32, beta *float32, c uintptr, ctype, ldc int32, compute, algo int32) int32
 
 	devs map[int]*cudaDev
 	cur  *cudaDev
@@ -134,7 +134,7 @@ func loadCUDA() (*cuda, error) {
 		{blas, &c.cublasCreate, "cublasCreate_v2"},
 		{blas, &c.cublasDestroy, "cublasDestroy_v2"},
 		{blas, &c.cublasSetStream, "cublasSetStream_v2"},
-		{blas, &c.cublasHgemm, "cublasHgemm"},
+		{blas, &c.cublasGemmEx, "cublasGemmEx"},
 	} {
 		if err := register(r.lib, r.fn, r.sym); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrNoDevice, err)
@@ -205,8 +205,15 @@ func (c *cuda) Fill(p devPtr, v uint16, n int64) error {
 // Gemm computes row-major C = A·B as column-major Cᵀ = Bᵀ·Aᵀ, so cuBLAS
 // sees (n×k)·(k×m) with leading dimensions n, k and n.
 func (c *cuda) Gemm(m, n, k int, a, b, out devPtr) error {
-	one, zero := uint16(0x3c00), uint16(0) // fp16 1.0 and 0.0
-	return check("cublasHgemm", c.cublasHgemm(c.cur.blas, 0, 0, int32(n), int32(m), int32(k), &one, uintptr(b), int32(n), uintptr(a), int32(k), &zero, uintptr(out), int32(n)))
+	const (
+		cudaR16BF        = 14 // cudaDataType CUDA_R_16BF
+		cublasCompute32F = 68 // CUBLAS_COMPUTE_32F
+		cublasGemmDflt   = -1 // CUBLAS_GEMM_DEFAULT
+	)
+	one, zero := float32(1), float32(0)
+	return check("cublasGemmEx", c.cublasGemmEx(c.cur.blas, 0, 0, int32(n), int32(m), int32(k), &one,
+		uintptr(b), cudaR16BF, int32(n), uintptr(a), cudaR16BF, int32(k), &zero, uintptr(out), cudaR16BF, int32(n),
+		cublasCompute32F, cublasGemmDflt))
 }
 
 func (c *cuda) NewEvent() (event, error) {

@@ -62,16 +62,16 @@
 // the modeled communication is that of the full-size model, so a cpu
 // Measurement's layer time and E2E mix scales.
 //
-// GPU runs the same three GEMMs per expert in half precision with cuBLAS at
+// GPU runs the same three GEMMs per expert in bf16 with cuBLAS at
 // the model's real size (Mixtral: hidden 4096, FFN 14336), with the true
 // token counts, through the CUDA driver API loaded at run time with purego
 // (libcuda.so.1, libcublas.so.*; no cgo, builds with CGO_ENABLED=0). Each
 // virtual GPU's share of a layer is bracketed by CUDA events; virtual GPUs
 // run one after another on one device, or on GPU.Devices round-robin, so
-// their concurrency and the real all-to-all are not measured. It uses
-// cublasHgemm (fp16, 14 arguments) because cublasGemmEx (bf16) takes 19
-// arguments and purego passes at most 15; fp16 and bf16 have the same size
-// and tensor-core rate on Ampere and Hopper. The SiLU⊙ is not run. Without a
+// their concurrency and the real all-to-all are not measured. It calls
+// cublasGemmEx with CUDA_R_16BF operands and CUBLAS_COMPUTE_32F (19
+// arguments, which purego v0.11 passes). The SiLU⊙ is not run (under 0.1 %
+// of the flops; it would need a compiled kernel). Without a
 // driver or device Run returns an error wrapping ErrNoDevice.
 //
 // # Calibration

@@ -20,7 +20,7 @@ const (
 
 // GPU is the backend that runs every virtual GPU's expert GEMMs on a real
 // NVIDIA GPU through the CUDA driver API and cuBLAS, loaded at run time with
-// purego (no cgo, no CUDA headers). Each expert is three half-precision
+// purego (no cgo, no CUDA headers). Each expert is three bf16
 // GEMMs at the model's real size, X·W1 and X·W3 [tokens×Hidden]·[Hidden×FFN]
 // and [tokens×FFN]·W2 [FFN×Hidden]; the elementwise SiLU⊙ is left out (it
 // would need a compiled kernel and is under 0.1 % of the flops). The zero
@@ -60,7 +60,7 @@ type driver interface {
 	Free(p devPtr) error
 	// Fill sets n 16-bit elements at p to the bit pattern v.
 	Fill(p devPtr, v uint16, n int64) error
-	// Gemm enqueues C[m×n] = A[m×k]·B[k×n] (row-major, half precision) on
+	// Gemm enqueues C[m×n] = A[m×k]·B[k×n] (row-major, bf16) on
 	// the current device's stream.
 	Gemm(m, n, k int, a, b, c devPtr) error
 	NewEvent() (event, error)
@@ -201,8 +201,8 @@ func (b GPU) Run(ctx context.Context, w *Workload, opts RunOptions) (*Measuremen
 				return 0, fmt.Errorf("replay: gpu: device %d: alloc %d bytes: %w", d, elems*2, err)
 			}
 			st.allocs = append(st.allocs, p)
-			// Small constant values keep the products finite (0x211f ≈ 0.01 in fp16).
-			if err := drv.Fill(p, 0x211f, elems); err != nil {
+			// Small constant values keep the products finite (0x3c24 ≈ 0.01 in bf16).
+			if err := drv.Fill(p, 0x3c24, elems); err != nil {
 				return 0, fmt.Errorf("replay: gpu: device %d: fill: %w", d, err)
 			}
 			return p, nil
@@ -314,7 +314,7 @@ func (b GPU) Run(ctx context.Context, w *Workload, opts RunOptions) (*Measuremen
 		}
 	}
 	m.Compute = Measured
-	m.ComputeNote = fmt.Sprintf("cuBLAS fp16 GEMMs (3 per expert, no SiLU⊙) at hidden %d, FFN %d with the true token counts, timed with CUDA events, virtual GPUs one after another on device(s) %v; median of %d repeats after %d warm-up", h, f, devs, reps, warm)
+	m.ComputeNote = fmt.Sprintf("cuBLAS bf16 GEMMs, fp32 accumulation (3 per expert, no SiLU⊙) at hidden %d, FFN %d with the true token counts, timed with CUDA events, virtual GPUs one after another on device(s) %v; median of %d repeats after %d warm-up", h, f, devs, reps, warm)
 	m.finish(opts)
 	return m, nil
 }

@@ -2,7 +2,7 @@
 # gpu-check.sh: build the moetuner binary and the replay test binary, and on a
 # machine with an NVIDIA GPU replay the committed contiguous and joint plans
 # with the gpu backend at Mixtral-8x7B's expert shape (hidden 4096, FFN
-# 14336, 16-bit), with Mixtral (Fiddler counts) and FLAME-MoE (per-token
+# 14336, bf16), with Mixtral (Fiddler counts) and FLAME-MoE (per-token
 # trace) token counts, plus calibration. Results go to ${OUT:-out}/ as JSON.
 # Without a GPU it says so and exits 0. Bounded to well under 5 minutes.
 set -euo pipefail
