@@ -763,6 +763,54 @@ type subSolve struct {
 	err                   error
 }
 
+// parallelLayers runs fn(l, limit) for l = 0..L−1 on workers goroutines.
+// Each layer's limit is a fair share of the time left before deadline:
+// what remains, times the workers, over the layers not yet started (at
+// least 50 ms).
+func parallelLayers(L, workers int, deadline time.Time, fn func(l int, limit time.Duration)) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	jobs := make(chan int)
+	left := L
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for l := range jobs {
+				mu.Lock()
+				limit := time.Until(deadline) * time.Duration(workers) / time.Duration(left)
+				left--
+				mu.Unlock()
+				limit = min(limit, time.Until(deadline))
+				fn(l, max(limit, 50*time.Millisecond))
+			}
+		}()
+	}
+	for l := range L {
+		jobs <- l
+	}
+	close(jobs)
+	wg.Wait()
+}
+
+// absorb checks a finished sub-solve and adds its size and status to res;
+// it returns the solution.
+func (res *Result) absorb(ss subSolve, allOptimal, timedOut *bool) (*MIPSolution, error) {
+	if ss.err != nil {
+		return nil, ss.err
+	}
+	if err := mipVerdict(ss.sol); err != nil {
+		return nil, err
+	}
+	res.Cols += ss.cols
+	res.IntCols += ss.ints
+	res.Rows += ss.rows
+	res.Nonzeros += ss.nnz
+	*allOptimal = *allOptimal && ss.sol.Status == MIPOptimal
+	*timedOut = *timedOut || ss.sol.TimedOut
+	return ss.sol, nil
+}
+
 func runMIP(ctx context.Context, backend Backend, m *MIP, start []float64, opts Options, limit time.Duration) subSolve {
 	var ss subSolve
 	ss.cols, ss.ints, ss.rows, ss.nnz = m.Size()
@@ -827,70 +875,28 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 		for l := range layers {
 			layers[l] = l
 		}
-		ss := runMIP(ctx, backend, m, jm.startVector(m, warm, layers, lvs), opts, ilpBudget)
-		if ss.err != nil {
-			return nil, ss.err
-		}
-		res.Cols, res.IntCols, res.Rows, res.Nonzeros = ss.cols, ss.ints, ss.rows, ss.nnz
-		if err := mipVerdict(ss.sol); err != nil {
+		sol, err := res.absorb(runMIP(ctx, backend, m, jm.startVector(m, warm, layers, lvs), opts, ilpBudget), &allOptimal, &timedOut)
+		if err != nil {
 			return nil, err
 		}
-		readAssign(ss.sol.X, lvs, layers, assign)
-		bound = ss.sol.Bound
-		allOptimal = ss.sol.Status == MIPOptimal
-		timedOut = ss.sol.TimedOut
+		readAssign(sol.X, lvs, layers, assign)
+		bound = sol.Bound
 	} else {
 		results := make([]subSolve, jm.L)
 		lvsAll := make([]layerVars, jm.L)
-		jobs := make(chan int)
-		var wg sync.WaitGroup
-		deadline := time.Now().Add(ilpBudget)
-		var mu sync.Mutex
-		left := jm.L
-		for w := 0; w < opts.Parallel; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for l := range jobs {
-					b, lv := jm.buildHomeLayer(l)
-					m := b.mip()
-					lvsAll[l] = lv
-					// Share what is left fairly among the layers not
-					// started: each worker runs one layer at a time.
-					mu.Lock()
-					limit := time.Until(deadline) * time.Duration(opts.Parallel) / time.Duration(left)
-					left--
-					mu.Unlock()
-					if rest := time.Until(deadline); limit > rest {
-						limit = rest
-					}
-					if limit < 50*time.Millisecond {
-						limit = 50 * time.Millisecond
-					}
-					results[l] = runMIP(ctx, backend, m, jm.startVector(m, warm, []int{l}, []layerVars{lv}), opts, limit)
-				}
-			}()
-		}
-		for l := range jm.L {
-			jobs <- l
-		}
-		close(jobs)
-		wg.Wait()
+		parallelLayers(jm.L, opts.Parallel, time.Now().Add(ilpBudget), func(l int, limit time.Duration) {
+			b, lv := jm.buildHomeLayer(l)
+			m := b.mip()
+			lvsAll[l] = lv
+			results[l] = runMIP(ctx, backend, m, jm.startVector(m, warm, []int{l}, []layerVars{lv}), opts, limit)
+		})
 		for l, ss := range results {
-			if ss.err != nil {
-				return nil, ss.err
-			}
-			if err := mipVerdict(ss.sol); err != nil {
+			sol, err := res.absorb(ss, &allOptimal, &timedOut)
+			if err != nil {
 				return nil, err
 			}
-			res.Cols += ss.cols
-			res.IntCols += ss.ints
-			res.Rows += ss.rows
-			res.Nonzeros += ss.nnz
-			readAssign(ss.sol.X, []layerVars{lvsAll[l]}, []int{l}, assign)
-			bound += ss.sol.Bound
-			allOptimal = allOptimal && ss.sol.Status == MIPOptimal
-			timedOut = timedOut || ss.sol.TimedOut
+			readAssign(sol.X, []layerVars{lvsAll[l]}, []int{l}, assign)
+			bound += sol.Bound
 		}
 	}
 	modelObj := jm.objective(assign) / 1e6

@@ -6,7 +6,6 @@ import (
 	"math"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -25,60 +24,25 @@ func solveMoETuner(ctx context.Context, p Problem, backend Backend, opts Options
 	// Stage 1, per layer, in parallel.
 	clusters := make([][]int, L) // [l][e] = cluster
 	subs := make([]subSolve, L)
-	var wg sync.WaitGroup
-	jobs := make(chan int)
-	stage1Deadline := time.Now().Add(opts.TimeLimit / 2)
-	var mu sync.Mutex
-	left := L
-	for w := 0; w < opts.Parallel; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for l := range jobs {
-				m, xs, start := buildILP1(s.Load[l], G, l, opts.MoETunerEqualSizes)
-				mu.Lock()
-				limit := time.Until(stage1Deadline) * time.Duration(opts.Parallel) / time.Duration(left)
-				left--
-				mu.Unlock()
-				if rest := time.Until(stage1Deadline); limit > rest {
-					limit = rest
-				}
-				if limit < 50*time.Millisecond {
-					limit = 50 * time.Millisecond
-				}
-				subs[l] = runMIP(ctx, backend, m, start, opts, limit)
-				if subs[l].err == nil && subs[l].sol.X != nil {
-					clusters[l] = make([]int, E)
-					for e := range E {
-						for c := range G {
-							if subs[l].sol.X[xs[c][e]] > 0.5 {
-								clusters[l][e] = c
-							}
-						}
+	parallelLayers(L, opts.Parallel, time.Now().Add(opts.TimeLimit/2), func(l int, limit time.Duration) {
+		m, xs, start := buildILP1(s.Load[l], G, l, opts.MoETunerEqualSizes)
+		subs[l] = runMIP(ctx, backend, m, start, opts, limit)
+		if subs[l].err == nil && subs[l].sol.X != nil {
+			clusters[l] = make([]int, E)
+			for e := range E {
+				for c := range G {
+					if subs[l].sol.X[xs[c][e]] > 0.5 {
+						clusters[l][e] = c
 					}
 				}
 			}
-		}()
-	}
-	for l := range L {
-		jobs <- l
-	}
-	close(jobs)
-	wg.Wait()
+		}
+	})
 	allOptimal, timedOut := true, false
 	for _, ss := range subs {
-		if ss.err != nil {
-			return nil, ss.err
-		}
-		if err := mipVerdict(ss.sol); err != nil {
+		if _, err := res.absorb(ss, &allOptimal, &timedOut); err != nil {
 			return nil, err
 		}
-		res.Cols += ss.cols
-		res.IntCols += ss.ints
-		res.Rows += ss.rows
-		res.Nonzeros += ss.nnz
-		allOptimal = allOptimal && ss.sol.Status == MIPOptimal
-		timedOut = timedOut || ss.sol.TimedOut
 	}
 	res.Stage1Objective = stage1Objective(s.Load, clusters, G)
 
@@ -107,15 +71,9 @@ func solveMoETuner(ctx context.Context, p Problem, backend Backend, opts Options
 	if ss.sol.Status == MIPNoSolution {
 		return nil, fmt.Errorf("solver: ILP 2 found no mapping that meets Eq. 13 (every GPU %d experts over the model) with ILP 1's unequal cluster sizes before the time limit: %w; raise the time limit or use equal cluster sizes", E*L/G, ErrNoSolution)
 	}
-	if err := mipVerdict(ss.sol); err != nil {
+	if _, err := res.absorb(ss, &allOptimal, &timedOut); err != nil {
 		return nil, err
 	}
-	res.Cols += ss.cols
-	res.IntCols += ss.ints
-	res.Rows += ss.rows
-	res.Nonzeros += ss.nnz
-	allOptimal = allOptimal && ss.sol.Status == MIPOptimal
-	timedOut = timedOut || ss.sol.TimedOut
 	gpuOf := make([][]int, L) // [l][c] = GPU
 	for l := range L {
 		gpuOf[l] = make([]int, G)
