@@ -207,6 +207,7 @@ type InfeasibleError struct {
 	Detail     string
 }
 
+// Error names the constraint and the fix.
 func (e *InfeasibleError) Error() string {
 	return "solver: infeasible: " + e.Constraint + ": " + e.Detail
 }
