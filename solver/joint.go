@@ -930,7 +930,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	for _, c := range candidates {
 		cand := c
 		if !opts.NoPolish {
-			cand, err = polish(ctx, p, c, start.Add(opts.TimeLimit))
+			cand, err = polish(ctx, p, c, start.Add(opts.TimeLimit), opts.Parallel)
 			if err != nil {
 				return nil, err
 			}

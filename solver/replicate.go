@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 )
 
@@ -449,7 +450,29 @@ func solveReplicated(ctx context.Context, p Problem, opts Options, start time.Ti
 			return nil, e
 		}
 	}
-	res := &Result{Plan: placement.FromReplicas(G, copies, string(StrategyJoint)), Status: StatusFeasible}
+	plan := placement.FromReplicas(G, copies, string(StrategyJoint))
+	// With per-token statistics the cost model sees which tokens share
+	// GPUs and nodes: trade balance against communication by polishing on
+	// the exact cost model (not for incremental re-placement, whose move
+	// budget a polish would break).
+	if !opts.NoPolish && p.Current == nil && len(p.Scenarios) == 0 && (s.Patterns != nil || (p.Flow == costmodel.FlowChain && s.Transitions != nil)) {
+		_, before, err := Score(p, plan)
+		if err != nil {
+			return nil, err
+		}
+		polished, err := polish(ctx, p, plan, deadline, opts.Parallel)
+		if err != nil {
+			return nil, err
+		}
+		if _, after, err := Score(p, polished); err == nil && after < before {
+			plan = polished
+			for l := range L {
+				copies[l] = plan.ExpertGPUs(l)
+				bal[l] = layerBalance(p.Stats.Load[l], copies[l], speed, lay, G)
+			}
+		}
+	}
+	res := &Result{Plan: plan, Status: StatusFeasible}
 	br := &BalanceReport{Layers: bal}
 	for _, b := range bal {
 		br.MaxGap = math.Max(br.MaxGap, b.Gap())
@@ -533,8 +556,13 @@ func placeLayer(p Problem, l int, lay replicaLayout, speed []float64, groups int
 		}
 		pk.improve(all, deadline, 0)
 	}
-	// Certificate on the primary statistics.
-	load := p.Stats.Load[l]
+	cp := pk.copies(E)
+	return cp, layerBalance(p.Stats.Load[l], cp, speed, lay, G), nil
+}
+
+// layerBalance certifies one layer's busiest load under load: the bound is
+// max(mean, largest replica under the apportionment that minimises it).
+func layerBalance(load []float64, copies [][]placement.GPU, speed []float64, lay replicaLayout, G int) LayerBalance {
 	total, sp, maxSp := 0.0, 0.0, 0.0
 	for _, v := range load {
 		total += v
@@ -543,18 +571,18 @@ func placeLayer(p Problem, l int, lay replicaLayout, speed []float64, groups int
 		sp += v
 		maxSp = math.Max(maxSp, v)
 	}
-	experts := make([]int, E)
+	experts := make([]int, len(load))
 	for e := range experts {
 		experts[e] = e
 	}
-	cntLB, err := apportion(load, experts, lay.total, G)
-	if err != nil {
-		return nil, LayerBalance{}, err
-	}
-	cp := pk.copies(E)
 	mean := total / sp
-	b := LayerBalance{Mean: mean, Busiest: busiestOverMean(load, cp, speed) * mean, Bound: math.Max(mean, maxReplica(load, cntLB)/maxSp)}
-	return cp, b, nil
+	b := LayerBalance{Mean: mean, Busiest: busiestOverMean(load, copies, speed) * mean, Bound: mean}
+	// apportion only fails for impossible slot counts, which layout()
+	// has ruled out; the bound then stays at the mean.
+	if cnt, err := apportion(load, experts, lay.total, G); err == nil {
+		b.Bound = math.Max(mean, maxReplica(load, cnt)/maxSp)
+	}
+	return b
 }
 
 // load starts the packer from an existing plan's layer l.
