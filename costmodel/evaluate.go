@@ -61,6 +61,9 @@ type Report struct {
 	MeanImbalance, MaxImbalance float64
 	// MaxTokensSum is Σ_l MaxTokens, the paper's token-processing tail.
 	MaxTokensSum float64
+	// Dispatch and Combine are the layers' byte matrices [src][dst] added
+	// up: the whole model's traffic per GPU pair.
+	Dispatch, Combine [][]float64
 }
 
 // Evaluate models the cost of plan on cluster c for model m under the
@@ -108,12 +111,30 @@ func Evaluate(plan *placement.Plan, stats *routing.Stats, c Cluster, m Model, op
 		rep.MeanImbalance += lr.Imbalance
 		rep.MaxImbalance = math.Max(rep.MaxImbalance, lr.Imbalance)
 		rep.MaxTokensSum += lr.MaxTokens
+		rep.Dispatch = addMatrix(rep.Dispatch, lr.Dispatch)
+		rep.Combine = addMatrix(rep.Combine, lr.Combine)
 	}
 	rep.MeanImbalance /= float64(ev.l)
 	rep.ComputeTail, rep.CommTime = dur(tail), dur(comm)
 	rep.Sequential, rep.Ideal, rep.Overlapped, rep.Time = dur(seq), dur(ideal), dur(over), dur(tm)
 	rep.TimeSec = tm
 	return rep, nil
+}
+
+// addMatrix returns sum + m, allocating sum on first use.
+func addMatrix(sum, m [][]float64) [][]float64 {
+	if sum == nil {
+		sum = make([][]float64, len(m))
+		for i := range m {
+			sum[i] = make([]float64, len(m[i]))
+		}
+	}
+	for i, row := range m {
+		for j, v := range row {
+			sum[i][j] += v
+		}
+	}
+	return sum
 }
 
 func dur(sec float64) time.Duration { return time.Duration(math.Round(sec * 1e9)) }

@@ -623,3 +623,25 @@ func TestFlowModeStrings(t *testing.T) {
 	assert.ErrorContains(t, err, `unknown mode "x"`)
 	assert.Equal(t, "Flow(9)", Flow(9).String())
 }
+
+func TestReportTotalsMatrices(t *testing.T) {
+	stats := &routing.Stats{Layers: 2, Experts: 2, TopK: 1, Tokens: 10, Load: [][]float64{{6, 4}, {5, 5}}}
+	plan := &placement.Plan{GPUs: 2, Experts: 2, Layers: []placement.LayerPlan{
+		{SlotExpert: []routing.Expert{0, 1}, SlotGPU: []placement.GPU{0, 1}},
+		{SlotExpert: []routing.Expert{0, 1}, SlotGPU: []placement.GPU{1, 0}},
+	}}
+	c, err := ClusterPreset("h100x8")
+	require.NoError(t, err)
+	c.GPUsPerNode = 2
+	m, err := ModelPreset("mixtral-8x7b")
+	require.NoError(t, err)
+	m.Experts = 2
+	rep, err := Evaluate(plan, stats, c, m, Options{})
+	require.NoError(t, err)
+	for i := range 2 {
+		for j := range 2 {
+			assert.InDelta(t, rep.Layers[0].Dispatch[i][j]+rep.Layers[1].Dispatch[i][j], rep.Dispatch[i][j], 1e-9)
+			assert.InDelta(t, rep.Layers[0].Combine[i][j]+rep.Layers[1].Combine[i][j], rep.Combine[i][j], 1e-9)
+		}
+	}
+}
