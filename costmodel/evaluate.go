@@ -351,11 +351,14 @@ func (s *shares) build(lp placement.LayerPlan, E, G, P int) error {
 		}
 		s.cnt[e+1] += s.cnt[e]
 	}
-	// Bucket the slots' GPUs by expert (cnt becomes the bucket ends).
+	if lp.SlotShare != nil && len(lp.SlotShare) != len(lp.SlotExpert) {
+		return fmt.Errorf("%d slot shares for %d slots", len(lp.SlotShare), len(lp.SlotExpert))
+	}
+	// Bucket the slots by expert (cnt becomes the bucket ends).
 	S := len(lp.SlotExpert)
 	s.tmp = resize(s.tmp, S)
 	for i, e := range lp.SlotExpert {
-		s.tmp[s.cnt[e]] = int32(lp.SlotGPU[i])
+		s.tmp[s.cnt[e]] = int32(i)
 		s.cnt[e]++
 	}
 	s.cs, s.ns = resize(s.cs, E+1), resize(s.ns, E+1)
@@ -364,17 +367,23 @@ func (s *shares) build(lp placement.LayerPlan, E, G, P int) error {
 	lo := int32(0)
 	for e := 0; e < E; e++ {
 		hi := s.cnt[e]
-		seg := s.tmp[lo:hi]
-		for i := 1; i < len(seg); i++ { // insertion sort: few copies
-			for j := i; j > 0 && seg[j] < seg[j-1]; j-- {
+		seg := s.tmp[lo:hi] // slot indices of expert e
+		gpu := func(k int) int32 { return int32(lp.SlotGPU[seg[k]]) }
+		for i := 1; i < len(seg); i++ { // insertion sort by GPU: few copies
+			for j := i; j > 0 && gpu(j) < gpu(j-1); j-- {
 				seg[j], seg[j-1] = seg[j-1], seg[j]
 			}
 		}
-		w := 1 / float64(len(seg))
 		s.cs[e] = int32(len(s.cg))
 		s.ns[e] = int32(len(s.nb))
-		for i, g := range seg {
-			if i > 0 && g == seg[i-1] {
+		for i := range seg {
+			g := gpu(i)
+			// Even split unless the plan gives each slot its share.
+			w := 1 / float64(len(seg))
+			if lp.SlotShare != nil {
+				w = lp.SlotShare[seg[i]]
+			}
+			if i > 0 && g == gpu(i-1) {
 				s.cw[len(s.cw)-1] += w
 			} else {
 				s.cg = append(s.cg, g)

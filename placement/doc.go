@@ -77,7 +77,11 @@
 // "schema", "gpus", "experts" and "layers" are required, and every layer
 // needs "slot_expert" and "slot_gpu"; "strategy" and "meta" (string to
 // string: provenance such as the flow model, objective and source trace)
-// are optional. Unknown fields are errors, to catch misspellings.
+// are optional, and so is a layer's "slot_share" (LayerPlan.SlotShare: the
+// fraction of its expert's tokens each slot serves, for a dispatch-time
+// split; absent means even shares). The SGLang, EPLB and vLLM files have
+// no place for shares and drop them: those stacks split at run time.
+// Unknown fields are errors, to catch misspellings.
 //
 // FormatYAML ("yaml", ".yaml", ".yml") is the same document in YAML
 // (gopkg.in/yaml.v3, two-space indentation, flow-style integer lists):

@@ -79,6 +79,7 @@ func FormatFromPath(path string) (Format, error) {
 type fileLayer struct {
 	SlotExpert []routing.Expert `json:"slot_expert" yaml:"slot_expert,flow"`
 	SlotGPU    []GPU            `json:"slot_gpu" yaml:"slot_gpu,flow"`
+	SlotShare  []float64        `json:"slot_share,omitempty" yaml:"slot_share,flow,omitempty"`
 }
 
 type fileDoc struct {
@@ -166,6 +167,16 @@ func encodeJSON(p *Plan) []byte {
 			b = appendInts(b, lp.SlotExpert)
 			b = append(b, ", \"slot_gpu\": "...)
 			b = appendInts(b, lp.SlotGPU)
+			if lp.SlotShare != nil {
+				b = append(b, ", \"slot_share\": ["...)
+				for i, v := range lp.SlotShare {
+					if i > 0 {
+						b = append(b, ", "...)
+					}
+					b = strconv.AppendFloat(b, v, 'g', 17, 64)
+				}
+				b = append(b, ']')
+			}
 			b = append(b, '}')
 			if l < len(p.Layers)-1 {
 				b = append(b, ',')
@@ -202,7 +213,7 @@ func toDoc(p *Plan) fileDoc {
 	d := fileDoc{Schema: &schema, Strategy: p.Strategy, GPUs: &gpus, Experts: &experts,
 		Layers: make([]fileLayer, len(p.Layers)), Meta: p.Meta}
 	for l, lp := range p.Layers {
-		d.Layers[l] = fileLayer{SlotExpert: lp.SlotExpert, SlotGPU: lp.SlotGPU}
+		d.Layers[l] = fileLayer{SlotExpert: lp.SlotExpert, SlotGPU: lp.SlotGPU, SlotShare: lp.SlotShare}
 	}
 	if d.Meta == nil {
 		d.Meta = map[string]string{}
@@ -390,7 +401,7 @@ func fromDoc(d *fileDoc, format string) (*Plan, error) {
 		if fl.SlotGPU == nil {
 			return nil, fmt.Errorf("placement: %s: layers[%d]: missing \"slot_gpu\"; add the GPU of every slot", format, l)
 		}
-		p.Layers[l] = LayerPlan{SlotExpert: fl.SlotExpert, SlotGPU: fl.SlotGPU}
+		p.Layers[l] = LayerPlan{SlotExpert: fl.SlotExpert, SlotGPU: fl.SlotGPU, SlotShare: fl.SlotShare}
 	}
 	if err := p.Validate(ValidateOptions{}); err != nil {
 		return nil, err

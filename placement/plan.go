@@ -84,6 +84,7 @@ func (p *Plan) Clone() *Plan {
 		q.Layers[l] = LayerPlan{
 			SlotExpert: slices.Clone(lp.SlotExpert),
 			SlotGPU:    slices.Clone(lp.SlotGPU),
+			SlotShare:  slices.Clone(lp.SlotShare),
 		}
 	}
 	q.Meta = maps.Clone(p.Meta)
@@ -105,7 +106,8 @@ func (p *Plan) Equal(o *Plan) bool {
 	}
 	for l := range p.Layers {
 		if !slices.Equal(p.Layers[l].SlotExpert, o.Layers[l].SlotExpert) ||
-			!slices.Equal(p.Layers[l].SlotGPU, o.Layers[l].SlotGPU) {
+			!slices.Equal(p.Layers[l].SlotGPU, o.Layers[l].SlotGPU) ||
+			!slices.Equal(p.Layers[l].SlotShare, o.Layers[l].SlotShare) {
 			return false
 		}
 	}
@@ -145,6 +147,9 @@ func (p *Plan) GPUMajor() *Plan {
 		for i, s := range idx {
 			lp.SlotExpert[i] = src.SlotExpert[s]
 			lp.SlotGPU[i] = src.SlotGPU[s]
+			if lp.SlotShare != nil {
+				lp.SlotShare[i] = src.SlotShare[s]
+			}
 		}
 	}
 	return q

@@ -28,4 +28,9 @@ type Plan struct {
 type LayerPlan struct {
 	SlotExpert []routing.Expert
 	SlotGPU    []GPU
+	// SlotShare, when set, is the fraction of its expert's tokens each slot
+	// serves (the copies of an expert add up to 1), as a dispatch-time
+	// split such as SGLang's LP would send them; nil means every copy
+	// serves an even share, as vLLM and SGLang's static dispatch do.
+	SlotShare []float64
 }

@@ -114,6 +114,11 @@ func (p *Plan) Validate(opts ValidateOptions) error {
 				return verr(l, s, int(g), int(e), "slot %d: GPU %d out of range [0,%d); use a GPU id below %d or raise gpus", s, g, p.GPUs, p.GPUs)
 			}
 		}
+		if lp.SlotShare != nil {
+			if err := checkShares(l, lp, p.Experts); err != nil {
+				return err
+			}
+		}
 		seen := make(map[[2]int]struct{}, len(lp.SlotExpert))
 		for s, e := range lp.SlotExpert {
 			g := lp.SlotGPU[s]
@@ -192,6 +197,27 @@ func checkCounts(l int, count, touched []int, opts ValidateOptions) error {
 		}
 		if n := len(touched); n > 0 && n < len(count) {
 			return verr(l, -1, n, -1, "GPU %d holds 0 slots but GPU 0 holds %d; every GPU needs the same number (add replicas or move slots)", n, count[0])
+		}
+	}
+	return nil
+}
+
+// checkShares checks a layer's optional per-slot token shares: one per
+// slot, finite, non-negative, adding up to 1 over each expert's copies.
+func checkShares(l int, lp LayerPlan, experts int) error {
+	if len(lp.SlotShare) != len(lp.SlotExpert) {
+		return verr(l, -1, -1, -1, "slot_share has %d entries for %d slots; give one share per slot or none", len(lp.SlotShare), len(lp.SlotExpert))
+	}
+	sum := make(map[int]float64)
+	for s, v := range lp.SlotShare {
+		if v < 0 || v > 1 || v != v {
+			return verr(l, s, int(lp.SlotGPU[s]), int(lp.SlotExpert[s]), "slot %d: share %v outside [0,1]; shares are fractions of the expert's tokens", s, v)
+		}
+		sum[int(lp.SlotExpert[s])] += v
+	}
+	for e := range experts {
+		if v, ok := sum[e]; ok && (v < 1-1e-9 || v > 1+1e-9) {
+			return verr(l, -1, -1, e, "expert %d: its copies' shares add up to %v, not 1; rescale them", e, v)
 		}
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	. "github.com/moetuner/moetuner/solver"
@@ -210,4 +211,79 @@ func changedSlots(a, b *placement.Plan) int {
 		}
 	}
 	return n
+}
+
+// TestOptimalSplitMatchesLP checks the max-flow split against an LP solved
+// by HiGHS: min T s.t. Σ_{copies} f = load[e], Σ_{f on g} f ≤ T·speed_g.
+func TestOptimalSplitMatchesLP(t *testing.T) {
+	load := [][]float64{{900, 300, 200, 150, 100, 80, 60, 50}, {400, 400, 10, 10, 10, 10, 10, 10}}
+	for _, speed := range [][]float64{nil, {1, 2, 1, 1}} {
+		p := replicatedProblem(load, 1, 4, 4)
+		p.Cluster.Speed = speed
+		even, err := Solve(context.Background(), p, StrategyJoint, nil, Options{})
+		require.NoError(t, err)
+		p.Split = SplitOptimal
+		opt, err := Solve(context.Background(), p, StrategyJoint, nil, Options{})
+		require.NoError(t, err)
+		verify(t, p, opt)
+		for l, lp := range opt.Plan.Layers {
+			require.NotNil(t, lp.SlotShare)
+			// Independent LP over the same copies.
+			lpT := splitLP(t, load[l], lp, p.Cluster)
+			b := opt.Balance.Layers[l]
+			assert.InDelta(t, lpT, b.Busiest, 1e-6*lpT, "layer %d", l)
+			assert.InDelta(t, lpT, maxPerSpeed(opt.Report.Layers[l].Tokens, p.Cluster), 1e-6*lpT+1e-9, "cost model agrees, layer %d", l)
+			assert.LessOrEqual(t, b.Busiest, even.Balance.Layers[l].Busiest*(1+1e-12))
+			assert.GreaterOrEqual(t, b.Busiest, b.Bound*(1-1e-9))
+		}
+	}
+}
+
+// maxPerSpeed is the busiest GPU's tokens/speed in a cost-model report.
+func maxPerSpeed(tokens []float64, c costmodel.Cluster) float64 {
+	best := 0.0
+	for g, v := range tokens {
+		best = math.Max(best, v/c.SpeedOf(g))
+	}
+	return best
+}
+
+func splitLP(t *testing.T, load []float64, lp placement.LayerPlan, c costmodel.Cluster) float64 {
+	G := c.GPUs()
+	m := &MIP{}
+	S := len(lp.SlotExpert)
+	for range S {
+		m.Cost, m.Lower, m.Upper, m.Integer = append(m.Cost, 0), append(m.Lower, 0), append(m.Upper, math.Inf(1)), append(m.Integer, false)
+	}
+	m.Cost, m.Lower, m.Upper, m.Integer = append(m.Cost, 1), append(m.Lower, 0), append(m.Upper, math.Inf(1)), append(m.Integer, false)
+	T := S
+	m.RowStart = []int{0}
+	addRow := func(lo, hi float64, idx []int, val []float64) {
+		m.RowLower, m.RowUpper = append(m.RowLower, lo), append(m.RowUpper, hi)
+		m.RowIndex, m.RowValue = append(m.RowIndex, idx...), append(m.RowValue, val...)
+		m.RowStart = append(m.RowStart, len(m.RowIndex))
+	}
+	for e, v := range load {
+		var idx []int
+		var val []float64
+		for s, se := range lp.SlotExpert {
+			if int(se) == e {
+				idx, val = append(idx, s), append(val, 1)
+			}
+		}
+		addRow(v, v, idx, val)
+	}
+	for g := range G {
+		idx, val := []int{T}, []float64{-c.SpeedOf(g)}
+		for s, sg := range lp.SlotGPU {
+			if int(sg) == g {
+				idx, val = append(idx, s), append(val, 1)
+			}
+		}
+		addRow(math.Inf(-1), 0, idx, val)
+	}
+	sol, err := testBackend(t).SolveMIP(context.Background(), m, MIPOptions{})
+	require.NoError(t, err)
+	require.Equal(t, MIPOptimal, sol.Status)
+	return sol.Objective
 }

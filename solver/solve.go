@@ -71,6 +71,10 @@ type Problem struct {
 	// sum and is used for scoring.
 	Scenarios []*routing.Stats
 	Across    Across
+	// Split is how an expert's tokens divide among its copies: SplitEven
+	// (default, what the serving stacks do statically) or SplitOptimal
+	// (SGLang's dispatch-time LP; plans then carry per-slot shares).
+	Split Split
 	// Current is the running plan for incremental re-placement: the joint
 	// strategy starts from it and changes at most Options.MaxMoves slots
 	// per layer.
@@ -314,6 +318,9 @@ func Solve(ctx context.Context, p Problem, st Strategy, backend Backend, opts Op
 		return nil, err
 	}
 	res.Strategy = st
+	if p.Split == SplitOptimal {
+		applyOptimalSplit(p, res)
+	}
 	res.Plan.Strategy = string(st)
 	if err := res.Plan.Validate(placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}); err != nil {
 		return nil, fmt.Errorf("solver: %s produced an invalid plan: %w", st, err)
@@ -393,4 +400,34 @@ func bestBaseline(p Problem) (Strategy, *placement.Plan, float64, error) {
 		return "", nil, 0, firstErr
 	}
 	return bestSt, best, bestObj, nil
+}
+
+// applyOptimalSplit keeps every copy where it is and splits each expert's
+// tokens over its copies to minimise the busiest GPU, as SGLang's
+// dispatch-time LP would (any strategy, so comparisons stay fair). Layers
+// with one copy per expert are left alone.
+func applyOptimalSplit(p Problem, res *Result) {
+	speed := make([]float64, res.Plan.GPUs)
+	for g := range speed {
+		speed[g] = p.Cluster.SpeedOf(g)
+	}
+	for l := range res.Plan.Layers {
+		lp := &res.Plan.Layers[l]
+		if len(lp.SlotExpert) == res.Plan.Experts {
+			continue
+		}
+		shares, busiest := optimalShares(p.Stats.Load[l], *lp, speed)
+		lp.SlotShare = shares
+		if b := res.Balance; b != nil {
+			b.Layers[l].Busiest = math.Min(b.Layers[l].Busiest, busiest)
+		}
+	}
+	if b := res.Balance; b != nil {
+		b.MaxGap, b.MeanGap = 0, 0
+		for _, lb := range b.Layers {
+			b.MaxGap = math.Max(b.MaxGap, lb.Gap())
+			b.MeanGap += lb.Gap() / float64(len(b.Layers))
+		}
+		res.Gap = b.MaxGap
+	}
 }

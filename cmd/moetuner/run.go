@@ -108,6 +108,7 @@ type common struct {
 	across      string
 	from        string
 	maxMoves    int
+	split       string
 }
 
 func (c *common) register(fs *flag.FlagSet, solve bool) {
@@ -132,6 +133,7 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 		fs.IntVar(&c.groups, "expert-groups", 0, "keep each of N expert groups (and its copies) on one node, as DeepSeek's group-limited routing (0: off)")
 		fs.StringVar(&c.across, "across", "", "with several --trace files: plan for all of them at once, minimising the mean or worst busiest/mean load (mean|worst); default: add the traces up")
 		fs.StringVar(&c.from, "from", "", "current placement file: re-place incrementally from it (see --max-moves)")
+		fs.StringVar(&c.split, "split", "even", "how an expert's tokens divide among its copies: even (vLLM, SGLang static dispatch) or optimal (SGLang's dispatch LP; the plan then carries per-slot shares)")
 		fs.IntVar(&c.maxMoves, "max-moves", 0, "with --from: at most this many slots per layer change (0: no bound)")
 		fs.BoolVar(&c.equalSizes, "moetuner-equal-sizes", false, "moetuner strategy: E/G experts per cluster in ILP 1 (not the paper's design; always meets Eq. 13)")
 	}
@@ -237,6 +239,11 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		}
 		for _, src := range sources {
 			p.Scenarios = append(p.Scenarios, src.Stats)
+		}
+	}
+	if c.split != "" {
+		if p.Split, err = solver.ParseSplit(c.split); err != nil {
+			return p, nil, err
 		}
 	}
 	if c.from != "" {

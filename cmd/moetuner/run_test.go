@@ -177,3 +177,16 @@ func TestCompareDeepSeekShared(t *testing.T) {
 		assert.Contains(t, stdout, s)
 	}
 }
+
+func TestSplitFlag(t *testing.T) {
+	chdirRoot(t)
+	out := filepath.Join(t.TempDir(), "p.json")
+	code, _, stderr := runCLI(t, "plan", "--redundant-slots", "4", "--split", "optimal", "--out", out, "--quiet")
+	require.Equal(t, 0, code, stderr)
+	plan, err := placement.ReadFile(out)
+	require.NoError(t, err)
+	require.NotNil(t, plan.Layers[0].SlotShare)
+	code, _, stderr = runCLI(t, "plan", "--split", "sideways")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "even or optimal")
+}
