@@ -427,6 +427,8 @@ func (jm *jointModel) addHomeComm(b *builder, l int, lv layerVars, td int, pairs
 			mbv[jm.node(g)] = append(mbv[jm.node(g)], s.Load[l][e])
 		}
 	}
+	// star[a][g]: the y columns of pairs containing expert a on GPU g.
+	star := make(map[[2]int][]int)
 	for k, pr := range pairs {
 		for g := range jm.G {
 			y := b.col(fmt.Sprintf("y_%d_%d_%d", l, k, g), 0, 1, 0, false)
@@ -434,6 +436,8 @@ func (jm *jointModel) addHomeComm(b *builder, l int, lv layerVars, td int, pairs
 			b.row(name("yb", k*jm.G+g), -inf, 0, []int{y, lv.x[pr.B][g]}, []float64{1, -1})
 			ng[g] = append(ng[g], y)
 			ngv[g] = append(ngv[g], -pr.W)
+			star[[2]int{pr.A, g}] = append(star[[2]int{pr.A, g}], y)
+			star[[2]int{pr.B, g}] = append(star[[2]int{pr.B, g}], y)
 		}
 		if jm.N > 1 {
 			for nb := range jm.N {
@@ -449,6 +453,20 @@ func (jm *jointModel) addHomeComm(b *builder, l int, lv layerVars, td int, pairs
 				mb[nb] = append(mb[nb], y)
 				mbv[nb] = append(mbv[nb], -pr.W)
 			}
+		}
+	}
+	// Valid star inequalities: on GPU g expert a shares the GPU with at
+	// most slots−1 others, so Σ_b y[a][b][g] ≤ (slots−1)·x[a][g]. They cut
+	// off fractional points that claim every pair's saving at once.
+	for a := range jm.E {
+		for g := range jm.G {
+			ys := star[[2]int{a, g}]
+			if len(ys) < jm.slots[g] {
+				continue // cannot bind
+			}
+			idx := append(append([]int{}, ys...), lv.x[a][g])
+			val := append(ones(len(ys)), -float64(jm.slots[g]-1))
+			b.row(name("star", a*jm.G+g), -inf, 0, idx, val)
 		}
 	}
 	fn := float64(jm.n)
