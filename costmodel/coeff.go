@@ -65,3 +65,12 @@ func (m Model) ExpertBytes() int64 {
 	}
 	return 3 * int64(m.Hidden) * int64(m.FFN) * int64(m.BytesPerActivation)
 }
+
+// MemOf returns GPU g's memory for expert weights: MemBytes[g] when set,
+// else GPUMemBytes (0: unlimited).
+func (c Cluster) MemOf(g int) int64 {
+	if g < len(c.MemBytes) {
+		return c.MemBytes[g]
+	}
+	return c.GPUMemBytes
+}

@@ -175,6 +175,14 @@ func (c Cluster) Validate() error {
 	if c.NICLatency < 0 {
 		bad("nic_latency must be ≥ 0, have %v", c.NICLatency)
 	}
+	if len(c.MemBytes) != 0 && len(c.MemBytes) != c.GPUs() {
+		bad("mem_bytes has %d entries for %d GPUs; give one per GPU or none", len(c.MemBytes), c.GPUs())
+	}
+	for g, m := range c.MemBytes {
+		if m < 0 {
+			bad("mem_bytes[%d] must be ≥ 0 (0 = unlimited), have %d", g, m)
+		}
+	}
 	if c.GPUMemBytes < 0 {
 		bad("gpu_mem_bytes must be ≥ 0 (0 = unlimited), have %d", c.GPUMemBytes)
 	}

@@ -22,6 +22,9 @@ type Cluster struct {
 	// GPUMemBytes is the memory per GPU available for expert weights; 0
 	// means unlimited.
 	GPUMemBytes int64 `yaml:"gpu_mem_bytes"`
+	// MemBytes, when set, gives every GPU its own memory for expert
+	// weights (heterogeneous clusters); it overrides GPUMemBytes.
+	MemBytes []int64 `yaml:"mem_bytes,flow,omitempty"`
 	// TFLOPS is the dense bf16 peak per GPU at speed 1; HBMGBps the memory
 	// bandwidth. They set the default compute coefficients.
 	TFLOPS  float64 `yaml:"tflops"`

@@ -215,6 +215,12 @@ func (pk *packer) score() (obj, tie float64) {
 // slots (≤ 0: unlimited), until the deadline. A candidate swap changes two
 // GPUs, so it is scored in O(S) from each scenario's three largest loads.
 func (pk *packer) improve(gpuSet []int, deadline time.Time, maxMoves int) int {
+	return pk.improveCost(gpuSet, deadline, maxMoves, 0)
+}
+
+// improveCost is improve where every swap must also pay moveCost (in units
+// of the objective, busiest/mean) per slot it changes.
+func (pk *packer) improveCost(gpuSet []int, deadline time.Time, maxMoves int, moveCost float64) int {
 	moves := 0
 	const eps = 1e-12
 	S := len(pk.gl)
@@ -298,6 +304,14 @@ func (pk *packer) improve(gpuSet []int, deadline time.Time, maxMoves int) int {
 							continue
 						}
 						o, t := eval(g1, g2, a, b)
+						if moveCost > 0 {
+							// A paid move must lower the objective by its cost.
+							if o+2*moveCost < bestObj-eps {
+								bestObj, bestTie = o+2*moveCost, t
+								bg1, bi, bg2, bj = g1, i, g2, j
+							}
+							continue
+						}
 						if o < bestObj-eps || (o <= bestObj+eps && t < bestTie-eps*math.Max(1, bestTie)) {
 							bestObj, bestTie = o, t
 							bg1, bi, bg2, bj = g1, i, g2, j
@@ -376,11 +390,12 @@ func (p Problem) layout() (replicaLayout, error) {
 	if lay.total < E {
 		return lay, &InfeasibleError{Constraint: "slots", Detail: fmt.Sprintf("%d slots per layer cannot hold %d experts", lay.total, E)}
 	}
-	if eb := p.Model.ExpertBytes(); p.Cluster.GPUMemBytes > 0 && eb > 0 {
+	if eb := p.Model.ExpertBytes(); eb > 0 {
 		for g, s := range lay.slots {
+			have := p.Cluster.MemOf(g)
 			need := int64(s) * eb * int64(p.Stats.Layers)
-			if need > p.Cluster.GPUMemBytes {
-				return lay, &InfeasibleError{Constraint: "memory", Detail: fmt.Sprintf("GPU %d needs %.2f GiB for %d expert slots × %d layers × %.1f MiB but has %.2f GiB: %.2f GiB missing; use fewer redundant slots or more GPUs", g, gib(need), s, p.Stats.Layers, float64(eb)/(1<<20), gib(p.Cluster.GPUMemBytes), gib(need-p.Cluster.GPUMemBytes))}
+			if have > 0 && need > have {
+				return lay, &InfeasibleError{Constraint: "memory", Detail: fmt.Sprintf("GPU %d needs %.2f GiB for %d expert slots × %d layers × %.1f MiB but has %.2f GiB: %.2f GiB missing; use fewer redundant slots, fewer slots on this GPU or more GPUs", g, gib(need), s, p.Stats.Layers, float64(eb)/(1<<20), gib(have), gib(need-have))}
 			}
 		}
 	}
@@ -537,7 +552,7 @@ func placeLayer(p Problem, l int, lay replicaLayout, speed []float64, groups int
 		if err := pk.load(p.Current, l, E); err != nil {
 			return nil, LayerBalance{}, err
 		}
-		pk.improve(all, deadline, maxMoves)
+		pk.improveCost(all, deadline, maxMoves, p.MoveCost)
 	} else if groups > 0 {
 		if err := pk.packGroups(p, agg, groups, all, deadline); err != nil {
 			return nil, LayerBalance{}, err

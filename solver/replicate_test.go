@@ -118,6 +118,13 @@ func TestReplicatedErrors(t *testing.T) {
 	_, err = Solve(context.Background(), p, StrategyJoint, nil, Options{})
 	assert.ErrorIs(t, err, ErrInfeasible)
 	assert.Contains(t, err.Error(), "GiB missing")
+
+	// Per-GPU memory: only GPU 1 is short.
+	p = replicatedProblem(load, 1, 2, 2)
+	p.Cluster.MemBytes = []int64{1 << 40, 1 << 30}
+	_, err = Solve(context.Background(), p, StrategyJoint, nil, Options{})
+	assert.ErrorIs(t, err, ErrInfeasible)
+	assert.Contains(t, err.Error(), "GPU 1 needs")
 }
 
 func TestReplicatedHeterogeneousSpeed(t *testing.T) {

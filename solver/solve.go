@@ -79,6 +79,10 @@ type Problem struct {
 	// strategy starts from it and changes at most Options.MaxMoves slots
 	// per layer.
 	Current *placement.Plan
+	// MoveCost, with Current, is what one changed slot costs in units of
+	// busiest/mean load: a swap (two slots) is made only if it lowers the
+	// per-layer busiest/mean by more than 2·MoveCost. 0: free moves.
+	MoveCost float64
 }
 
 // replicated reports whether p needs the replicated (slot-based) solver.

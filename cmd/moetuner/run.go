@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -109,6 +110,8 @@ type common struct {
 	from        string
 	maxMoves    int
 	split       string
+	moveCost    float64
+	slotsPerGPU string
 }
 
 func (c *common) register(fs *flag.FlagSet, solve bool) {
@@ -134,6 +137,8 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 		fs.StringVar(&c.across, "across", "", "with several --trace files: plan for all of them at once, minimising the mean or worst busiest/mean load (mean|worst); default: add the traces up")
 		fs.StringVar(&c.from, "from", "", "current placement file: re-place incrementally from it (see --max-moves)")
 		fs.StringVar(&c.split, "split", "even", "how an expert's tokens divide among its copies: even (vLLM, SGLang static dispatch) or optimal (SGLang's dispatch LP; the plan then carries per-slot shares)")
+		fs.Float64Var(&c.moveCost, "move-cost", 0, "with --from: cost of one changed slot in units of busiest/mean load; a move is made only if it gains more")
+		fs.StringVar(&c.slotsPerGPU, "slots-per-gpu", "", "comma-separated expert slots per GPU per layer, for heterogeneous clusters (overrides --redundant-slots)")
 		fs.IntVar(&c.maxMoves, "max-moves", 0, "with --from: at most this many slots per layer change (0: no bound)")
 		fs.BoolVar(&c.equalSizes, "moetuner-equal-sizes", false, "moetuner strategy: E/G experts per cluster in ILP 1 (not the paper's design; always meets Eq. 13)")
 	}
@@ -225,7 +230,7 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if err != nil {
 		return p, nil, err
 	}
-	if (stats.Experts+c.redundant)%cluster.GPUs() != 0 && c.from == "" {
+	if (stats.Experts+c.redundant)%cluster.GPUs() != 0 && c.from == "" && c.slotsPerGPU == "" {
 		return p, nil, fmt.Errorf("%d experts + %d redundant slots per layer do not divide evenly over %d GPUs (%d nodes × %d); choose --nodes/--gpus-per-node or --redundant-slots so the GPU count divides the slots", stats.Experts, c.redundant, cluster.GPUs(), cluster.Nodes, cluster.GPUsPerNode)
 	}
 	p = solver.Problem{Stats: stats, Cluster: cluster, Model: model, Flow: flow, Mode: mode,
@@ -234,11 +239,32 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		if p.Across, err = solver.ParseAcross(c.across); err != nil {
 			return p, nil, err
 		}
-		if len(sources) < 2 {
-			return p, nil, fmt.Errorf("--across needs at least two --trace workloads")
+		switch {
+		case len(sources) >= 2:
+			for _, src := range sources {
+				p.Scenarios = append(p.Scenarios, src.Stats)
+			}
+		case len(stats.StepLoad) >= 2:
+			// One file with per-step loads ([steps][L][E] logical_count):
+			// every step is a workload, as SGLang's deepseek_vec does.
+			for _, load := range stats.StepLoad {
+				p.Scenarios = append(p.Scenarios, routing.StatsFromLoad(load, stats.TopK))
+			}
+		default:
+			return p, nil, fmt.Errorf("--across needs at least two --trace workloads, or one trace with per-step loads")
 		}
-		for _, src := range sources {
-			p.Scenarios = append(p.Scenarios, src.Stats)
+	}
+	p.MoveCost = c.moveCost
+	if c.slotsPerGPU != "" {
+		for _, f := range strings.Split(c.slotsPerGPU, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 {
+				return p, nil, fmt.Errorf("--slots-per-gpu %q: want comma-separated non-negative integers", c.slotsPerGPU)
+			}
+			p.SlotsPerGPU = append(p.SlotsPerGPU, n)
+		}
+		if len(p.SlotsPerGPU) != cluster.GPUs() {
+			return p, nil, fmt.Errorf("--slots-per-gpu has %d entries for %d GPUs; give one per GPU", len(p.SlotsPerGPU), cluster.GPUs())
 		}
 	}
 	if c.split != "" {

@@ -190,3 +190,32 @@ func TestSplitFlag(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "even or optimal")
 }
+
+func TestHeterogeneousAndSteps(t *testing.T) {
+	chdirRoot(t)
+	dir := t.TempDir()
+	// A logical_count file with two steps: --across plans for both.
+	steps := filepath.Join(dir, "steps.json")
+	require.NoError(t, os.WriteFile(steps, []byte(`{"logical_count": [[[90,10,30,20,5,5,15,25]],[[10,90,20,30,25,15,5,5]]]}`), 0o644))
+	code, stdout, stderr := runCLI(t, "plan", "--trace", steps, "--model", "mixtral-8x7b", "--across", "worst", "--out", filepath.Join(dir, "a.json"))
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "joint")
+	// Heterogeneous slots: GPU 0 holds 4 experts, the others 2, 2 and 0+… .
+	out := filepath.Join(dir, "h.json")
+	code, _, stderr = runCLI(t, "plan", "--slots-per-gpu", "4,2,1,1", "--out", out, "--quiet")
+	require.Equal(t, 0, code, stderr)
+	plan, err := placement.ReadFile(out)
+	require.NoError(t, err)
+	assert.Equal(t, []int{4, 2, 1, 1}, plan.SlotsPerGPU(0))
+	code, _, stderr = runCLI(t, "plan", "--slots-per-gpu", "4,2", "--out", out, "--quiet")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "one per GPU")
+	// Incremental with a move cost: a huge cost forbids every move.
+	code, _, stderr = runCLI(t, "plan", "--from", out, "--slots-per-gpu", "4,2,1,1", "--move-cost", "100", "--out", filepath.Join(dir, "i.json"), "--quiet")
+	require.Equal(t, 0, code, stderr)
+	again, err := placement.ReadFile(filepath.Join(dir, "i.json"))
+	require.NoError(t, err)
+	for l := range plan.Layers {
+		assert.Equal(t, plan.ExpertGPUs(l), again.ExpertGPUs(l), "layer %d unchanged", l)
+	}
+}
