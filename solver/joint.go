@@ -811,6 +811,17 @@ func parallelLayers(L, workers int, deadline time.Time, fn func(l int, limit tim
 	wg.Wait()
 }
 
+// mipStatus summarises the sub-solves of a strategy.
+func mipStatus(allOptimal, timedOut bool) Status {
+	switch {
+	case timedOut:
+		return StatusTimeLimit
+	case allOptimal:
+		return StatusOptimal
+	}
+	return StatusFeasible
+}
+
 // absorb checks a finished sub-solve and adds its size and status to res;
 // it returns the solution.
 func (res *Result) absorb(ss subSolve, allOptimal, timedOut *bool) (*MIPSolution, error) {
@@ -931,14 +942,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	if modelObj > 0 {
 		res.Gap = (modelObj - res.Bound) / modelObj
 	}
-	switch {
-	case timedOut:
-		res.Status = StatusTimeLimit
-	case allOptimal:
-		res.Status = StatusOptimal
-	default:
-		res.Status = StatusFeasible
-	}
+	res.Status = mipStatus(allOptimal, timedOut)
 	plan := assignPlan(jm.G, assign)
 	// The ILP's model is a proxy for the exact cost model where tokens
 	// share GPUs beyond pairs; a local search on the exact model, started

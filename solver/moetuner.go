@@ -98,14 +98,7 @@ func solveMoETuner(ctx context.Context, p Problem, backend Backend, opts Options
 		}
 	}
 	res.Plan = assignPlan(G, assign)
-	switch {
-	case timedOut:
-		res.Status = StatusTimeLimit
-	case allOptimal:
-		res.Status = StatusOptimal
-	default:
-		res.Status = StatusFeasible
-	}
+	res.Status = mipStatus(allOptimal, timedOut)
 	res.Bound, res.Gap, res.ModelObjective = math.NaN(), math.NaN(), math.NaN()
 	return res, nil
 }

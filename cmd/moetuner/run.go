@@ -10,7 +10,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -650,7 +649,6 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 			Stage1Objective: clean(r.Stage1Objective), SolveSec: r.SolveTime.Seconds(), Cols: r.Cols, Rows: r.Rows,
 		})
 	}
-	sort.SliceStable(out, func(i, j int) bool { return false })
 	return map[string]any{"flow": p.Flow.String(), "mode": p.Mode.String(), "gpus": p.Cluster.GPUs(), "nodes": p.Cluster.Nodes, "results": out}
 }
 
