@@ -84,7 +84,7 @@ func TestDeepSeekRobustAcrossWorkloads(t *testing.T) {
 	}
 	p := deepseekProblem(t, sum)
 	p.Scenarios = scen
-	res, err := Solve(context.Background(), p, StrategyJoint, nil, Options{TimeLimit: 60 * time.Second})
+	res, err := Solve(context.Background(), p, StrategyJoint, nil, Options{TimeLimit: 15 * time.Second})
 	require.NoError(t, err)
 	verify(t, p, res)
 	m := 0.0

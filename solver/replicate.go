@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/moetuner/moetuner/costmodel"
@@ -82,6 +81,8 @@ type packer struct {
 	gpus [][]int     // experts on each GPU
 	gl   [][]float64 // [S][G] load/speed
 	has  []map[int]bool
+	// nested marks a trial copy inside recountThenSwap (no deeper trials).
+	nested bool
 }
 
 func newPacker(G int, slots []int, speed []float64, w [][]float64, across Across) *packer {
@@ -321,11 +322,236 @@ func (pk *packer) improveCost(gpuSet []int, deadline time.Time, maxMoves int, mo
 			}
 		}
 		if bg1 < 0 {
+			// No swap helps: try giving a slot of a busiest GPU to another
+			// expert (one copy fewer of its expert, one more of another),
+			// which changes replica sizes where swaps cannot.
+			if maxMoves > 0 && moves+1 > maxMoves {
+				return moves
+			}
+			if pk.recount(gpuSet, obj, tie, moveCost) {
+				moves++
+				continue
+			}
+			// A recount that only pays off after swaps: try the most
+			// promising ones on copies, keep the best if it beats this.
+			if maxMoves == 0 && moveCost == 0 && !pk.nested && obj > pk.lowerBound()*(1+1e-3) && pk.recountThenSwap(gpuSet, obj, deadline) {
+				continue
+			}
 			return moves
 		}
 		pk.swap(bg1, bi, bg2, bj)
 		moves += 2
 	}
+}
+
+// recount moves one slot of a GPU in gpuSet from its expert a (with at
+// least two copies) to an expert b without a copy there — one of the 16
+// experts with the heaviest copies, the only ones a new copy can help — if
+// that lowers the score by more than moveCost; it applies the best such
+// move and reports whether it found one.
+func (pk *packer) recount(gpuSet []int, obj, tie, moveCost float64) bool {
+	const eps = 1e-12
+	bestObj, bestTie := obj, tie
+	bg, bi, bb := -1, -1, -1
+	agg := pk.aggWeight()
+	local := pk.present(gpuSet)
+	var hot []int
+	for e, c := range pk.cnt {
+		if local[e] && c < pk.G {
+			hot = append(hot, e)
+		}
+	}
+	sort.SliceStable(hot, func(i, j int) bool {
+		return agg[hot[i]]/float64(pk.cnt[hot[i]]) > agg[hot[j]]/float64(pk.cnt[hot[j]])
+	})
+	if len(hot) > 16 {
+		hot = hot[:16]
+	}
+	for _, g := range gpuSet {
+		for i, a := range pk.gpus[g] {
+			if pk.cnt[a] < 2 {
+				continue
+			}
+			for _, b := range hot {
+				if b == a || pk.has[g][b] {
+					continue
+				}
+				pk.reassign(g, i, b)
+				o, t := pk.score()
+				pk.reassign(g, i, a)
+				o += moveCost
+				if o < bestObj-eps || (moveCost == 0 && o <= bestObj+eps && t < bestTie-eps*math.Max(1, bestTie)) {
+					bestObj, bestTie, bg, bi, bb = o, t, g, i, b
+				}
+			}
+		}
+	}
+	if bg < 0 {
+		return false
+	}
+	pk.reassign(bg, bi, bb)
+	return true
+}
+
+// lowerBound bounds the score from below: per workload, busiest/mean is at
+// least max(1, largest replica under the best apportionment / mean),
+// combined like the score.
+func (pk *packer) lowerBound() float64 {
+	slots := 0
+	for _, n := range pk.slots {
+		slots += n
+	}
+	maxSp := 0.0
+	for _, v := range pk.speed {
+		maxSp = math.Max(maxSp, v)
+	}
+	var experts []int
+	for e, c := range pk.cnt {
+		if c > 0 {
+			experts = append(experts, e)
+		}
+	}
+	lb := 0.0
+	for s, w := range pk.w {
+		r := 1.0
+		if cnt, err := apportion(w, experts, slots, pk.G); err == nil {
+			r = math.Max(1, maxReplica(w, cnt)/maxSp/pk.norm[s])
+		}
+		if pk.across == AcrossWorst {
+			lb = math.Max(lb, r)
+		} else {
+			lb += r / float64(len(pk.w))
+		}
+	}
+	return lb
+}
+
+// present marks the experts with a copy on a GPU in gpuSet.
+func (pk *packer) present(gpuSet []int) []bool {
+	out := make([]bool, len(pk.cnt))
+	for _, g := range gpuSet {
+		for _, e := range pk.gpus[g] {
+			out[e] = true
+		}
+	}
+	return out
+}
+
+// clone copies the packer's state for a trial.
+func (pk *packer) clone() *packer {
+	c := *pk
+	c.cnt = append([]int(nil), pk.cnt...)
+	c.gpus = make([][]int, pk.G)
+	c.has = make([]map[int]bool, pk.G)
+	for g := range pk.G {
+		c.gpus[g] = append([]int(nil), pk.gpus[g]...)
+		c.has[g] = make(map[int]bool, len(pk.has[g]))
+		for e := range pk.has[g] {
+			c.has[g][e] = true
+		}
+	}
+	c.gl = make([][]float64, len(pk.gl))
+	for s := range pk.gl {
+		c.gl[s] = append([]float64(nil), pk.gl[s]...)
+	}
+	return &c
+}
+
+// recountThenSwap tries moving one copy from one of the 8 experts with the
+// lightest copies (among those with two or more) to one of the 8 with the
+// heaviest, each followed by a swap search, and keeps the best result if
+// it beats obj.
+func (pk *packer) recountThenSwap(gpuSet []int, obj float64, deadline time.Time) bool {
+	agg := pk.aggWeight()
+	per := func(e int) float64 { return agg[e] / float64(pk.cnt[e]) }
+	local := pk.present(gpuSet)
+	var donors, takers []int
+	for e, c := range pk.cnt {
+		if !local[e] {
+			continue // with expert groups on nodes, gpuSet is one node
+		}
+		if c >= 2 {
+			donors = append(donors, e)
+		}
+		if c < pk.G {
+			takers = append(takers, e)
+		}
+	}
+	sort.SliceStable(donors, func(i, j int) bool { return per(donors[i]) < per(donors[j]) })
+	sort.SliceStable(takers, func(i, j int) bool { return per(takers[i]) > per(takers[j]) })
+	donors, takers = donors[:min(8, len(donors))], takers[:min(8, len(takers))]
+	inSet := make([]bool, pk.G)
+	for _, g := range gpuSet {
+		inSet[g] = true
+	}
+	var best *packer
+	bestObj := obj - 1e-12
+	for _, a := range donors {
+		for _, b := range takers {
+			if a == b || time.Now().After(deadline) {
+				continue
+			}
+			// A copy of a on a GPU (in the set) without b.
+			g, i := -1, -1
+			for h := range pk.G {
+				if !inSet[h] || !pk.has[h][a] || pk.has[h][b] {
+					continue
+				}
+				for k, e := range pk.gpus[h] {
+					if e == a {
+						g, i = h, k
+					}
+				}
+				break
+			}
+			if g < 0 {
+				continue
+			}
+			trial := pk.clone()
+			trial.nested = true
+			trial.reassign(g, i, b)
+			trial.improve(gpuSet, deadline, 0)
+			if o, _ := trial.score(); o < bestObj {
+				best, bestObj = trial, o
+			}
+		}
+	}
+	if best == nil {
+		return false
+	}
+	best.nested = false
+	*pk = *best
+	return true
+}
+
+// reassign makes slot i of GPU g hold expert b instead of its expert a,
+// updating copy counts and every affected GPU's load.
+func (pk *packer) reassign(g, i, b int) {
+	a := pk.gpus[g][i]
+	ca, cb := float64(pk.cnt[a]), float64(pk.cnt[b])
+	for h := range pk.G {
+		ha, hb := pk.has[h][a], pk.has[h][b]
+		for s := range pk.gl {
+			if ha {
+				d := -pk.w[s][a] / ca
+				if h != g {
+					d += pk.w[s][a] / (ca - 1)
+				}
+				pk.gl[s][h] += d / pk.speed[h]
+			}
+			if hb {
+				pk.gl[s][h] += (pk.w[s][b]/(cb+1) - pk.w[s][b]/cb) / pk.speed[h]
+			}
+			if h == g {
+				pk.gl[s][h] += pk.w[s][b] / (cb + 1) / pk.speed[h]
+			}
+		}
+	}
+	pk.cnt[a]--
+	pk.cnt[b]++
+	pk.gpus[g][i] = b
+	delete(pk.has[g], a)
+	pk.has[g][b] = true
 }
 
 // swap exchanges the i-th copy on g1 with the j-th copy on g2 (its own
@@ -437,29 +663,21 @@ func solveReplicated(ctx context.Context, p Problem, opts Options, start time.Ti
 		return nil, &InfeasibleError{Constraint: "expert groups", Detail: fmt.Sprintf("%d groups must divide %d experts and be a multiple of %d nodes", groups, E, p.Cluster.Nodes)}
 	}
 	deadline := start.Add(opts.TimeLimit)
+	polishable := !opts.NoPolish && p.Current == nil && len(p.Scenarios) == 0 && (s.Patterns != nil || (p.Flow == costmodel.FlowChain && s.Transitions != nil))
+	layersDone := deadline
+	if polishable {
+		layersDone = start.Add(opts.TimeLimit * 8 / 10)
+	}
 	copies := make([][][]placement.GPU, L)
 	bal := make([]LayerBalance, L)
 	errs := make([]error, L)
-	var wg sync.WaitGroup
-	jobs := make(chan int)
-	for w := 0; w < opts.Parallel; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for l := range jobs {
-				if ctx.Err() != nil {
-					errs[l] = ctx.Err()
-					continue
-				}
-				copies[l], bal[l], errs[l] = placeLayer(p, l, lay, speed, groups, deadline, opts.MaxMoves)
-			}
-		}()
-	}
-	for l := range L {
-		jobs <- l
-	}
-	close(jobs)
-	wg.Wait()
+	parallelLayers(L, opts.Parallel, layersDone, func(l int, limit time.Duration) {
+		if ctx.Err() != nil {
+			errs[l] = ctx.Err()
+			return
+		}
+		copies[l], bal[l], errs[l] = placeLayer(p, l, lay, speed, groups, time.Now().Add(limit), opts.MaxMoves)
+	})
 	for _, e := range errs {
 		if e != nil {
 			return nil, e
@@ -470,7 +688,7 @@ func solveReplicated(ctx context.Context, p Problem, opts Options, start time.Ti
 	// GPUs and nodes: trade balance against communication by polishing on
 	// the exact cost model (not for incremental re-placement, whose move
 	// budget a polish would break).
-	if !opts.NoPolish && p.Current == nil && len(p.Scenarios) == 0 && (s.Patterns != nil || (p.Flow == costmodel.FlowChain && s.Transitions != nil)) {
+	if polishable {
 		_, before, err := Score(p, plan)
 		if err != nil {
 			return nil, err
