@@ -79,12 +79,42 @@
 // Objective: Σ_l Tc_l + comm_l (Sequential) or Σ_l T_l + comm_l/4 with
 // T_l ≥ (1+σ)·Tc_l, T_l ≥ comm_l (Overlapped).
 //
-// The ILP is warm-started from the best of the greedy, contiguous and
-// round-robin baselines under the exact cost model, so its model objective
+// The ILP is warm-started from the best of the greedy, EPLB, contiguous
+// and round-robin baselines under the exact cost model, so its model objective
 // is never worse than the warm start's (checked). Because the ILP prices
 // duplicates only pairwise, the plan is then polished by pairwise expert
 // swaps scored by the exact costmodel.Evaluator (as is the baseline), and
 // the better one is returned. Result.Bound is HiGHS's dual bound on the
 // ILP's model objective and Result.Gap the relative gap of the returned
 // plan under that model; Result.Objective is the exact cost model's time.
+// On interchangeable GPUs the ILP breaks symmetry (on one node the k-th
+// heaviest expert may use only GPUs 0..k; across nodes the heaviest sits
+// on GPU 0) and adds star cuts Σ_b y[a][b][g] ≤ (slots−1)·x[a][g].
+//
+// # Joint with replicas (Problem.RedundantSlots, SlotsPerGPU, ExpertGroups,
+// Scenarios, Current)
+//
+// Layers are independent and run in parallel, each with a fair share of
+// the time. Per layer: copy counts by Jefferson/D'Hondt apportionment
+// (minimising the largest replica P_e/c_e, copies on distinct GPUs), copies
+// packed largest first onto the least loaded GPU with room, then a local
+// search on the score Σ_s busiest_s/mean_s (or max_s) over the workloads:
+// swaps of two copies between GPUs (scored in O(workloads) from each
+// workload's three largest GPU loads) and, when no swap helps and the layer
+// is more than 0.1 % above its bound, moving one copy from one expert to
+// another, alone or followed by swaps. With ExpertGroups, groups go to
+// nodes first (balanced, then swapped) and copies stay on their group's
+// node. Each layer is certified against
+//
+//	busiest ≥ max(Σ_e P_e / Σ_g speed_g, min_c max_e P_e/c_e / max_g speed_g)
+//
+// (the second term is the apportionment's optimum), reported in
+// Result.Balance and Result.Gap. With per-token statistics the plan is then
+// polished on the exact cost model (slot swaps that keep copies on distinct
+// GPUs), trading balance for communication. Problem.Split = SplitOptimal
+// finally splits each expert's tokens over its copies by a max flow that
+// minimises the busiest GPU (SGLang's dispatch LP), stored as
+// LayerPlan.SlotShare. Current starts from a running plan and changes at
+// most Options.MaxMoves slots per layer (or only moves worth
+// Problem.MoveCost).
 package solver
