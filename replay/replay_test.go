@@ -261,3 +261,15 @@ func TestWriteCluster(t *testing.T) {
 }
 
 var _ = math.Abs
+
+func TestSplitSlotsFollowsShares(t *testing.T) {
+	lp := placement.LayerPlan{
+		SlotExpert: []routing.Expert{0, 0, 1, 0},
+		SlotGPU:    []placement.GPU{0, 1, 1, 2},
+		SlotShare:  []float64{0.5, 0.25, 1, 0.25},
+	}
+	got := splitSlots(lp, []float64{10, 7})
+	assert.Equal(t, []int{5, 3, 7, 2}, got, "10 tokens as 5/2.5/2.5: the first .5 remainder wins")
+	lp.SlotShare = nil
+	assert.Equal(t, []int{4, 3, 7, 3}, splitSlots(lp, []float64{10, 7}))
+}

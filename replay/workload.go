@@ -63,7 +63,8 @@ type Workload struct {
 	// Tokens[i] is the number of tokens in iteration i.
 	Tokens []int
 	// SlotTokens[i][l][s] is the number of tokens routed to slot s of layer l
-	// in iteration i. Tokens of an expert with c copies are split evenly over
+	// in iteration i. Tokens of an expert with c copies follow the plan's
+	// SlotShare when set, else are split evenly over
 	// its slots in slot order; the first (n mod c) slots get one more.
 	SlotTokens [][][]int
 	// Stats[i] are the routing statistics of iteration i's batch, which the
@@ -211,15 +212,39 @@ func (w *Workload) add(tokens int, load [][]float64, st *routing.Stats) {
 	w.Stats = append(w.Stats, st)
 }
 
-// splitSlots splits every expert's tokens evenly over its slots in slot
-// order, the remainder going to the lower slots.
+// splitSlots splits every expert's tokens over its slots: by the plan's
+// SlotShare when it has one (largest remainders get the leftover tokens,
+// ties to lower slots), else evenly in slot order, the remainder going to
+// the lower slots.
 func splitSlots(lp placement.LayerPlan, load []float64) []int {
+	out := make([]int, len(lp.SlotExpert))
+	if lp.SlotShare != nil {
+		given := make([]int, len(load))
+		type rem struct {
+			s int
+			r float64
+		}
+		rems := make([][]rem, len(load))
+		for s, e := range lp.SlotExpert {
+			x := lp.SlotShare[s] * float64(int(load[e]+0.5))
+			out[s] = int(x)
+			given[e] += out[s]
+			rems[e] = append(rems[e], rem{s, x - float64(out[s])})
+		}
+		for e, rs := range rems {
+			left := int(load[e]+0.5) - given[e]
+			sort.SliceStable(rs, func(i, j int) bool { return rs[i].r > rs[j].r })
+			for k := 0; k < left && k < len(rs); k++ {
+				out[rs[k].s]++
+			}
+		}
+		return out
+	}
 	copies := make([]int, len(load))
 	for _, e := range lp.SlotExpert {
 		copies[e]++
 	}
 	seen := make([]int, len(load))
-	out := make([]int, len(lp.SlotExpert))
 	for s, e := range lp.SlotExpert {
 		n := int(load[e] + 0.5)
 		c := copies[e]
