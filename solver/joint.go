@@ -891,6 +891,9 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	assign := planAssign(basePlan)
 	// The ILP gets 80 % of the time; polishing the rest.
 	ilpBudget := opts.TimeLimit * 8 / 10
+	if jm.chain {
+		ilpBudget = opts.TimeLimit / 2 // then layer-by-layer descent to 80 %
+	}
 	if opts.NoPolish {
 		ilpBudget = opts.TimeLimit
 	}
@@ -943,6 +946,22 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 		res.Gap = (modelObj - res.Bound) / modelObj
 	}
 	res.Status = mipStatus(allOptimal, timedOut)
+	if jm.chain && !opts.NoPolish {
+		// The monolithic ILP keeps only the heaviest transition pairs; with
+		// neighbours fixed every pair is linear, so descend layer by layer.
+		better, err := chainDescent(ctx, p, jm, backend, opts, assign, start.Add(opts.TimeLimit*8/10))
+		if err != nil {
+			return nil, err
+		}
+		if mo := jm.objective(better) / 1e6; mo != res.ModelObjective {
+			res.ModelObjective = mo
+			if mo > 0 {
+				res.Gap = math.Max(0, (mo-res.Bound)/mo)
+			}
+		}
+		assign = better
+		report("descent", math.NaN(), math.NaN())
+	}
 	plan := assignPlan(jm.G, assign)
 	// The ILP's model is a proxy for the exact cost model where tokens
 	// share GPUs beyond pairs; a local search on the exact model, started

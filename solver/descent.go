@@ -1,0 +1,258 @@
+package solver
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// chainDescent improves a chain-flow assignment layer by layer with its
+// neighbours fixed (block coordinate descent), iterated until a round
+// changes nothing or the deadline passes. With layers l−1 and l+1 fixed,
+// the traffic into and out of layer l is linear in x[l] over every
+// transition pair, so each step is a small exact ILP (no pair variables).
+// A step is kept only if the exact cost model (Score) says the whole plan
+// got faster, so the result is never worse than the input.
+func chainDescent(ctx context.Context, p Problem, jm *jointModel, backend Backend, opts Options, assign [][]int, deadline time.Time) ([][]int, error) {
+	cur := make([][]int, len(assign))
+	for l := range assign {
+		cur[l] = append([]int(nil), assign[l]...)
+	}
+	_, best, err := Score(p, assignPlan(jm.G, cur))
+	if err != nil {
+		return nil, err
+	}
+	for round := 0; ; round++ {
+		changed := false
+		for l := range jm.L {
+			left := time.Until(deadline)
+			if left < 100*time.Millisecond || ctx.Err() != nil {
+				return cur, nil
+			}
+			b, lv := jm.buildChainLayer(l, cur)
+			m := b.mip()
+			start := make([]float64, len(m.Cost))
+			for j := range start {
+				if m.Lower[j] == m.Upper[j] {
+					start[j] = m.Lower[j] // constants of the fixed neighbour
+				}
+			}
+			for e, g := range cur[l] {
+				start[lv.x[e][g]] = 1
+			}
+			fillEpigraphs(m, start)
+			limit := min(left, max(opts.TimeLimit/time.Duration(4*jm.L), 200*time.Millisecond))
+			ss := runMIP(ctx, backend, m, start, opts, limit)
+			if ss.err != nil {
+				return nil, ss.err
+			}
+			if ss.sol.X == nil {
+				continue
+			}
+			trial := make([][]int, jm.L)
+			copy(trial, cur)
+			trial[l] = make([]int, jm.E)
+			readAssign(ss.sol.X, []layerVars{lv}, []int{l}, trial)
+			_, obj, err := Score(p, assignPlan(jm.G, trial))
+			if err != nil {
+				return nil, err
+			}
+			if obj < best*(1-1e-9) {
+				cur, best, changed = trial, obj, true
+			}
+		}
+		if !changed {
+			return cur, nil
+		}
+	}
+}
+
+// fillEpigraphs sets every epigraph column (names starting with T) of a
+// start vector to the least value its rows allow.
+func fillEpigraphs(m *MIP, x []float64) {
+	for pass := 0; pass < 3; pass++ {
+		for i := range m.RowLower {
+			epi, act := -1, 0.0
+			for k := m.RowStart[i]; k < m.RowStart[i+1]; k++ {
+				c := m.RowIndex[k]
+				if !m.Integer[c] && m.RowValue[k] == -1 && isEpigraph(m.Names[c]) {
+					epi = c
+					continue
+				}
+				act += m.RowValue[k] * x[c]
+			}
+			if epi >= 0 {
+				if need := act - m.RowUpper[i]; need > x[epi] {
+					x[epi] = need
+				}
+			}
+		}
+	}
+}
+
+// buildChainLayer builds the ILP of layer l in the chain flow with every
+// other layer fixed at assign: its compute tail, the transition from layer
+// l−1 (or the home dispatch for l = 0), the transition into layer l+1 and,
+// for the last layer, the home combine; layer l+1's compute tail is a
+// constant.
+func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*builder, layerVars) {
+	b := &builder{}
+	lv := jm.addLayer(b, l, false)
+	nvs := jm.tb / jm.nv
+	nics := jm.tb / jm.nic / float64(jm.n)
+	s := jm.p.Stats
+	// u[e][B]: x summed over node B's GPUs, as (idx, val) terms.
+	nodeTerms := func(e, nb int, coef float64) ([]int, []float64) {
+		var idx []int
+		var val []float64
+		for g := nb * jm.n; g < (nb+1)*jm.n; g++ {
+			idx, val = append(idx, lv.x[e][g]), append(val, coef)
+		}
+		return idx, val
+	}
+	// transition adds rows td ≥ port loads for traffic R[l'] from layer
+	// src to layer dst, where exactly one of them is layer l (variable)
+	// and the other fixed in assign.
+	transition := func(td int, tl int, srcFixed bool) {
+		R := s.Transitions[tl-1]
+		E := jm.E
+		fixed := assign[tl-1] // the sources, when they are the fixed side
+		if !srcFixed {
+			fixed = assign[tl] // else the destinations
+		}
+		for g := range jm.G {
+			// Pairs whose fixed end is on g.
+			var stayIdx []int
+			var stayVal []float64
+			constOut, constIn := 0.0, 0.0
+			var outIdx, inIdx []int
+			var outVal, inVal []float64
+			for e := range E {
+				w := 0.0 // weight of variable expert e paired with fixed experts on g
+				for f := range E {
+					if fixed[f] != g {
+						continue
+					}
+					if srcFixed {
+						w += R[f*E+e]
+					} else {
+						w += R[e*E+f]
+					}
+				}
+				if srcFixed {
+					// out of g: fixed sources on g minus those staying;
+					// into g: variable destinations on g minus staying.
+					inIdx, inVal = append(inIdx, lv.x[e][g]), append(inVal, jm.colSum[tl][e])
+					constOut += w
+				} else {
+					outIdx, outVal = append(outIdx, lv.x[e][g]), append(outVal, jm.rowSum[tl][e])
+					constIn += w
+				}
+				if w != 0 {
+					stayIdx, stayVal = append(stayIdx, lv.x[e][g]), append(stayVal, -w)
+				}
+			}
+			// out_g = (const or Σ rowsum·x) − stay; in_g likewise.
+			oi := append(append(append([]int{}, outIdx...), stayIdx...), td)
+			ov := append(append(append([]float64{}, scaledVals(outVal, nvs)...), scaledVals(stayVal, nvs)...), -1)
+			b.row(fmt.Sprintf("dout_%d_%d_%d", tl, td, g), -inf, -constOut*nvs, oi, ov)
+			ii := append(append(append([]int{}, inIdx...), stayIdx...), td)
+			iv := append(append(append([]float64{}, scaledVals(inVal, nvs)...), scaledVals(stayVal, nvs)...), -1)
+			b.row(fmt.Sprintf("din_%d_%d_%d", tl, td, g), -inf, -constIn*nvs, ii, iv)
+		}
+		if jm.N > 1 {
+			for nb := range jm.N {
+				var idx []int
+				var val []float64
+				constOut, constIn := 0.0, 0.0
+				var vIdx []int
+				var vVal []float64
+				for e := range E {
+					w := 0.0
+					for f := range E {
+						if jm.node(fixed[f]) != nb {
+							continue
+						}
+						if srcFixed {
+							w += R[f*E+e]
+						} else {
+							w += R[e*E+f]
+						}
+					}
+					if srcFixed {
+						i2, v2 := nodeTerms(e, nb, jm.colSum[tl][e])
+						vIdx, vVal = append(vIdx, i2...), append(vVal, v2...)
+						constOut += w
+					} else {
+						i2, v2 := nodeTerms(e, nb, jm.rowSum[tl][e])
+						vIdx, vVal = append(vIdx, i2...), append(vVal, v2...)
+						constIn += w
+					}
+					if w != 0 {
+						i2, v2 := nodeTerms(e, nb, -w)
+						idx, val = append(idx, i2...), append(val, v2...)
+					}
+				}
+				if srcFixed {
+					b.row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -inf, -constOut*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
+					b.row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -inf, -constIn*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
+				} else {
+					b.row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -inf, -constOut*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
+					b.row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -inf, -constIn*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
+				}
+			}
+		}
+	}
+	// Into layer l.
+	if l == 0 {
+		jm.addHomeComm(b, l, lv, lv.td, nil)
+	} else {
+		transition(lv.td, l, true)
+	}
+	phases, mult, nlat := []int{lv.td}, []float64{1}, 1
+	if l == jm.L-1 {
+		lv.tb = b.col(fmt.Sprintf("Tb_%d", l), 0, inf, 0, false)
+		jm.addHomeComm(b, l, lv, lv.tb, nil)
+		phases, mult, nlat = append(phases, lv.tb), append(mult, 1), 2
+	}
+	jm.addObjective(b, l, &lv, phases, mult, nlat)
+	// Out of layer l into the fixed layer l+1, whose compute is constant.
+	if l+1 < jm.L {
+		td2 := b.col(fmt.Sprintf("Td_%d", l+1), 0, inf, 0, false)
+		transition(td2, l+1, false)
+		tc2 := 0.0
+		load := make([]float64, jm.G)
+		for e, g := range assign[l+1] {
+			load[g] += s.Load[l+1][e]
+		}
+		for g := range jm.G {
+			tc2 = max(tc2, (jm.alpha*load[g]+jm.beta*float64(jm.slots[g]))/jm.speed[g])
+		}
+		tcCol := b.col(fmt.Sprintf("Tc_%d", l+1), tc2, tc2, 0, false)
+		nl := layerVars{tc: tcCol, td: td2, tb: -1, t: -1}
+		ph, mu, nlt := []int{td2}, []float64{1}, 1
+		if l+1 == jm.L-1 {
+			// The last layer's combine depends only on layer l+1: constant.
+			tb := b.col(fmt.Sprintf("Tb_%d", l+1), 0, inf, 0, false)
+			ng := make([]float64, jm.G)
+			mb := make([]float64, jm.N)
+			for e, g := range assign[l+1] {
+				ng[g] += s.Load[l+1][e]
+				mb[jm.node(g)] += s.Load[l+1][e]
+			}
+			v := jm.homeDispatch(ng, mb)
+			b.m.Lower[tb], b.m.Upper[tb] = v, v
+			ph, mu, nlt = append(ph, tb), append(mu, 1), 2
+		}
+		jm.addObjective(b, l+1, &nl, ph, mu, nlt)
+	}
+	return b, lv
+}
+
+func scaledVals(v []float64, f float64) []float64 {
+	o := make([]float64, len(v))
+	for i, x := range v {
+		o[i] = x * f
+	}
+	return o
+}
