@@ -79,6 +79,12 @@
 // Objective: Σ_l Tc_l + comm_l (Sequential) or Σ_l T_l + comm_l/4 with
 // T_l ≥ (1+σ)·Tc_l, T_l ≥ comm_l (Overlapped).
 //
+// In the chain flow the monolithic ILP (half the time) is followed by a
+// layer-by-layer descent: with layers l−1 and l+1 fixed, the traffic into
+// and out of layer l is linear in x[l] over every transition pair, so each
+// step is an exact small ILP; a step is kept only if the exact cost model
+// improves.
+//
 // The ILP is warm-started from the best of the greedy, EPLB, contiguous
 // and round-robin baselines under the exact cost model, so its model objective
 // is never worse than the warm start's (checked). Because the ILP prices
