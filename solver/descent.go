@@ -3,6 +3,7 @@ package solver
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -68,10 +69,15 @@ func chainDescent(ctx context.Context, p Problem, jm *jointModel, backend Backen
 }
 
 // fillEpigraphs sets every epigraph column (names starting with T) of a
-// start vector to the least value its rows allow.
+// start vector to the least value its ≤ rows allow, found by evaluating
+// each row's activity without it; three passes let epigraphs that feed
+// other epigraphs (Tc into T) settle.
 func fillEpigraphs(m *MIP, x []float64) {
 	for pass := 0; pass < 3; pass++ {
 		for i := range m.RowLower {
+			if !math.IsInf(m.RowLower[i], -1) {
+				continue
+			}
 			epi, act := -1, 0.0
 			for k := m.RowStart[i]; k < m.RowStart[i+1]; k++ {
 				c := m.RowIndex[k]

@@ -684,30 +684,7 @@ func (jm *jointModel) startVector(m *MIP, assign [][]int, layers []int, lvs []la
 			x[j] = b2f(jm.node(assign[l-1][pr.A]) == g && jm.node(assign[l][pr.B]) == g)
 		}
 	}
-	// Epigraph columns: the smallest values the rows allow, found by
-	// evaluating each row's activity without them.
-	for pass := 0; pass < 3; pass++ {
-		for i := range m.RowLower {
-			if !math.IsInf(m.RowLower[i], -1) {
-				continue
-			}
-			var epi = -1
-			act := 0.0
-			for k := m.RowStart[i]; k < m.RowStart[i+1]; k++ {
-				c := m.RowIndex[k]
-				if !m.Integer[c] && m.RowValue[k] == -1 && isEpigraph(m.Names[c]) {
-					epi = c
-					continue
-				}
-				act += m.RowValue[k] * x[c]
-			}
-			if epi >= 0 {
-				if need := act - m.RowUpper[i]; need > x[epi] {
-					x[epi] = need
-				}
-			}
-		}
-	}
+	fillEpigraphs(m, x)
 	return x
 }
 
