@@ -24,6 +24,10 @@ type Options struct {
 	// first dispatch and last combine chunk, CommTime/Chunks, stay exposed.
 	// 0 means DefaultChunks; negative is an error.
 	Chunks int
+	// Dispatch is how sources choose among an expert's copies (default
+	// placement.DispatchEven). DispatchLocal is modeled in the home flow
+	// only and ignores no plan field: plans with SlotShare are rejected.
+	Dispatch placement.Dispatch
 }
 
 // LayerReport is the modeled cost of one MoE layer. Byte matrices are
@@ -88,7 +92,7 @@ func Evaluate(plan *placement.Plan, stats *routing.Stats, c Cluster, m Model, op
 	}
 	sh := make([]shares, ev.l)
 	for l := range sh {
-		if err := sh[l].build(plan.Layers[l], ev.e, ev.g, c.GPUsPerNode); err != nil {
+		if err := sh[l].build(plan.Layers[l], ev.e, ev.g, c.GPUsPerNode, ev.local); err != nil {
 			return nil, fmt.Errorf("costmodel: plan layer %d: %w", l, err)
 		}
 	}
@@ -156,6 +160,8 @@ type Evaluator struct {
 	chunks           float64
 	speed            []float64
 	usePatterns      bool
+	local            bool        // DispatchLocal
+	srcFrac          [][]float64 // local: [L][G×E] share of Load[l][e] sourced on GPU h; nil = uniform
 
 	// scratch
 	cur, prev shares
@@ -188,6 +194,15 @@ func NewEvaluator(stats *routing.Stats, c Cluster, m Model, opts Options) (*Eval
 	if opts.Mode != Sequential && opts.Mode != Overlapped {
 		return nil, fmt.Errorf("costmodel: unknown mode %v", opts.Mode)
 	}
+	switch opts.Dispatch {
+	case placement.DispatchEven:
+	case placement.DispatchLocal:
+		if opts.Flow != FlowHome {
+			return nil, errors.New("costmodel: local dispatch is modeled for the home flow only (in chain flow a token has no single source GPU); use flow home or dispatch even")
+		}
+	default:
+		return nil, fmt.Errorf("costmodel: unknown dispatch %v", opts.Dispatch)
+	}
 	if opts.Chunks < 0 {
 		return nil, fmt.Errorf("costmodel: chunks must be ≥ 0, have %d", opts.Chunks)
 	}
@@ -216,6 +231,10 @@ func NewEvaluator(stats *routing.Stats, c Cluster, m Model, opts Options) (*Eval
 	}
 	ev.perTok, ev.perExp = c.Coefficients(m)
 	ev.usePatterns = stats.Patterns != nil
+	ev.local = opts.Dispatch == placement.DispatchLocal
+	if ev.local && ev.usePatterns {
+		ev.srcFrac = sourceFractions(stats, c.GPUs())
+	}
 	G, N := ev.g, ev.n
 	ev.speed = make([]float64, G)
 	for g := range ev.speed {
@@ -303,12 +322,12 @@ func (ev *Evaluator) LayerTime(l int, lp placement.LayerPlan, prev *placement.La
 	if l < 0 || l >= ev.l {
 		return math.Inf(1)
 	}
-	if ev.cur.build(lp, ev.e, ev.g, ev.p) != nil {
+	if ev.cur.build(lp, ev.e, ev.g, ev.p, ev.local) != nil {
 		return math.Inf(1)
 	}
 	var psh *shares
 	if ev.opts.Flow == FlowChain && l > 0 {
-		if prev == nil || ev.prev.build(*prev, ev.e, ev.g, ev.p) != nil {
+		if prev == nil || ev.prev.build(*prev, ev.e, ev.g, ev.p, false) != nil {
 			return math.Inf(1)
 		}
 		psh = &ev.prev
@@ -326,9 +345,14 @@ type shares struct {
 	cnt    []int32
 	tmp    []int32
 	slots  []float64
+	// With local dispatch, hw[cs[e]·G + h·n + i] (n = cs[e+1]−cs[e]) is
+	// the fraction of expert e's tokens from source GPU h that go to GPU
+	// cg[cs[e]+i]; hnw likewise per node entry.
+	local   bool
+	hw, hnw []float64
 }
 
-func (s *shares) build(lp placement.LayerPlan, E, G, P int) error {
+func (s *shares) build(lp placement.LayerPlan, E, G, P int, local bool) error {
 	if len(lp.SlotExpert) != len(lp.SlotGPU) {
 		return fmt.Errorf("%d slot experts but %d slot GPUs", len(lp.SlotExpert), len(lp.SlotGPU))
 	}
@@ -401,7 +425,91 @@ func (s *shares) build(lp placement.LayerPlan, E, G, P int) error {
 	}
 	s.cs[E] = int32(len(s.cg))
 	s.ns[E] = int32(len(s.nb))
+	s.local = local
+	if !local {
+		return nil
+	}
+	if lp.SlotShare != nil {
+		return errors.New("the plan carries slot shares (a chosen split), but local dispatch decides the split itself; use dispatch even, or a plan without slot_share")
+	}
+	s.hw = resizeF(s.hw, G*len(s.cg))
+	s.hnw = resizeF(s.hnw, G*len(s.nb))
+	for e := 0; e < E; e++ {
+		a, b := int(s.cs[e]), int(s.cs[e+1])
+		n := b - a
+		frac := s.hw[a*G : b*G]
+		placement.LocalSplit(s.cg[a:b], G, P, frac)
+		na, nb := int(s.ns[e]), int(s.ns[e+1])
+		nn := nb - na
+		nf := s.hnw[na*G : nb*G]
+		for i := 0; i < n; i++ {
+			node := s.cg[a+i] / int32(P)
+			j := 0
+			for s.nb[na+j] != node {
+				j++
+			}
+			for h := 0; h < G; h++ {
+				nf[h*nn+j] += frac[h*n+i]
+			}
+		}
+	}
 	return nil
+}
+
+// sourceFractions returns per layer the share of each expert's tokens
+// sourced on each GPU, [L][h·E+e], from patterns with a source (patterns
+// without one count evenly for every GPU); nil when no pattern has a
+// source, meaning uniform.
+func sourceFractions(st *routing.Stats, G int) [][]float64 {
+	any := false
+	for i := range st.Patterns {
+		if st.Patterns[i].Source >= 0 {
+			any = true
+			break
+		}
+	}
+	if !any {
+		return nil
+	}
+	L, E, k := st.Layers, st.Experts, st.TopK
+	out := make([][]float64, L)
+	tot := make([]float64, E)
+	for l := range out {
+		f := make([]float64, G*E)
+		clear(tot)
+		for i := range st.Patterns {
+			pt := &st.Patterns[i]
+			for _, e := range pt.Experts[l*k : (l+1)*k] {
+				tot[e] += pt.Count
+				if pt.Source >= 0 {
+					f[int(pt.Source)*E+int(e)] += pt.Count
+				} else {
+					for h := 0; h < G; h++ {
+						f[h*E+int(e)] += pt.Count / float64(G)
+					}
+				}
+			}
+		}
+		for h := 0; h < G; h++ {
+			for e := 0; e < E; e++ {
+				if tot[e] > 0 {
+					f[h*E+e] /= tot[e]
+				} else {
+					f[h*E+e] = 1 / float64(G)
+				}
+			}
+		}
+		out[l] = f
+	}
+	return out
+}
+
+// srcShare is the share of layer l's expert e tokens sourced on GPU h.
+func (ev *Evaluator) srcShare(l, h, e int) float64 {
+	if ev.srcFrac == nil {
+		return 1 / float64(ev.g)
+	}
+	return ev.srcFrac[l][h*ev.e+e]
 }
 
 func resize(x []int32, n int) []int32 {
@@ -474,6 +582,117 @@ func (pb *probBuf) compute(ex []int16, sh *shares) {
 	pb.q = pb.q[:0]
 	for _, b := range pb.b {
 		pb.q = append(pb.q, 1-pb.nprod[b])
+	}
+}
+
+// computeFrom is compute for a token sourced on GPU h under local
+// dispatch (sh.local).
+func (pb *probBuf) computeFrom(ex []int16, sh *shares, h, G int) {
+	pb.gen++
+	if pb.gen == 0 {
+		clear(pb.stamp)
+		clear(pb.nstamp)
+		pb.gen = 1
+	}
+	pb.g, pb.b = pb.g[:0], pb.b[:0]
+	for _, e := range ex {
+		a, b := int(sh.cs[e]), int(sh.cs[e+1])
+		n := b - a
+		w := sh.hw[a*G+h*n : a*G+(h+1)*n]
+		for i := a; i < b; i++ {
+			g := sh.cg[i]
+			if pb.stamp[g] != pb.gen {
+				pb.stamp[g] = pb.gen
+				pb.prod[g] = 1
+				pb.g = append(pb.g, g)
+			}
+			pb.prod[g] *= 1 - w[i-a]
+		}
+		na, nb := int(sh.ns[e]), int(sh.ns[e+1])
+		nn := nb - na
+		nw := sh.hnw[na*G+h*nn : na*G+(h+1)*nn]
+		for i := na; i < nb; i++ {
+			bn := sh.nb[i]
+			if pb.nstamp[bn] != pb.gen {
+				pb.nstamp[bn] = pb.gen
+				pb.nprod[bn] = 1
+				pb.b = append(pb.b, bn)
+			}
+			pb.nprod[bn] *= 1 - nw[i-na]
+		}
+	}
+	pb.p = pb.p[:0]
+	for _, g := range pb.g {
+		pb.p = append(pb.p, 1-pb.prod[g])
+	}
+	pb.q = pb.q[:0]
+	for _, b := range pb.b {
+		pb.q = append(pb.q, 1-pb.nprod[b])
+	}
+}
+
+// homeMassLocal is homeMass under local dispatch: each source GPU has its
+// own split over an expert's copies. It also fills tokens.
+func (ev *Evaluator) homeMassLocal(l int, sh *shares) {
+	G, N := ev.g, ev.n
+	clear(ev.mass)
+	clear(ev.nmass)
+	if ev.usePatterns {
+		k := ev.k
+		pb := &ev.pa
+		for i := range ev.stats.Patterns {
+			pt := &ev.stats.Patterns[i]
+			if pt.Count == 0 {
+				continue
+			}
+			ex := pt.Experts[l*k : (l+1)*k]
+			h0, h1, c := int(pt.Source), int(pt.Source)+1, pt.Count
+			if pt.Source < 0 {
+				h0, h1, c = 0, G, pt.Count/float64(G)
+			}
+			for h := h0; h < h1; h++ {
+				pb.computeFrom(ex, sh, h, G)
+				m := ev.mass[h*G:]
+				nm := ev.nmass[h*N:]
+				for j, g := range pb.g {
+					m[g] += c * pb.p[j]
+				}
+				for j, b := range pb.b {
+					nm[b] += c * pb.q[j]
+				}
+			}
+		}
+	}
+	// Tokens per GPU (and, count-only, the masses: every (token, expert)
+	// pair travels on its own).
+	clear(ev.tokens)
+	for e, x := range ev.stats.Load[l] {
+		if x == 0 {
+			continue
+		}
+		a, b := int(sh.cs[e]), int(sh.cs[e+1])
+		n := b - a
+		na, nb := int(sh.ns[e]), int(sh.ns[e+1])
+		nn := nb - na
+		for h := 0; h < G; h++ {
+			xh := x * ev.srcShare(l, h, e)
+			w := sh.hw[a*G+h*n : a*G+(h+1)*n]
+			for i := a; i < b; i++ {
+				ev.tokens[sh.cg[i]] += xh * w[i-a]
+			}
+			if ev.usePatterns {
+				continue
+			}
+			m := ev.mass[h*G : (h+1)*G]
+			for i := a; i < b; i++ {
+				m[sh.cg[i]] += xh * w[i-a]
+			}
+			nw := sh.hnw[na*G+h*nn : na*G+(h+1)*nn]
+			nm := ev.nmass[h*N : (h+1)*N]
+			for i := na; i < nb; i++ {
+				nm[sh.nb[i]] += xh * nw[i-na]
+			}
+		}
 	}
 }
 
@@ -702,14 +921,20 @@ func transpose(dst, src []float64, G int) {
 // filling out when non-nil.
 func (ev *Evaluator) layer(l int, cur, prev *shares, out *LayerReport) layerTimes {
 	G := ev.g
-	load := ev.stats.Load[l]
-	clear(ev.tokens)
-	for e, x := range load {
-		if x == 0 {
-			continue
-		}
-		for i := cur.cs[e]; i < cur.cs[e+1]; i++ {
-			ev.tokens[cur.cg[i]] += x * cur.cw[i]
+	if ev.local {
+		// Masses and tokens both depend on the source; the home flow is
+		// the only one local dispatch supports.
+		ev.homeMassLocal(l, cur)
+	} else {
+		load := ev.stats.Load[l]
+		clear(ev.tokens)
+		for e, x := range load {
+			if x == 0 {
+				continue
+			}
+			for i := cur.cs[e]; i < cur.cs[e+1]; i++ {
+				ev.tokens[cur.cg[i]] += x * cur.cw[i]
+			}
 		}
 	}
 	var r layerTimes
@@ -722,7 +947,9 @@ func (ev *Evaluator) layer(l int, cur, prev *shares, out *LayerReport) layerTime
 	clear(ev.comb)
 	last := l == ev.l-1
 	if ev.opts.Flow == FlowHome || l == 0 {
-		ev.homeMass(l, cur)
+		if !ev.local {
+			ev.homeMass(l, cur)
+		}
 		ev.spread(ev.disp)
 		if ev.opts.Flow == FlowHome || last {
 			transpose(ev.comb, ev.disp, G)

@@ -3,7 +3,9 @@ package costmodel
 import (
 	"fmt"
 	"math"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -644,4 +646,247 @@ func TestReportTotalsMatrices(t *testing.T) {
 			assert.InDelta(t, rep.Layers[0].Combine[i][j]+rep.Layers[1].Combine[i][j], rep.Combine[i][j], 1e-9)
 		}
 	}
+}
+
+// localFrac is an independent statement of placement.DispatchLocal for one
+// expert on the distinct GPUs gpus: own GPU, else own node evenly, else the
+// water level (found by bisection) that evens out the copies.
+func localFrac(gpus []int, G, P, h int) []float64 {
+	n := len(gpus)
+	src := func(h int) []float64 {
+		f := make([]float64, n)
+		for i, g := range gpus {
+			if g == h {
+				f[i] = 1
+				return f
+			}
+		}
+		k := 0
+		for _, g := range gpus {
+			if g/P == h/P {
+				k++
+			}
+		}
+		if k == 0 {
+			return nil
+		}
+		for i, g := range gpus {
+			if g/P == h/P {
+				f[i] = 1 / float64(k)
+			}
+		}
+		return f
+	}
+	if f := src(h); f != nil {
+		return f
+	}
+	a := make([]float64, n)
+	R := 0.0
+	for s := 0; s < G; s++ {
+		f := src(s)
+		if f == nil {
+			R++
+			continue
+		}
+		for i := range a {
+			a[i] += f[i]
+		}
+	}
+	lo, hi := 0.0, float64(G)
+	for it := 0; it < 200; it++ {
+		mid := (lo + hi) / 2
+		s := 0.0
+		for _, x := range a {
+			s += math.Max(0, mid-x)
+		}
+		if s < R {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	f := make([]float64, n)
+	for i, x := range a {
+		f[i] = math.Max(0, lo-x) / R
+	}
+	return f
+}
+
+func distinctGPUs(lp placement.LayerPlan, e int) []int {
+	var out []int
+	for _, g := range slotsOf(lp, e) {
+		if !slices.Contains(out, g) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// bruteLocal is bruteForce's home flow under local dispatch, with the
+// tokens per GPU.
+func bruteLocal(plan *placement.Plan, st *routing.Stats, P int) (b bruteMats, tokens [][]float64) {
+	G, L, K, E := plan.GPUs, st.Layers, st.TopK, st.Experts
+	b = newMats(L, G)
+	for l := 0; l < L; l++ {
+		lp := plan.Layers[l]
+		D := b.disp[l]
+		tok := make([]float64, G)
+		// Source shares of each expert's load.
+		share := make([][]float64, G)
+		for h := range share {
+			share[h] = make([]float64, E)
+		}
+		tot := make([]float64, E)
+		anySrc := false
+		for _, pt := range st.Patterns {
+			if pt.Source >= 0 {
+				anySrc = true
+			}
+		}
+		for h := 0; h < G; h++ {
+			for e := 0; e < E; e++ {
+				share[h][e] = 1 / float64(G)
+			}
+		}
+		if anySrc {
+			for h := range share {
+				clear(share[h])
+			}
+			for _, pt := range st.Patterns {
+				for _, e := range pt.Experts[l*K : (l+1)*K] {
+					tot[e] += pt.Count
+					for h := 0; h < G; h++ {
+						if pt.Source < 0 {
+							share[h][e] += pt.Count / float64(G)
+						} else if h == int(pt.Source) {
+							share[h][e] += pt.Count
+						}
+					}
+				}
+			}
+			for h := range share {
+				for e := range share[h] {
+					if tot[e] > 0 {
+						share[h][e] /= tot[e]
+					} else {
+						share[h][e] = 1 / float64(G)
+					}
+				}
+			}
+		}
+		for e, x := range st.Load[l] {
+			gs := distinctGPUs(lp, e)
+			for h := 0; h < G; h++ {
+				f := localFrac(gs, G, P, h)
+				for i, g := range gs {
+					tok[g] += x * share[h][e] * f[i]
+					if st.Patterns == nil {
+						send(D, P, h, map[int]bool{g: true}, x/float64(G)*f[i])
+					}
+				}
+			}
+		}
+		tokens = append(tokens, tok)
+		if st.Patterns != nil {
+			for _, pt := range st.Patterns {
+				set := pt.Experts[l*K : (l+1)*K]
+				for h := 0; h < G; h++ {
+					hw := 1.0 / float64(G)
+					if pt.Source >= 0 {
+						if h != int(pt.Source) {
+							continue
+						}
+						hw = 1
+					}
+					var rec func(i int, gpus map[int]bool, w float64)
+					rec = func(i int, gpus map[int]bool, w float64) {
+						if w == 0 {
+							return
+						}
+						if i == len(set) {
+							send(D, P, h, gpus, pt.Count*hw*w)
+							return
+						}
+						gs := distinctGPUs(lp, int(set[i]))
+						f := localFrac(gs, G, P, h)
+						for j, g := range gs {
+							m := maps.Clone(gpus)
+							m[g] = true
+							rec(i+1, m, w*f[j])
+						}
+					}
+					rec(0, map[int]bool{}, 1)
+				}
+			}
+		}
+		for s := range D {
+			for d := range D {
+				b.comb[l][d][s] += D[s][d]
+			}
+		}
+	}
+	return b, tokens
+}
+
+func TestEvaluateLocalDispatchBruteForce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	shapes := []struct{ nodes, gpn int }{{1, 3}, {2, 2}, {2, 3}, {3, 2}, {4, 2}}
+	for it := 0; it < 150; it++ {
+		sh := shapes[it%len(shapes)]
+		plan, st, m := randomInstance(rng, sh.nodes, sh.gpn, true)
+		c := tinyCluster(sh.nodes, sh.gpn)
+		for _, counts := range []bool{false, true} {
+			s := st
+			if counts {
+				s = countOnly(st)
+			}
+			name := fmt.Sprintf("it%d/%dx%d/countonly=%v", it, sh.nodes, sh.gpn, counts)
+			opts := Options{Flow: FlowHome, Mode: Mode(it % 2), Dispatch: placement.DispatchLocal}
+			rep, err := Evaluate(plan, s, c, m, opts)
+			require.NoError(t, err, name)
+			want, tokens := bruteLocal(plan, s, sh.gpn)
+			for l, lr := range rep.Layers {
+				var nic float64
+				for src := range lr.Dispatch {
+					require.InDelta(t, tokens[l][src], lr.Tokens[src], 1e-7, "%s layer %d tokens on %d", name, l, src)
+					for dst := range lr.Dispatch {
+						require.InDelta(t, want.disp[l][src][dst], lr.Dispatch[src][dst], 1e-7, "%s layer %d dispatch %d→%d", name, l, src, dst)
+						require.InDelta(t, want.comb[l][src][dst], lr.Combine[src][dst], 1e-7, "%s layer %d combine %d→%d", name, l, src, dst)
+						if src/sh.gpn != dst/sh.gpn {
+							nic += want.disp[l][src][dst] + want.comb[l][src][dst]
+						}
+					}
+				}
+				require.InDelta(t, nic, lr.CrossNodeBytes, 1e-7, name)
+			}
+			checkEvaluator(t, name, plan, s, c, m, opts, rep)
+		}
+	}
+}
+
+// Copies on every node keep a count-only expert off the NICs under local
+// dispatch; even dispatch sends half of it across.
+func TestLocalDispatchSavesNIC(t *testing.T) {
+	st := &routing.Stats{Layers: 1, Experts: 2, TopK: 1, Load: [][]float64{{8, 8}}}
+	plan := &placement.Plan{GPUs: 4, Experts: 2, Layers: []placement.LayerPlan{{
+		SlotExpert: []routing.Expert{0, 0, 1, 1},
+		SlotGPU:    []placement.GPU{0, 2, 1, 3},
+	}}}
+	c := tinyCluster(2, 2)
+	m := tinyModel(1, 2, 1)
+	even, err := Evaluate(plan, st, c, m, Options{})
+	require.NoError(t, err)
+	local, err := Evaluate(plan, st, c, m, Options{Dispatch: placement.DispatchLocal})
+	require.NoError(t, err)
+	// Even: 16 tokens, half of every source's share crosses, both phases.
+	assert.InDelta(t, 2*8*1000.0, even.CrossNodeBytes, 1e-9)
+	assert.Zero(t, local.CrossNodeBytes)
+	assert.Equal(t, []float64{4, 4, 4, 4}, local.Layers[0].Tokens)
+
+	_, err = Evaluate(plan, st, c, m, Options{Flow: FlowChain, Dispatch: placement.DispatchLocal})
+	require.ErrorContains(t, err, "home flow only")
+	shared := plan.Clone()
+	shared.Layers[0].SlotShare = []float64{0.5, 0.5, 0.5, 0.5}
+	_, err = Evaluate(shared, st, c, m, Options{Dispatch: placement.DispatchLocal})
+	require.ErrorContains(t, err, "slot shares")
 }

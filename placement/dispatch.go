@@ -1,0 +1,197 @@
+package placement
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Dispatch is how the serving stack chooses, for a token on source GPU h,
+// which copy of a replicated expert computes it. Single-copy experts are
+// unaffected.
+type Dispatch int
+
+const (
+	// DispatchEven: every source splits an expert's tokens evenly over all
+	// its copies (or by the plan's SlotShare). What vLLM (by token
+	// position), SGLang's random dispatch and EPLB's own model assume, and
+	// what SGLang's static dispatch gives in expectation when sources are
+	// uniform.
+	DispatchEven Dispatch = iota
+	// DispatchLocal: a source uses the copy on its own GPU if there is
+	// one, else the copies on its own node (evenly), else all copies with
+	// the fractions that leave the copies as evenly loaded as possible
+	// (water-filling, assuming every GPU sources the same number of
+	// tokens). This is SGLang's static dispatch (own GPU first) extended
+	// to the node, as in SGLang PR #19772 (node-local redundant experts):
+	// a copy on a node saves that node's tokens the NIC.
+	DispatchLocal
+)
+
+// String returns "even" or "local".
+func (d Dispatch) String() string {
+	switch d {
+	case DispatchEven:
+		return "even"
+	case DispatchLocal:
+		return "local"
+	}
+	return fmt.Sprintf("Dispatch(%d)", int(d))
+}
+
+// ParseDispatch parses "even" or "local".
+func ParseDispatch(s string) (Dispatch, error) {
+	switch s {
+	case "even", "":
+		return DispatchEven, nil
+	case "local":
+		return DispatchLocal, nil
+	}
+	return 0, fmt.Errorf("placement: unknown dispatch %q (want even or local)", s)
+}
+
+// LocalSplit fills frac, of length G·len(gpus), with DispatchLocal's
+// fractions for one expert whose copies sit on the distinct GPUs gpus
+// (nodes of gpusPerNode GPUs): frac[h·len(gpus)+i] is the fraction of the
+// expert's tokens from source GPU h that go to the copy on gpus[i]. Every
+// source's fractions sum to 1.
+func LocalSplit(gpus []int32, G, gpusPerNode int, frac []float64) {
+	n := len(gpus)
+	clear(frac[:G*n])
+	if n == 0 {
+		return
+	}
+	if n == 1 {
+		for h := 0; h < G; h++ {
+			frac[h] = 1
+		}
+		return
+	}
+	P := int32(gpusPerNode)
+	// a[i] counts the sources (in units of one GPU's tokens) that copy i
+	// receives from its own GPU and node; remote sources are filled after.
+	var aBuf [16]float64
+	a := aBuf[:0]
+	if n > len(aBuf) {
+		a = make([]float64, 0, n)
+	}
+	a = a[:n]
+	remote := 0
+	for h := int32(0); h < int32(G); h++ {
+		row := frac[int(h)*n : int(h+1)*n]
+		own := -1
+		onNode := 0
+		for i, g := range gpus {
+			if g == h {
+				own = i
+			}
+			if g/P == h/P {
+				onNode++
+			}
+		}
+		switch {
+		case own >= 0:
+			row[own] = 1
+			a[own]++
+		case onNode > 0:
+			w := 1 / float64(onNode)
+			for i, g := range gpus {
+				if g/P == h/P {
+					row[i] = w
+					a[i] += w
+				}
+			}
+		default:
+			row[0] = -1 // remote marker, filled below
+			remote++
+		}
+	}
+	if remote == 0 {
+		return
+	}
+	// Water-fill R = remote sources onto the copies: level λ with
+	// Σ max(0, λ − a_i) = R.
+	sorted := slices.Clone(a)
+	slices.Sort(sorted)
+	R := float64(remote)
+	lambda := sorted[n-1] + R/float64(n)
+	sum := 0.0
+	for j := 0; j < n; j++ {
+		sum += sorted[j]
+		// Level if only the j+1 lowest copies receive.
+		l := (R + sum) / float64(j+1)
+		if j == n-1 || l <= sorted[j+1] {
+			lambda = l
+			break
+		}
+	}
+	fill := make([]float64, n)
+	for i := range a {
+		fill[i] = max(0, lambda-a[i]) / R
+	}
+	for h := 0; h < G; h++ {
+		row := frac[h*n : (h+1)*n]
+		if row[0] == -1 {
+			copy(row, fill)
+		}
+	}
+}
+
+// LocalFractions returns, for layer plan lp on G GPUs in nodes of
+// gpusPerNode, the share of each slot under DispatchLocal: out[h·S+s] is
+// the fraction of expert lp.SlotExpert[s]'s tokens from source GPU h that
+// slot s computes (S = len(lp.SlotExpert)). Two slots of one expert on one
+// GPU share that GPU's fraction evenly.
+func LocalFractions(lp LayerPlan, experts, G, gpusPerNode int) ([]float64, error) {
+	S := len(lp.SlotExpert)
+	if len(lp.SlotGPU) != S {
+		return nil, fmt.Errorf("placement: %d slot experts but %d slot GPUs", S, len(lp.SlotGPU))
+	}
+	if gpusPerNode < 1 || G%gpusPerNode != 0 {
+		return nil, fmt.Errorf("placement: %d GPUs do not split into nodes of %d", G, gpusPerNode)
+	}
+	byExpert := make([][]int, experts)
+	for s, e := range lp.SlotExpert {
+		if e < 0 || int(e) >= experts {
+			return nil, fmt.Errorf("placement: slot %d: expert %d out of range [0,%d)", s, e, experts)
+		}
+		if g := lp.SlotGPU[s]; g < 0 || int(g) >= G {
+			return nil, fmt.Errorf("placement: slot %d: GPU %d out of range [0,%d)", s, g, G)
+		}
+		byExpert[e] = append(byExpert[e], s)
+	}
+	out := make([]float64, G*S)
+	var gpus []int32
+	var frac []float64
+	for e, slots := range byExpert {
+		if len(slots) == 0 {
+			return nil, fmt.Errorf("placement: expert %d has no slot", e)
+		}
+		gpus = gpus[:0]
+		for _, s := range slots {
+			g := int32(lp.SlotGPU[s])
+			if !slices.Contains(gpus, g) {
+				gpus = append(gpus, g)
+			}
+		}
+		n := len(gpus)
+		if cap(frac) < G*n {
+			frac = make([]float64, G*n)
+		}
+		frac = frac[:G*n]
+		LocalSplit(gpus, G, gpusPerNode, frac)
+		for _, s := range slots {
+			g := int32(lp.SlotGPU[s])
+			i := slices.Index(gpus, g)
+			same := 0
+			for _, s2 := range slots {
+				if lp.SlotGPU[s2] == lp.SlotGPU[s] {
+					same++
+				}
+			}
+			for h := 0; h < G; h++ {
+				out[h*S+s] = frac[h*n+i] / float64(same)
+			}
+		}
+	}
+	return out, nil
+}

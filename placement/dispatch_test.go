@@ -1,0 +1,63 @@
+package placement
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/routing"
+)
+
+func TestParseDispatch(t *testing.T) {
+	for _, d := range []Dispatch{DispatchEven, DispatchLocal} {
+		got, err := ParseDispatch(d.String())
+		require.NoError(t, err)
+		assert.Equal(t, d, got)
+	}
+	_, err := ParseDispatch("nearest")
+	assert.ErrorContains(t, err, "want even or local")
+}
+
+// 4 nodes × 2 GPUs; copies on GPU 0 (node 0) and GPUs 2, 3 (node 1).
+// Node 0's two sources go to GPU 0, GPUs 2 and 3 keep their own tokens,
+// so the copies start at a = (2, 1, 1) sources; the four sources of nodes
+// 2 and 3 are water-filled to the common level 8/3.
+func TestLocalSplitWaterFill(t *testing.T) {
+	gpus := []int32{0, 2, 3}
+	frac := make([]float64, 8*3)
+	LocalSplit(gpus, 8, 2, frac)
+	row := func(h int) []float64 { return frac[h*3 : h*3+3] }
+	assert.Equal(t, []float64{1, 0, 0}, row(0))
+	assert.Equal(t, []float64{1, 0, 0}, row(1))
+	assert.Equal(t, []float64{0, 1, 0}, row(2))
+	assert.Equal(t, []float64{0, 0, 1}, row(3))
+	// λ = (4 + 2 + 1 + 1)/3 = 8/3: fills (2/3, 5/3, 5/3) over 4 sources.
+	for h := 4; h < 8; h++ {
+		assert.InDeltaSlice(t, []float64{1.0 / 6, 5.0 / 12, 5.0 / 12}, row(h), 1e-12)
+	}
+	// Totals per copy are equal: 8/3 sources each.
+	tot := make([]float64, 3)
+	for h := 0; h < 8; h++ {
+		for i, x := range row(h) {
+			tot[i] += x
+		}
+	}
+	assert.InDeltaSlice(t, []float64{8.0 / 3, 8.0 / 3, 8.0 / 3}, tot, 1e-12)
+}
+
+func TestLocalFractions(t *testing.T) {
+	lp := LayerPlan{SlotExpert: []routing.Expert{0, 1, 0, 1}, SlotGPU: []GPU{0, 1, 2, 3}}
+	f, err := LocalFractions(lp, 2, 4, 2)
+	require.NoError(t, err)
+	// Both experts have a copy on each node: every source uses its
+	// node's copies (slots 0, 1 on node 0; 2, 3 on node 1).
+	assert.Equal(t, []float64{1, 1, 0, 0}, f[0:4])
+	assert.Equal(t, []float64{1, 1, 0, 0}, f[4:8])
+	assert.Equal(t, []float64{0, 0, 1, 1}, f[8:12])
+	assert.Equal(t, []float64{0, 0, 1, 1}, f[12:16])
+	_, err = LocalFractions(lp, 2, 4, 3)
+	assert.ErrorContains(t, err, "nodes of 3")
+	_, err = LocalFractions(LayerPlan{SlotExpert: []routing.Expert{0}, SlotGPU: []GPU{0}}, 2, 4, 2)
+	assert.ErrorContains(t, err, "expert 1 has no slot")
+}
