@@ -2,8 +2,8 @@ package costmodel
 
 import (
 	"fmt"
-	"math"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
