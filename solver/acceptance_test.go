@@ -63,7 +63,7 @@ func bruteMinMax(load []float64, G int) float64 {
 func verify(t *testing.T, p Problem, res *Result) {
 	t.Helper()
 	require.NoError(t, res.Plan.Validate(placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}))
-	rep, err := costmodel.Evaluate(res.Plan, p.Stats, p.Cluster, p.Model, costmodel.Options{Flow: p.Flow, Mode: p.Mode})
+	rep, err := costmodel.Evaluate(res.Plan, p.Stats, p.Cluster, p.Model, costmodel.Options{Flow: p.Flow, Mode: p.Mode, Dispatch: p.Dispatch})
 	require.NoError(t, err)
 	assert.InDelta(t, rep.TimeSec, res.Objective, 1e-12*rep.TimeSec)
 }

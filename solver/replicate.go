@@ -76,6 +76,12 @@ type packer struct {
 	w      [][]float64 // [S][E] loads
 	across Across
 	norm   []float64 // per scenario: Σ load / Σ speed (the mean)
+	// maxCopies caps an expert's copies (G: one per GPU; the number of
+	// nodes when local dispatch spreads copies over nodes).
+	maxCopies int
+	// perNode > 0 (GPUs per node) keeps the copies of an expert on
+	// distinct nodes, for local dispatch.
+	perNode int
 	// state
 	cnt  []int       // copies per expert
 	gpus [][]int     // experts on each GPU
@@ -86,7 +92,7 @@ type packer struct {
 }
 
 func newPacker(G int, slots []int, speed []float64, w [][]float64, across Across) *packer {
-	pk := &packer{G: G, slots: slots, speed: speed, w: w, across: across}
+	pk := &packer{G: G, slots: slots, speed: speed, w: w, across: across, maxCopies: G}
 	sumSpeed := 0.0
 	for _, s := range speed {
 		sumSpeed += s
@@ -297,11 +303,11 @@ func (pk *packer) improveCost(gpuSet []int, deadline time.Time, maxMoves int, mo
 		for _, g1 := range critList {
 			for i, a := range pk.gpus[g1] {
 				for _, g2 := range gpuSet {
-					if g2 == g1 || pk.has[g2][a] {
+					if g2 == g1 || pk.blocked(g2, a, g1) {
 						continue
 					}
 					for j, b := range pk.gpus[g2] {
-						if a == b || pk.has[g1][b] {
+						if a == b || pk.blocked(g1, b, g2) {
 							continue
 						}
 						o, t := eval(g1, g2, a, b)
@@ -357,7 +363,7 @@ func (pk *packer) recount(gpuSet []int, obj, tie, moveCost float64) bool {
 	local := pk.present(gpuSet)
 	var hot []int
 	for e, c := range pk.cnt {
-		if local[e] && c < pk.G {
+		if local[e] && c < pk.maxCopies {
 			hot = append(hot, e)
 		}
 	}
@@ -373,7 +379,7 @@ func (pk *packer) recount(gpuSet []int, obj, tie, moveCost float64) bool {
 				continue
 			}
 			for _, b := range hot {
-				if b == a || pk.has[g][b] {
+				if b == a || pk.blocked(g, b, -1) {
 					continue
 				}
 				pk.reassign(g, i, b)
@@ -473,7 +479,7 @@ func (pk *packer) recountThenSwap(gpuSet []int, obj float64, deadline time.Time)
 		if c >= 2 {
 			donors = append(donors, e)
 		}
-		if c < pk.G {
+		if c < pk.maxCopies {
 			takers = append(takers, e)
 		}
 	}
@@ -494,7 +500,7 @@ func (pk *packer) recountThenSwap(gpuSet []int, obj float64, deadline time.Time)
 			// A copy of a on a GPU (in the set) without b.
 			g, i := -1, -1
 			for h := range pk.G {
-				if !inSet[h] || !pk.has[h][a] || pk.has[h][b] {
+				if !inSet[h] || !pk.has[h][a] || pk.blocked(h, b, -1) {
 					continue
 				}
 				for k, e := range pk.gpus[h] {
@@ -522,6 +528,25 @@ func (pk *packer) recountThenSwap(gpuSet []int, obj float64, deadline time.Time)
 	best.nested = false
 	*pk = *best
 	return true
+}
+
+// blocked reports whether GPU g cannot take a copy of expert e: it holds
+// one already, or (perNode > 0) another GPU of its node other than except
+// does.
+func (pk *packer) blocked(g, e, except int) bool {
+	if pk.has[g][e] {
+		return true
+	}
+	if pk.perNode == 0 {
+		return false
+	}
+	b := g / pk.perNode
+	for h := b * pk.perNode; h < (b+1)*pk.perNode; h++ {
+		if h != g && h != except && pk.has[h][e] {
+			return true
+		}
+	}
+	return false
 }
 
 // reassign makes slot i of GPU g hold expert b instead of its expert a,
@@ -701,7 +726,7 @@ func solveReplicated(ctx context.Context, p Problem, opts Options, start time.Ti
 			plan = polished
 			for l := range L {
 				copies[l] = plan.ExpertGPUs(l)
-				bal[l] = layerBalance(p.Stats.Load[l], copies[l], speed, lay, G)
+				bal[l] = layerBalance(p.Stats.Load[l], copies[l], speed, lay, G, p.localP())
 			}
 		}
 	}
@@ -715,7 +740,7 @@ func solveReplicated(ctx context.Context, p Problem, opts Options, start time.Ti
 		br.Scenario = make([]float64, len(p.Scenarios))
 		for si, st := range p.Scenarios {
 			for l := range L {
-				br.Scenario[si] += busiestOverMean(st.Load[l], copies[l], speed) / float64(L)
+				br.Scenario[si] += busiestOverMean(st.Load[l], copies[l], speed, p.localP()) / float64(L)
 			}
 		}
 	}
@@ -733,15 +758,13 @@ func solveReplicated(ctx context.Context, p Problem, opts Options, start time.Ti
 	return res, nil
 }
 
-// busiestOverMean scores one layer of copies under a load vector.
-func busiestOverMean(load []float64, copies [][]placement.GPU, speed []float64) float64 {
-	gl := make([]float64, len(speed))
+// busiestOverMean scores one layer of copies under a load vector (even
+// split, or local dispatch with P GPUs per node when P > 0).
+func busiestOverMean(load []float64, copies [][]placement.GPU, speed []float64, P int) float64 {
+	gl := gpuLoads(load, copies, speed, P)
 	total, sp := 0.0, 0.0
-	for e, gs := range copies {
+	for e := range copies {
 		total += load[e]
-		for _, g := range gs {
-			gl[g] += load[e] / float64(len(gs)) / speed[g]
-		}
 	}
 	for _, v := range speed {
 		sp += v
@@ -784,18 +807,42 @@ func placeLayer(p Problem, l int, lay replicaLayout, speed []float64, groups int
 		if err != nil {
 			return nil, LayerBalance{}, err
 		}
-		if err := pk.pack(cnt, all); err != nil {
-			return nil, LayerBalance{}, err
+		// Local dispatch: at most one copy per node keeps every copy's
+		// share exact and each node's tokens local, when the cap does not
+		// raise the largest replica above the balance bound.
+		if N := p.Cluster.Nodes; p.Dispatch == placement.DispatchLocal && N > 1 && N < G {
+			if capped, err := apportion(agg, experts, lay.total, N); err == nil {
+				mean := 0.0
+				for _, v := range agg {
+					mean += v / float64(G)
+				}
+				if maxReplica(agg, capped) <= math.Max(maxReplica(agg, cnt), mean)*(1+1e-9) {
+					pk.maxCopies, pk.perNode = N, p.Cluster.GPUsPerNode
+					if pk.pack(capped, all) == nil {
+						cnt = nil // packed with copies on distinct nodes
+					} else {
+						pk.maxCopies, pk.perNode = G, 0
+					}
+				}
+			}
+		}
+		if cnt != nil {
+			if err := pk.pack(cnt, all); err != nil {
+				return nil, LayerBalance{}, err
+			}
 		}
 		pk.improve(all, deadline, 0)
 	}
 	cp := pk.copies(E)
-	return cp, layerBalance(p.Stats.Load[l], cp, speed, lay, G), nil
+	if p.Dispatch == placement.DispatchLocal && groups == 0 && p.Current == nil {
+		cp = spreadNodes(p, p.Stats.Load[l], cp, lay, speed, deadline.Add(time.Second))
+	}
+	return cp, layerBalance(p.Stats.Load[l], cp, speed, lay, G, p.localP()), nil
 }
 
 // layerBalance certifies one layer's busiest load under load: the bound is
 // max(mean, largest replica under the apportionment that minimises it).
-func layerBalance(load []float64, copies [][]placement.GPU, speed []float64, lay replicaLayout, G int) LayerBalance {
+func layerBalance(load []float64, copies [][]placement.GPU, speed []float64, lay replicaLayout, G, P int) LayerBalance {
 	total, sp, maxSp := 0.0, 0.0, 0.0
 	for _, v := range load {
 		total += v
@@ -809,7 +856,7 @@ func layerBalance(load []float64, copies [][]placement.GPU, speed []float64, lay
 		experts[e] = e
 	}
 	mean := total / sp
-	b := LayerBalance{Mean: mean, Busiest: busiestOverMean(load, copies, speed) * mean, Bound: mean}
+	b := LayerBalance{Mean: mean, Busiest: busiestOverMean(load, copies, speed, P) * mean, Bound: mean}
 	// apportion only fails for impossible slot counts, which layout()
 	// has ruled out; the bound then stays at the mean.
 	if cnt, err := apportion(load, experts, lay.total, G); err == nil {
@@ -943,7 +990,7 @@ func (pk *packer) packItems(sub []int, gpus []int) error {
 	for _, it := range items {
 		best, bv := -1, 0.0
 		for _, g := range gpus {
-			if len(pk.gpus[g]) >= pk.slots[g] || pk.has[g][it.e] {
+			if len(pk.gpus[g]) >= pk.slots[g] || pk.blocked(g, it.e, -1) {
 				continue
 			}
 			v := 0.0

@@ -75,6 +75,11 @@ type Problem struct {
 	// (default, what the serving stacks do statically) or SplitOptimal
 	// (SGLang's dispatch-time LP; plans then carry per-slot shares).
 	Split Split
+	// Dispatch is how the serving stack picks among an expert's copies
+	// (placement.DispatchEven by default). Under DispatchLocal the joint
+	// strategy also spreads copies of an expert over nodes, so that each
+	// node's tokens reach a copy without crossing a NIC; home flow only.
+	Dispatch placement.Dispatch
 	// Current is the running plan for incremental re-placement: the joint
 	// strategy starts from it and changes at most Options.MaxMoves slots
 	// per layer.
@@ -260,12 +265,24 @@ func (p Problem) check() error {
 	if len(s.Load) != s.Layers || s.Layers == 0 {
 		return fmt.Errorf("solver: statistics have %d load rows for %d layers", len(s.Load), s.Layers)
 	}
+	switch p.Dispatch {
+	case placement.DispatchEven:
+	case placement.DispatchLocal:
+		if p.Flow != costmodel.FlowHome {
+			return errors.New("solver: local dispatch is modeled for the home flow only; use flow home or dispatch even")
+		}
+		if p.Split == SplitOptimal {
+			return errors.New("solver: split optimal (SGLang's dispatch LP) and local dispatch are two different dispatch policies; choose one")
+		}
+	default:
+		return fmt.Errorf("solver: unknown dispatch %v", p.Dispatch)
+	}
 	return nil
 }
 
 // evalOpts returns the cost-model options of p.
 func (p Problem) evalOpts() costmodel.Options {
-	return costmodel.Options{Flow: p.Flow, Mode: p.Mode}
+	return costmodel.Options{Flow: p.Flow, Mode: p.Mode, Dispatch: p.Dispatch}
 }
 
 // Score evaluates plan on p with the cost model and returns the report and

@@ -46,6 +46,9 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	if p.Dispatch != placement.DispatchEven {
+		return errors.New("replay runs the even split over copies (or the plan's slot_share); --dispatch local is modeled by eval and compare only")
+	}
 	model := p.Model // the size the backend runs, for calibration
 	var b replay.Backend
 	var scale float64

@@ -109,6 +109,7 @@ type common struct {
 	from        string
 	maxMoves    int
 	split       string
+	dispatch    string
 	moveCost    float64
 	slotsPerGPU string
 }
@@ -126,6 +127,7 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 	fs.StringVar(&c.mode, "mode", "sequential", "layer time: sequential or overlapped (compute slowed by sigma)")
 	fs.Float64Var(&c.sigma, "sigma", -1, "compute slowdown under overlap (default: the cluster's, 0.189)")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the results as JSON to this file")
+	fs.StringVar(&c.dispatch, "dispatch", "even", "how tokens pick among an expert's copies: even (every source splits evenly: vLLM, SGLang random/static dispatch, EPLB's model) or local (own GPU's copy, else own node's, else fairly: node-local replicas as in SGLang PR #19772; home flow only)")
 	if solve {
 		fs.DurationVar(&c.timeLimit, "time-limit", 60*time.Second, "time limit per ILP strategy (HiGHS limit plus wall-clock watchdog)")
 		fs.Float64Var(&c.gap, "gap", 0, "relative MIP gap (default 1e-4)")
@@ -270,6 +272,9 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		if p.Split, err = solver.ParseSplit(c.split); err != nil {
 			return p, nil, err
 		}
+	}
+	if p.Dispatch, err = placement.ParseDispatch(c.dispatch); err != nil {
+		return p, nil, err
 	}
 	if c.from != "" {
 		if p.Current, err = readPlan(c.from, cluster.GPUs()); err != nil {
@@ -490,7 +495,7 @@ func cmdEval(args []string, stdout, stderr io.Writer) error {
 	if err := plan.Validate(placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}); err != nil {
 		return fmt.Errorf("%s: %w", *planPath, err)
 	}
-	rep, err := costmodel.Evaluate(plan, p.Stats, p.Cluster, p.Model, costmodel.Options{Flow: p.Flow, Mode: p.Mode})
+	rep, err := costmodel.Evaluate(plan, p.Stats, p.Cluster, p.Model, costmodel.Options{Flow: p.Flow, Mode: p.Mode, Dispatch: p.Dispatch})
 	if err != nil {
 		return err
 	}
