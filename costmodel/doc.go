@@ -21,6 +21,24 @@
 //
 // with (perToken, perExpert) = Cluster.Coefficients(model).
 //
+// # Local dispatch (Options.Dispatch = placement.DispatchLocal, home flow)
+//
+// The split then depends on the source GPU h: h's tokens for e go to e's
+// copy on h if there is one, else evenly to e's copies on h's node, else
+// over all copies with the fractions f_i = max(0, λ − a_i)/R, where a_i
+// counts the sources copy i already serves, R the sources left (GPUs on
+// nodes without a copy) and λ solves Σ_i max(0, λ − a_i) = R
+// (water-filling: the copies end as evenly loaded as these preferences
+// allow, assuming every GPU sources the same tokens). Then
+//
+//	tokens_g = Σ_e Σ_h Load[l][e]·src[h][e]·w_h[e][g]
+//
+// with src[h][e] the share of e's tokens sourced on h (from patterns with a
+// Source, else 1/G), and every mass below uses w_h instead of w. A copy of
+// e on every node keeps e's tokens off the NICs entirely; with n_e ≤ nodes
+// copies on distinct nodes each copy gets exactly Load/n_e. Plans with
+// SlotShare and the chain flow are rejected.
+//
 // # Per-token destinations
 //
 // A token whose layer-l expert set is S must reach GPU g with probability

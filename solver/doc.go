@@ -123,4 +123,15 @@
 // LayerPlan.SlotShare. Current starts from a running plan and changes at
 // most Options.MaxMoves slots per layer (or only moves worth
 // Problem.MoveCost).
+//
+// Under local dispatch (Problem.Dispatch = placement.DispatchLocal: a
+// token uses its own GPU's, else its node's copy) copies are capped at one
+// per node and packed and swapped only onto distinct nodes, whenever the
+// cap does not raise the largest replica above the balance bound: every
+// copy then serves exactly P_e/c_e, and each node holding a copy keeps that
+// expert's tokens off the NICs. Otherwise (an expert needs more copies than
+// there are nodes) whole GPUs trade nodes, first to restore the even
+// split's busiest load (a lone copy on a node would serve the whole node),
+// then to cut Σ_e P_e·(nodes − nodes holding e)/nodes. Balance is
+// certified on the loads local dispatch gives.
 package solver
