@@ -195,3 +195,129 @@ func LocalFractions(lp LayerPlan, experts, G, gpusPerNode int) ([]float64, error
 	}
 	return out, nil
 }
+
+// DispatchMap is a per-rank static dispatch table for DispatchLocal:
+// Rank[r][l][e] is the physical slot (GPU-major numbering, as in the
+// SGLang and EPLB files: slot p on GPU p/(slots/GPUs)) that rank r sends
+// layer l's expert e tokens to. It has the shape of SGLang's
+// logical_to_rank_dispatch_physical_map for all ranks.
+type DispatchMap struct {
+	GPUs, GPUsPerNode int
+	Rank              [][][]int
+}
+
+// LocalDispatchMap rounds DispatchLocal to one slot per (rank, layer,
+// expert): the copy on the rank's own GPU, else one of its node's copies
+// (ranks of the node in turn), else the copy that has served the fewest
+// ranks so far (ranks in order, ties to the lower slot): the integer
+// version of the water-filling, so each copy serves within one rank of
+// the modeled share. Every GPU must hold the same number of slots in every
+// layer, as for FormatSGLang.
+func LocalDispatchMap(p *Plan, gpusPerNode int) (*DispatchMap, error) {
+	if err := p.Validate(ValidateOptions{}); err != nil {
+		return nil, err
+	}
+	G := p.GPUs
+	if gpusPerNode < 1 || G%gpusPerNode != 0 {
+		return nil, fmt.Errorf("placement: dispatch map: %d GPUs do not split into nodes of %d", G, gpusPerNode)
+	}
+	q := p.GPUMajor()
+	m := &DispatchMap{GPUs: G, GPUsPerNode: gpusPerNode, Rank: make([][][]int, G)}
+	for r := range m.Rank {
+		m.Rank[r] = make([][]int, len(q.Layers))
+	}
+	P := gpusPerNode
+	for l, lp := range q.Layers {
+		count := q.SlotsPerGPU(l)
+		for g, c := range count {
+			if c != count[0] {
+				return nil, fmt.Errorf("placement: dispatch map: layer %d: GPU %d holds %d slots but GPU 0 holds %d; slot numbers need the same count on every GPU", l, g, c, count[0])
+			}
+		}
+		slots := make([][]int, p.Experts)
+		for s, e := range lp.SlotExpert {
+			slots[e] = append(slots[e], s)
+		}
+		for r := range m.Rank {
+			m.Rank[r][l] = make([]int, p.Experts)
+		}
+		served := make([]int, 0, 8)
+		for e, ss := range slots {
+			served = served[:0]
+			for range ss {
+				served = append(served, 0)
+			}
+			var remote []int
+			for node := 0; node < G/P; node++ {
+				var local []int // indices into ss on this node
+				for i, s := range ss {
+					if int(lp.SlotGPU[s])/P == node {
+						local = append(local, i)
+					}
+				}
+				turn := 0
+				for r := node * P; r < (node+1)*P; r++ {
+					own := -1
+					for _, i := range local {
+						if int(lp.SlotGPU[ss[i]]) == r {
+							own = i
+							break
+						}
+					}
+					switch {
+					case own >= 0:
+						m.Rank[r][l][e] = ss[own]
+						served[own]++
+					case len(local) > 0:
+						i := local[turn%len(local)]
+						turn++
+						m.Rank[r][l][e] = ss[i]
+						served[i]++
+					default:
+						remote = append(remote, r)
+					}
+				}
+			}
+			for _, r := range remote {
+				best := 0
+				for i := range ss {
+					if served[i] < served[best] {
+						best = i
+					}
+				}
+				m.Rank[r][l][e] = ss[best]
+				served[best]++
+			}
+		}
+	}
+	return m, nil
+}
+
+// Encode writes m as JSON: {"num_gpus", "gpus_per_node",
+// "logical_to_rank_dispatch_physical_map": [rank][layer][expert]}.
+func (m *DispatchMap) Encode() []byte {
+	var b []byte
+	b = fmt.Appendf(b, "{\n  \"num_gpus\": %d,\n  \"gpus_per_node\": %d,\n  \"logical_to_rank_dispatch_physical_map\": [\n", m.GPUs, m.GPUsPerNode)
+	for r, layers := range m.Rank {
+		b = append(b, "    ["...)
+		for l, row := range layers {
+			if l > 0 {
+				b = append(b, ',')
+			}
+			b = appendInts(b, row)
+		}
+		b = append(b, ']')
+		b = appendRowEnd(b, r, len(m.Rank))
+	}
+	return append(b, "  ]\n}\n"...)
+}
+
+// WriteDispatchMap writes LocalDispatchMap(p, gpusPerNode) to path
+// atomically.
+func WriteDispatchMap(path string, p *Plan, gpusPerNode int) error {
+	m, err := LocalDispatchMap(p, gpusPerNode)
+	if err != nil {
+		return err
+	}
+	return writeAtomic(path, m.Encode())
+}

@@ -1,6 +1,8 @@
 package placement
 
 import (
+	"bytes"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -60,4 +62,86 @@ func TestLocalFractions(t *testing.T) {
 	assert.ErrorContains(t, err, "nodes of 3")
 	_, err = LocalFractions(LayerPlan{SlotExpert: []routing.Expert{0}, SlotGPU: []GPU{0}}, 2, 4, 2)
 	assert.ErrorContains(t, err, "expert 1 has no slot")
+}
+
+func TestLocalDispatchMap(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for it := 0; it < 200; it++ {
+		nodes, P := 1+rng.IntN(4), 1+rng.IntN(4)
+		G := nodes * P
+		E := G + rng.IntN(2*G)
+		perGPU := min(E, (E+G-1)/G+rng.IntN(3))
+		p := &Plan{GPUs: G, Experts: E}
+		for l := 0; l < 2; l++ {
+			// Every expert once, then random extra copies on distinct GPUs.
+			var lp LayerPlan
+			has := make([]map[int]bool, G)
+			fill := make([]int, G)
+			for g := range has {
+				has[g] = map[int]bool{}
+			}
+			order := rng.Perm(E)
+			for i, e := range order {
+				g := i % G
+				lp.SlotExpert = append(lp.SlotExpert, routing.Expert(e))
+				lp.SlotGPU = append(lp.SlotGPU, GPU(g))
+				has[g][e] = true
+				fill[g]++
+			}
+			for g := range fill {
+				for fill[g] < perGPU {
+					e := rng.IntN(E)
+					if has[g][e] {
+						continue
+					}
+					lp.SlotExpert = append(lp.SlotExpert, routing.Expert(e))
+					lp.SlotGPU = append(lp.SlotGPU, GPU(g))
+					has[g][e] = true
+					fill[g]++
+				}
+			}
+			p.Layers = append(p.Layers, lp)
+		}
+		m, err := LocalDispatchMap(p, P)
+		require.NoError(t, err)
+		q := p.GPUMajor()
+		for l, lp := range q.Layers {
+			frac, err := LocalFractions(lp, E, G, P)
+			require.NoError(t, err)
+			S := len(lp.SlotExpert)
+			served := make([]int, S)
+			for r := 0; r < G; r++ {
+				for e := 0; e < E; e++ {
+					s := m.Rank[r][l][e]
+					require.Equal(t, routing.Expert(e), lp.SlotExpert[s], "it %d rank %d layer %d expert %d", it, r, l, e)
+					g := int(lp.SlotGPU[s])
+					own, node := false, false
+					for s2, e2 := range lp.SlotExpert {
+						if int(e2) == e && int(lp.SlotGPU[s2]) == r {
+							own = true
+						}
+						if int(e2) == e && int(lp.SlotGPU[s2])/P == r/P {
+							node = true
+						}
+					}
+					if own {
+						require.Equal(t, r, g)
+					} else if node {
+						require.Equal(t, r/P, g/P)
+					}
+					served[s]++
+				}
+			}
+			for s := range served {
+				modeled := 0.0
+				for h := 0; h < G; h++ {
+					modeled += frac[h*S+s]
+				}
+				require.InDelta(t, modeled, float64(served[s]), 1+1e-9, "it %d layer %d slot %d", it, l, s)
+			}
+		}
+	}
+	var buf bytes.Buffer
+	buf.Write((&DispatchMap{GPUs: 2, GPUsPerNode: 1, Rank: [][][]int{{{0, 1}}, {{2, 1}}}}).Encode())
+	assert.Equal(t, "{\n  \"num_gpus\": 2,\n  \"gpus_per_node\": 1,\n  \"logical_to_rank_dispatch_physical_map\": [\n    [[0,1]],\n    [[2,1]]\n  ]\n}\n", buf.String())
 }

@@ -375,12 +375,16 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	out := fs.String("out", "placement.json", "placement file to write (atomically)")
 	format := fs.String("format", "", "placement format: moetuner (JSON), yaml, sglang, eplb or vllm (default: from --out's extension: .yaml, .sglang.json, .eplb.json, .vllm.json, else moetuner JSON)")
 	writeLP := fs.String("write-model", "", "also write the joint ILP(s) for debugging to PREFIX<i>.lp (CPLEX LP, written in Go) or, with a .mps suffix (PREFIX.mps), PREFIX<i>.mps via HiGHS")
+	dispatchMap := fs.String("dispatch-map", "", "also write, for --dispatch local, each rank's static dispatch table [rank][layer][expert] → physical slot (GPU-major numbering as in the sglang/eplb files) to this JSON file")
 	quiet := fs.Bool("quiet", false, "print only errors")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("plan takes no positional arguments (got %q); use --trace", fs.Args())
+	}
+	if *dispatchMap != "" && c.dispatch != "local" {
+		return errors.New("--dispatch-map writes the tables of local dispatch; add --dispatch local")
 	}
 	st, err := solver.ParseStrategy(*strategy)
 	if err != nil {
@@ -433,8 +437,20 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		"status":    res.Status.String(),
 		"traces":    sourceList(sources),
 	}
+	var dm *placement.DispatchMap
+	if *dispatchMap != "" {
+		// Check before writing anything: both files or neither.
+		if dm, err = placement.LocalDispatchMap(plan, p.Cluster.GPUsPerNode); err != nil {
+			return err
+		}
+	}
 	if err := placement.WriteFile(*out, plan, pf); err != nil {
 		return err
+	}
+	if dm != nil {
+		if err := placement.WriteDispatchMap(*dispatchMap, plan, p.Cluster.GPUsPerNode); err != nil {
+			return err
+		}
 	}
 	if *quiet {
 		return nil

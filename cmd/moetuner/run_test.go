@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -217,5 +218,48 @@ func TestHeterogeneousAndSteps(t *testing.T) {
 	require.NoError(t, err)
 	for l := range plan.Layers {
 		assert.Equal(t, plan.ExpertGPUs(l), again.ExpertGPUs(l), "layer %d unchanged", l)
+	}
+}
+
+func TestDispatchLocalFlags(t *testing.T) {
+	chdirRoot(t)
+	dir := t.TempDir()
+	fid := "testdata/mixtral-8x7b/fiddler/expert_popularity_college_medicine.json"
+	out := filepath.Join(dir, "p.sglang.json")
+	dm := filepath.Join(dir, "dispatch.json")
+	// Mixtral on 2 nodes × 2 GPUs with 4 redundant slots.
+	code, stdout, stderr := runCLI(t, "plan", "--trace", fid, "--nodes", "2", "--gpus-per-node", "2", "--redundant-slots", "4",
+		"--dispatch", "local", "--out", out, "--dispatch-map", dm)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "joint")
+	var doc struct {
+		GPUs int       `json:"num_gpus"`
+		Map  [][][]int `json:"logical_to_rank_dispatch_physical_map"`
+	}
+	data, err := os.ReadFile(dm)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(data, &doc))
+	assert.Equal(t, 4, doc.GPUs)
+	require.Len(t, doc.Map, 4)
+	assert.Len(t, doc.Map[0], 32)
+	assert.Len(t, doc.Map[0][0], 8)
+	// eval and compare model the same dispatch.
+	code, stdout, stderr = runCLI(t, "compare", "--trace", fid, "--nodes", "2", "--gpus-per-node", "2", "--redundant-slots", "4",
+		"--dispatch", "local", "--expert-groups", "2", "--strategies", "eplb,eplb-hierarchical,joint", "--time-limit", "5s")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "eplb-hierarchical")
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"plan", "--trace", fid, "--dispatch-map", dm}, "add --dispatch local"},
+		{[]string{"plan", "--trace", fid, "--dispatch", "nearest"}, "want even or local"},
+		{[]string{"plan", "--trace", fid, "--redundant-slots", "4", "--dispatch", "local", "--flow", "chain"}, "home flow only"},
+		{[]string{"replay", "--trace", fid, "--plan", out, "--nodes", "2", "--gpus-per-node", "2", "--dispatch", "local"}, "modeled by eval and compare only"},
+	} {
+		code, _, stderr := runCLI(t, tc.args...)
+		assert.Equal(t, 1, code, tc.args)
+		assert.Contains(t, stderr, tc.want, tc.args)
 	}
 }
