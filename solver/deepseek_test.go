@@ -156,8 +156,8 @@ func TestDeepSeekLocalDispatchCrossNode(t *testing.T) {
 	assert.Less(t, joint.Objective, hier.Objective)
 	assert.Less(t, joint.Objective, global.Objective)
 	assert.LessOrEqual(t, joint.Report.MaxImbalance, global.Report.MaxImbalance)
-	t.Logf("cross-node TB: joint %.2f, eplb %.2f, eplb-hierarchical %.2f; layer time %.2f / %.2f / %.2f s; worst busiest/mean %.4f / %.4f / %.4f; max gap %.3f%%; %s",
+	t.Logf("cross-node TB: joint %.2f, eplb %.2f, eplb-hierarchical %.2f; layer time %.2f / %.2f / %.2f s; worst busiest/mean %.4f / %.4f / %.4f; max gap %.3f%%; traffic %.2f%% above its bound; %s",
 		joint.Report.CrossNodeBytes/1e12, global.Report.CrossNodeBytes/1e12, hier.Report.CrossNodeBytes/1e12,
 		joint.Objective, global.Objective, hier.Objective,
-		joint.Report.MaxImbalance, global.Report.MaxImbalance, hier.Report.MaxImbalance, 100*joint.Balance.MaxGap, joint.SolveTime)
+		joint.Report.MaxImbalance, global.Report.MaxImbalance, hier.Report.MaxImbalance, 100*joint.Balance.MaxGap, 100*joint.Balance.TrafficGap, joint.SolveTime)
 }

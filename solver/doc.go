@@ -133,5 +133,12 @@
 // there are nodes) whole GPUs trade nodes, first to restore the even
 // split's busiest load (a lone copy on a node would serve the whole node),
 // then to cut Σ_e P_e·(nodes − nodes holding e)/nodes. Balance is
-// certified on the loads local dispatch gives.
+// certified on the loads local dispatch gives. With copies on distinct
+// nodes, the counts are then re-chosen for traffic: every expert gets the
+// ⌈P_e/busiest⌉ copies its copies need to fit under the balanced plan's
+// busiest load, spare copies go to the heaviest experts up to one per
+// node; the result is packed and swapped again and kept if it stays as
+// balanced (within 0.1 % of the bound). The same rule applied to the final
+// busiest load is a lower bound on the traffic of every plan at least as
+// balanced (Result.Balance.TrafficGap).
 package solver

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -47,6 +48,11 @@ func ParseAcross(s string) (Across, error) {
 // busiest load of any plan with the same slots.
 type LayerBalance struct {
 	Busiest, Mean, Bound float64
+	// Under local dispatch: Traffic is the layer's token-expert pairs that
+	// cross a NIC (per phase, sources uniform), Σ_e P_e·(N − nodes with
+	// e)/N, and TrafficBound a lower bound on it for any plan whose
+	// busiest GPU is at most Busiest (see trafficBound). 0 otherwise.
+	Traffic, TrafficBound float64
 }
 
 // Gap is Busiest/Bound − 1.
@@ -62,6 +68,10 @@ type BalanceReport struct {
 	Layers []LayerBalance
 	// MaxGap and MeanGap summarise Layers' Gap.
 	MaxGap, MeanGap float64
+	// TrafficGap, under local dispatch, is Σ Traffic / Σ TrafficBound − 1
+	// over the layers: how far the cross-node traffic is from the least
+	// any plan at most as unbalanced (layer by layer) could have.
+	TrafficGap float64
 	// Scenario[s] is the mean over layers of busiest/mean for workload s
 	// (Problem.Scenarios), nil without scenarios.
 	Scenario []float64
@@ -750,6 +760,16 @@ func solveReplicated(ctx context.Context, p Problem, opts Options, start time.Ti
 	if time.Now().After(deadline) {
 		res.Status = StatusTimeLimit
 	}
+	if p.Dispatch == placement.DispatchLocal {
+		t, tb := 0.0, 0.0
+		for _, b := range bal {
+			t += b.Traffic
+			tb += b.TrafficBound
+		}
+		if tb > 0 {
+			br.TrafficGap = t/tb - 1
+		}
+	}
 	res.Balance = br
 	// For replicated plans the certified quantity is the busiest-GPU load:
 	// Gap is the largest per-layer gap to its bound.
@@ -832,12 +852,44 @@ func placeLayer(p Problem, l int, lay replicaLayout, speed []float64, groups int
 			}
 		}
 		pk.improve(all, deadline, 0)
+		if pk.perNode > 0 && len(w) == 1 {
+			pk = trafficFirst(pk, agg, lay, all, deadline)
+		}
 	}
 	cp := pk.copies(E)
 	if p.Dispatch == placement.DispatchLocal && groups == 0 && p.Current == nil {
 		cp = spreadNodes(p, p.Stats.Load[l], cp, lay, speed, deadline.Add(time.Second))
 	}
 	return cp, layerBalance(p.Stats.Load[l], cp, speed, lay, G, p.localP()), nil
+}
+
+// trafficFirst tries, under local dispatch with copies on distinct nodes,
+// the copy counts that cut cross-node traffic most among those that fit
+// under pk's busiest load (trafficCounts), packed and improved the same
+// way; it keeps them if the busiest load stays within max(pk's, 0.1 %
+// above the bound) and the traffic drops, else returns pk.
+func trafficFirst(pk *packer, agg []float64, lay replicaLayout, all []int, deadline time.Time) *packer {
+	obj, _ := pk.score()
+	maxSp := slices.Max(pk.speed)
+	N := pk.G / pk.perNode
+	cnt := trafficCounts(agg, lay.total, N, obj*pk.norm[0]*maxSp)
+	if cnt == nil || slices.Equal(cnt, pk.cnt) {
+		return pk
+	}
+	alt := newPacker(pk.G, pk.slots, pk.speed, pk.w, pk.across)
+	alt.maxCopies, alt.perNode = N, pk.perNode
+	if alt.pack(cnt, all) != nil {
+		return pk
+	}
+	alt.improve(all, deadline, 0)
+	altObj, _ := alt.score()
+	if altObj > math.Max(obj, pk.lowerBound()*1.001)*(1+1e-12) {
+		return pk
+	}
+	if countsTraffic(agg, alt.cnt, N) >= countsTraffic(agg, pk.cnt, N) {
+		return pk
+	}
+	return alt
 }
 
 // layerBalance certifies one layer's busiest load under load: the bound is
@@ -862,7 +914,66 @@ func layerBalance(load []float64, copies [][]placement.GPU, speed []float64, lay
 	if cnt, err := apportion(load, experts, lay.total, G); err == nil {
 		b.Bound = math.Max(mean, maxReplica(load, cnt)/maxSp)
 	}
+	if P > 0 {
+		N := G / P
+		b.Traffic = nodeTraffic(load, copies, P, N)
+		if cnt := trafficCounts(load, lay.total, N, b.Busiest*maxSp); cnt != nil {
+			b.TrafficBound = countsTraffic(load, cnt, N)
+		}
+	}
 	return b
+}
+
+// trafficCounts returns the copy counts that minimise the cross-node
+// traffic of local dispatch, Σ_e load_e·(N − min(n_e, N))/N, among those
+// whose every copy fits under maxCopy (n_e ≥ ⌈load_e/maxCopy⌉), with
+// Σ n_e = slots: the necessary minimum, then spare slots to the heaviest
+// experts up to N copies each (each such copy saves load_e/N). Since any
+// plan whose busiest GPU is at most maxCopy/max speed has copies no larger
+// than maxCopy, their traffic bounds every such plan's from below. nil when
+// the minimum exceeds slots.
+func trafficCounts(load []float64, slots, N int, maxCopy float64) []int {
+	E := len(load)
+	cnt := make([]int, E)
+	used := 0
+	for e, x := range load {
+		cnt[e] = 1
+		if maxCopy > 0 {
+			cnt[e] = max(1, int(math.Ceil(x/maxCopy-1e-9)))
+		}
+		used += cnt[e]
+	}
+	if used > slots {
+		return nil
+	}
+	order := make([]int, E)
+	for e := range order {
+		order[e] = e
+	}
+	sort.SliceStable(order, func(i, j int) bool { return load[order[i]] > load[order[j]] })
+	spare := slots - used
+	for _, e := range order {
+		for spare > 0 && cnt[e] < N {
+			cnt[e]++
+			spare--
+		}
+	}
+	// Copies beyond N save nothing; put any left on the lightest experts.
+	for i := len(order) - 1; spare > 0 && i >= 0; i-- {
+		cnt[order[i]]++
+		spare--
+	}
+	return cnt
+}
+
+// countsTraffic is the local-dispatch traffic of counts cnt with every
+// expert's copies on distinct nodes.
+func countsTraffic(load []float64, cnt []int, N int) float64 {
+	t := 0.0
+	for e, x := range load {
+		t += x * float64(N-min(cnt[e], N)) / float64(N)
+	}
+	return t
 }
 
 // load starts the packer from an existing plan's layer l.

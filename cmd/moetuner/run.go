@@ -630,6 +630,9 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 		if r.Note != "" {
 			fmt.Fprintf(w, "%s*: %s\n", r.Strategy, r.Note)
 		}
+		if p.Dispatch == placement.DispatchLocal && r.Balance != nil {
+			fmt.Fprintf(w, "%s: cross-node traffic %.2f%% above its lower bound for plans at least as balanced in every layer (local dispatch)\n", r.Strategy, 100*r.Balance.TrafficGap)
+		}
 	}
 	fmt.Fprintln(w, "token tail: Σ over layers of the busiest GPU's routed tokens; max/mean: mean over layers; all-to-all tail: Σ of dispatch+combine bottleneck times; layer time: Σ modeled layer times;")
 	fmt.Fprintln(w, "vs contiguous: how much lower the layer time is than Megatron's contiguous placement; gap: joint's proven gap to HiGHS's bound on its ILP model,")
