@@ -640,20 +640,21 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 }
 
 type jsonResult struct {
-	Strategy        string  `json:"strategy"`
-	Status          string  `json:"status"`
-	TimeSec         float64 `json:"layer_time_sec"`
-	MaxTokensSum    float64 `json:"token_tail"`
-	MeanImbalance   float64 `json:"mean_imbalance"`
-	CommSec         float64 `json:"all_to_all_sec"`
-	CrossNodeBytes  float64 `json:"cross_node_bytes"`
-	ModelObjective  float64 `json:"model_objective_sec,omitempty"`
-	Bound           float64 `json:"bound_sec,omitempty"`
-	Gap             float64 `json:"gap,omitempty"`
-	Stage1Objective float64 `json:"stage1_objective,omitempty"`
-	SolveSec        float64 `json:"solve_sec"`
-	Cols            int     `json:"cols,omitempty"`
-	Rows            int     `json:"rows,omitempty"`
+	Strategy        string   `json:"strategy"`
+	Status          string   `json:"status"`
+	TimeSec         float64  `json:"layer_time_sec"`
+	MaxTokensSum    float64  `json:"token_tail"`
+	MeanImbalance   float64  `json:"mean_imbalance"`
+	CommSec         float64  `json:"all_to_all_sec"`
+	CrossNodeBytes  float64  `json:"cross_node_bytes"`
+	ModelObjective  float64  `json:"model_objective_sec,omitempty"`
+	Bound           float64  `json:"bound_sec,omitempty"`
+	Gap             float64  `json:"gap,omitempty"`
+	TrafficGap      *float64 `json:"traffic_gap,omitempty"`
+	Stage1Objective float64  `json:"stage1_objective,omitempty"`
+	SolveSec        float64  `json:"solve_sec"`
+	Cols            int      `json:"cols,omitempty"`
+	Rows            int      `json:"rows,omitempty"`
 }
 
 func jsonResults(p solver.Problem, results []*solver.Result) any {
@@ -665,15 +666,20 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 		return v
 	}
 	for _, r := range results {
+		var tg *float64
+		if p.Dispatch == placement.DispatchLocal && r.Balance != nil {
+			tg = &r.Balance.TrafficGap
+		}
 		out = append(out, jsonResult{
-			Strategy: string(r.Strategy), Status: r.Status.String(), TimeSec: r.Objective,
+			TrafficGap: tg,
+			Strategy:   string(r.Strategy), Status: r.Status.String(), TimeSec: r.Objective,
 			MaxTokensSum: r.Report.MaxTokensSum, MeanImbalance: r.Report.MeanImbalance,
 			CommSec: r.Report.CommTime.Seconds(), CrossNodeBytes: r.Report.CrossNodeBytes,
 			ModelObjective: clean(r.ModelObjective), Bound: clean(r.Bound), Gap: clean(r.Gap),
 			Stage1Objective: clean(r.Stage1Objective), SolveSec: r.SolveTime.Seconds(), Cols: r.Cols, Rows: r.Rows,
 		})
 	}
-	return map[string]any{"flow": p.Flow.String(), "mode": p.Mode.String(), "gpus": p.Cluster.GPUs(), "nodes": p.Cluster.Nodes, "results": out}
+	return map[string]any{"flow": p.Flow.String(), "mode": p.Mode.String(), "dispatch": p.Dispatch.String(), "gpus": p.Cluster.GPUs(), "nodes": p.Cluster.Nodes, "results": out}
 }
 
 func writeJSON(path string, v any) error {
