@@ -179,7 +179,63 @@ func (pk *packer) init(cnt []int) {
 // pack places cnt[e] copies of each expert on the GPUs in gpuSet.
 func (pk *packer) pack(cnt []int, gpuSet []int) error {
 	pk.init(cnt)
-	return pk.packItems(cnt, gpuSet)
+	err := pk.packItems(cnt, gpuSet)
+	if err == nil {
+		return nil
+	}
+	// Largest-first can paint itself into a corner (the last copies of a
+	// many-copy expert find only GPUs that already hold it): place the
+	// experts with the most copies first, each copy on the GPU with the
+	// most free slots, which succeeds whenever any placement does when
+	// slots are the only constraint; the swap search then rebalances.
+	pk.init(cnt)
+	if pk.packFeasible(cnt, gpuSet) == nil {
+		return nil
+	}
+	pk.init(cnt)
+	return err
+}
+
+// packFeasible places copies most-copies-first onto the GPUs with the most
+// free slots (ties: least loaded).
+func (pk *packer) packFeasible(cnt []int, gpuSet []int) error {
+	var experts []int
+	for e, c := range cnt {
+		if c > 0 {
+			experts = append(experts, e)
+		}
+	}
+	agg := pk.aggWeight()
+	sort.SliceStable(experts, func(i, j int) bool {
+		a, b := experts[i], experts[j]
+		if cnt[a] != cnt[b] {
+			return cnt[a] > cnt[b]
+		}
+		return agg[a] > agg[b]
+	})
+	for _, e := range experts {
+		for range cnt[e] {
+			best, bestFree, bestLoad := -1, 0, 0.0
+			for _, g := range gpuSet {
+				free := pk.slots[g] - len(pk.gpus[g])
+				if free <= 0 || pk.blocked(g, e, -1) {
+					continue
+				}
+				v := 0.0
+				for s := range pk.gl {
+					v += pk.gl[s][g] / pk.norm[s]
+				}
+				if best < 0 || free > bestFree || (free == bestFree && v < bestLoad) {
+					best, bestFree, bestLoad = g, free, v
+				}
+			}
+			if best < 0 {
+				return fmt.Errorf("solver: no GPU has a free slot for a copy of expert %d; give more slots or fewer copies", e)
+			}
+			pk.add(best, e)
+		}
+	}
+	return nil
 }
 
 // aggWeight is the per-expert weight used for ordering: the mean over
@@ -682,7 +738,7 @@ func (p Problem) scenarioLoads(l int) [][]float64 {
 // largest first, then improved by swaps; every layer's busiest load is
 // certified against the bound max(mean, largest replica under the best
 // apportionment). Layers run in parallel.
-func solveReplicated(ctx context.Context, p Problem, opts Options, start time.Time) (*Result, error) {
+func solveReplicated(ctx context.Context, p Problem, backend Backend, opts Options, start time.Time) (*Result, error) {
 	lay, err := p.layout()
 	if err != nil {
 		return nil, err
@@ -711,7 +767,7 @@ func solveReplicated(ctx context.Context, p Problem, opts Options, start time.Ti
 			errs[l] = ctx.Err()
 			return
 		}
-		copies[l], bal[l], errs[l] = placeLayer(p, l, lay, speed, groups, time.Now().Add(limit), opts.MaxMoves)
+		copies[l], bal[l], errs[l] = placeLayer(ctx, p, backend, l, lay, speed, groups, time.Now().Add(limit), opts.MaxMoves)
 	})
 	for _, e := range errs {
 		if e != nil {
@@ -800,7 +856,7 @@ func busiestOverMean(load []float64, copies [][]placement.GPU, speed []float64, 
 }
 
 // placeLayer places one layer (see solveReplicated).
-func placeLayer(p Problem, l int, lay replicaLayout, speed []float64, groups int, deadline time.Time, maxMoves int) ([][]placement.GPU, LayerBalance, error) {
+func placeLayer(ctx context.Context, p Problem, backend Backend, l int, lay replicaLayout, speed []float64, groups int, deadline time.Time, maxMoves int) ([][]placement.GPU, LayerBalance, error) {
 	E, G := p.Stats.Experts, p.Cluster.GPUs()
 	w := p.scenarioLoads(l)
 	pk := newPacker(G, lay.slots, speed, w, p.Across)
@@ -860,7 +916,26 @@ func placeLayer(p Problem, l int, lay replicaLayout, speed []float64, groups int
 	if p.Dispatch == placement.DispatchLocal && groups == 0 && p.Current == nil {
 		cp = spreadNodes(p, p.Stats.Load[l], cp, lay, speed, deadline.Add(time.Second))
 	}
-	return cp, layerBalance(p.Stats.Load[l], cp, speed, lay, G, p.localP()), nil
+	b := layerBalance(p.Stats.Load[l], cp, speed, lay, G, p.localP())
+	// One or two slots per GPU of equal speed: the exact pair method
+	// proves a stronger bound and often packs to it.
+	if backend != nil && groups == 0 && p.Current == nil && len(w) == 1 && p.Dispatch == placement.DispatchEven && b.Gap() > 1e-6 {
+		if single, double, ok := pairLayout(lay, speed); ok {
+			s0 := speed[0]
+			load := make([]float64, E)
+			for e, x := range p.Stats.Load[l] {
+				load[e] = x / s0
+			}
+			bound, better, _ := pairRefine(ctx, backend, load, single, double, b.Bound, b.Busiest, deadline)
+			if better != nil {
+				if nb := layerBalance(p.Stats.Load[l], better, speed, lay, G, 0); nb.Busiest < b.Busiest {
+					cp, b = better, nb
+				}
+			}
+			b.Bound = math.Max(b.Bound, math.Min(bound, b.Busiest))
+		}
+	}
+	return cp, b, nil
 }
 
 // trafficFirst tries, under local dispatch with copies on distinct nodes,

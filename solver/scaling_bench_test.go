@@ -28,7 +28,8 @@ func zipfLoads(L, E int, seed uint64) [][]float64 {
 	return out
 }
 
-// BenchmarkScaling is the scaling table: the replicated joint strategy
+// BenchmarkScaling is the scaling table: the replicated joint strategy (with
+// HiGHS for the exact pair method where GPUs hold two slots)
 // (one redundant slot per GPU, 8 layers, GPUs 8 per node) for 8–256
 // experts on 8–128 GPUs. Metrics: busiest/mean, the largest per-layer
 // gap to the certified bound, and the same for greedy without replicas
@@ -50,7 +51,7 @@ func BenchmarkScaling(b *testing.B) {
 				p := Problem{Stats: stats, Cluster: c, Model: m, RedundantSlots: slots - E}
 				var res *Result
 				for b.Loop() {
-					res, err = Solve(context.Background(), p, StrategyJoint, nil, Options{TimeLimit: 60 * time.Second})
+					res, err = Solve(context.Background(), p, StrategyJoint, testBackend(b), Options{TimeLimit: 60 * time.Second})
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -328,7 +328,7 @@ func Solve(ctx context.Context, p Problem, st Strategy, backend Backend, opts Op
 			return nil, errors.New("solver: the joint strategy needs a MIP backend (solver/highs)")
 		}
 		if p.replicated() {
-			res, err = solveReplicated(ctx, p, opts, start)
+			res, err = solveReplicated(ctx, p, backend, opts, start)
 			break
 		}
 		res, err = solveJoint(ctx, p, backend, opts, start)

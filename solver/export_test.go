@@ -1,0 +1,4 @@
+package solver
+
+// PairRefine exposes pairRefine to the external tests, which have HiGHS.
+var PairRefine = pairRefine

@@ -1,0 +1,295 @@
+package solver
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/moetuner/moetuner/placement"
+)
+
+// Exact replication for GPUs of equal speed holding one or two slots each
+// (G1 GPUs with one slot, G2 with two; S = G1 + 2·G2 copies): the busiest
+// GPU is then decided by the copy sizes alone. With copies sorted by size,
+// the G1 largest go alone and the rest pair largest with smallest, which
+// is optimal; so a threshold T is reachable (two copies of one expert on a
+// GPU allowed, a relaxation) iff every copy is ≤ T and for every size
+// u > T/2
+//
+//	#{copies ≥ u} − G1 ≤ #{copies ≤ T − u}
+//
+// (Hall's condition for a threshold graph: each large copy not alone needs
+// its own partner ≤ T − u). Choosing the copy counts is a small ILP: z_i
+// picks count c for expert e (item i = (e, c), size load_e/c), prefix sums
+// Q_k = Σ_{i ≤ k} c_i·z_i over items sorted by size turn the condition
+// into Q_k + Q_j ≤ S + G1, one row per distinct size. The counts may use
+// fewer than S copies if small experts (copies ≤ T/2) have room for the
+// rest: an extra copy of a small expert only shrinks its copies, so it
+// never breaks the condition, and minimising the copies used steers HiGHS
+// to a solution quickly. Bisection on T with
+// HiGHS proving infeasibility gives a valid lower bound for the layer and,
+// usually, counts that pack to it.
+
+// pairItem is one candidate copy count of an expert.
+type pairItem struct {
+	e, c int
+	size float64
+}
+
+// pairFeasible reports whether threshold T is reachable and returns the
+// copy counts when it is; proven is false when the backend stopped
+// without a verdict.
+func pairFeasible(ctx context.Context, backend Backend, load []float64, G1, G2 int, T float64, deadline time.Time) (cnt []int, feasible, proven bool, err error) {
+	E, G, S := len(load), G1+G2, G1+2*G2
+	if !(T > 0) {
+		return nil, false, true, nil // every expert has some load or T is nonsense
+	}
+	cmax := min(G, S-E+1)
+	var items []pairItem
+	for e, x := range load {
+		lo := 1
+		if x > 0 {
+			lo = max(1, int(math.Ceil(x/T-1e-12)))
+		}
+		if lo > cmax {
+			return nil, false, true, nil // a copy of e exceeds T
+		}
+		for c := lo; c <= cmax; c++ {
+			items = append(items, pairItem{e, c, x / float64(c)})
+		}
+	}
+	sort.SliceStable(items, func(a, b int) bool {
+		if items[a].size != items[b].size {
+			return items[a].size > items[b].size
+		}
+		if items[a].e != items[b].e {
+			return items[a].e < items[b].e
+		}
+		return items[a].c < items[b].c
+	})
+	M := len(items)
+	var bd builder
+	z := make([]int, M)
+	q := make([]int, M)
+	for i, it := range items {
+		// Minimising the copies used guides the search; spare slots go to
+		// small experts afterwards, which never hurts (their copies only
+		// shrink), so Σ ≤ S is exact.
+		z[i] = bd.col(fmt.Sprintf("z_%d_%d", it.e, it.c), 0, 1, float64(it.c), true)
+	}
+	for i := range items {
+		q[i] = bd.col(fmt.Sprintf("q_%d", i), 0, float64(S), 0, false)
+	}
+	perExpert := make([][]int, E)
+	for i, it := range items {
+		perExpert[it.e] = append(perExpert[it.e], z[i])
+	}
+	for e, cols := range perExpert {
+		bd.row(fmt.Sprintf("one_%d", e), 1, 1, cols, ones(len(cols)))
+	}
+	// Prefix sums.
+	for i, it := range items {
+		if i == 0 {
+			bd.row("q_0", 0, 0, []int{q[0], z[0]}, []float64{1, -float64(it.c)})
+			continue
+		}
+		bd.row(fmt.Sprintf("q_%d", i), 0, 0, []int{q[i], q[i-1], z[i]}, []float64{1, -1, -float64(it.c)})
+	}
+	bd.row("total", math.Inf(-1), float64(S), []int{q[M-1]}, []float64{1})
+	// The spare slots must fit on small experts (copies ≤ T/2, at most one
+	// per GPU): Σ c·z + Σ_small (G − c)·z ≥ S. With it, Σ ≤ S is exact.
+	absorbIdx := []int{q[M-1]}
+	absorbVal := []float64{1}
+	for i, it := range items {
+		if it.size <= T/2 && it.c < G {
+			absorbIdx = append(absorbIdx, z[i])
+			absorbVal = append(absorbVal, float64(G-it.c))
+		}
+	}
+	bd.row("absorb", float64(S), math.Inf(1), absorbIdx, absorbVal)
+	// Hall rows at the last item of every distinct size above T/2.
+	for k := 0; k < M; k++ {
+		u := items[k].size
+		if u <= T/2 || (k+1 < M && items[k+1].size == u) {
+			continue
+		}
+		// j = items with size > T − u.
+		j := sort.Search(M, func(i int) bool { return items[i].size <= T-u })
+		if j == 0 {
+			bd.row(fmt.Sprintf("hall_%d", k), math.Inf(-1), float64(S+G1), []int{q[k]}, []float64{1})
+		} else {
+			bd.row(fmt.Sprintf("hall_%d", k), math.Inf(-1), float64(S+G1), []int{q[k], q[j-1]}, []float64{1, 1})
+		}
+	}
+	limit := time.Until(deadline).Seconds()
+	if limit <= 0.01 {
+		return nil, false, false, nil
+	}
+	// Any solution will do: stop at the first (gap 100 %).
+	sol, err := backend.SolveMIP(ctx, bd.mip(), MIPOptions{TimeLimitSec: limit, RelGap: 1})
+	if err != nil {
+		return nil, false, false, err
+	}
+	switch sol.Status {
+	case MIPInfeasible:
+		return nil, false, true, nil
+	case MIPOptimal, MIPFeasible:
+		if sol.X == nil {
+			return nil, false, false, nil
+		}
+		cnt = make([]int, E)
+		for i, it := range items {
+			if sol.X[z[i]] > 0.5 {
+				cnt[it.e] += it.c
+			}
+		}
+		used := 0
+		for _, c := range cnt {
+			if c < 1 {
+				return nil, false, false, nil
+			}
+			used += c
+		}
+		// Spare slots to the experts with the smallest copies that have
+		// room (never a copy above T/2, so no new large copy; the absorb
+		// row guarantees the room).
+		for ; used < S; used++ {
+			best := -1
+			for e, c := range cnt {
+				if c < G && load[e]/float64(c) <= T/2 && (best < 0 || load[e]/float64(c+1) < load[best]/float64(cnt[best]+1)) {
+					best = e
+				}
+			}
+			if best < 0 {
+				return nil, false, false, nil
+			}
+			cnt[best]++
+		}
+		return cnt, true, true, nil
+	}
+	return nil, false, false, nil
+}
+
+// pairLayout reports the one- and two-slot GPUs of a layer when the exact
+// pair method applies: every GPU of equal speed, with one or two slots.
+func pairLayout(lay replicaLayout, speed []float64) (single, double []int, ok bool) {
+	for g, s := range lay.slots {
+		if speed[g] != speed[0] {
+			return nil, nil, false
+		}
+		switch s {
+		case 1:
+			single = append(single, g)
+		case 2:
+			double = append(double, g)
+		default:
+			return nil, nil, false
+		}
+	}
+	return single, double, true
+}
+
+// pairPack places copy counts cnt on the GPUs: the largest copies alone on
+// the one-slot GPUs, the others paired largest with smallest, then pairs
+// that hold two copies of one expert repaired by exchanging partners with
+// another pair while both sums stay ≤ T. It returns nil if that fails.
+func pairPack(load []float64, cnt []int, single, double []int, T float64) [][]placement.GPU {
+	type cp struct {
+		e    int
+		size float64
+	}
+	var all []cp
+	for e, c := range cnt {
+		for range c {
+			all = append(all, cp{e, load[e] / float64(c)})
+		}
+	}
+	slices.SortStableFunc(all, func(a, b cp) int {
+		if a.size != b.size {
+			if a.size > b.size {
+				return -1
+			}
+			return 1
+		}
+		return a.e - b.e
+	})
+	if len(all) != len(single)+2*len(double) {
+		return nil
+	}
+	out := make([][]placement.GPU, len(load))
+	for i, g := range single {
+		if all[i].size > T*(1+1e-12) {
+			return nil
+		}
+		out[all[i].e] = append(out[all[i].e], placement.GPU(g))
+	}
+	rest := all[len(single):]
+	n := len(double)
+	pairs := make([][2]cp, n)
+	for i := range pairs {
+		pairs[i] = [2]cp{rest[i], rest[len(rest)-1-i]}
+	}
+	sum := func(p [2]cp) float64 { return p[0].size + p[1].size }
+	for i := range pairs {
+		if pairs[i][0].e != pairs[i][1].e {
+			continue
+		}
+		fixed := false
+		for j := range pairs {
+			if j == i {
+				continue
+			}
+			a, b := [2]cp{pairs[i][0], pairs[j][1]}, [2]cp{pairs[j][0], pairs[i][1]}
+			if a[0].e != a[1].e && b[0].e != b[1].e && sum(a) <= T*(1+1e-12) && sum(b) <= T*(1+1e-12) {
+				pairs[i], pairs[j] = a, b
+				fixed = true
+				break
+			}
+		}
+		if !fixed {
+			return nil
+		}
+	}
+	for i, p := range pairs {
+		if sum(p) > T*(1+1e-12) {
+			return nil
+		}
+		g := placement.GPU(double[i])
+		out[p[0].e] = append(out[p[0].e], g)
+		out[p[1].e] = append(out[p[1].e], g)
+	}
+	return out
+}
+
+// pairRefine bisects the threshold between lo (a valid bound) and the
+// busiest load hi of the current copies, on loads divided by the common
+// speed. It returns a better valid bound and, when it found counts that
+// pack below hi, their copies (nil otherwise).
+func pairRefine(ctx context.Context, backend Backend, load []float64, single, double []int, lo, hi float64, deadline time.Time) (bound float64, copies [][]placement.GPU, busiest float64) {
+	bound, busiest = lo, hi
+	for it := 0; it < 40 && hi-bound > 1e-4*hi; it++ {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		mid := (bound + hi) / 2
+		if it == 0 {
+			mid = bound * (1 + 1e-9) // often the bound itself is reachable
+		}
+		cnt, feasible, proven, err := pairFeasible(ctx, backend, load, len(single), len(double), mid, deadline)
+		if err != nil || !proven {
+			break
+		}
+		if !feasible {
+			bound = mid
+			continue
+		}
+		hi = mid
+		if cp := pairPack(load, cnt, single, double, mid); cp != nil {
+			copies, busiest = cp, mid
+		}
+	}
+	return bound, copies, busiest
+}
