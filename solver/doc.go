@@ -115,7 +115,13 @@
 //	busiest ≥ max(Σ_e P_e / Σ_g speed_g, min_c max_e P_e/c_e / max_g speed_g)
 //
 // (the second term is the apportionment's optimum), reported in
-// Result.Balance and Result.Gap. With per-token statistics the plan is then
+// Result.Balance and Result.Gap. When every GPU has the same speed and one
+// or two slots (and a MIP backend is given), the layer is then solved by
+// the exact pair method (pairs.go): for a threshold T, the copy counts
+// that reach it are an ILP over Hall's condition for pairing large copies
+// with small partners; bisection on T, with HiGHS proving infeasibility
+// below, raises the bound and usually finds counts that pack to it (a
+// relaxation only in allowing two copies of one expert on a GPU). With per-token statistics the plan is then
 // polished on the exact cost model (slot swaps that keep copies on distinct
 // GPUs), trading balance for communication. Problem.Split = SplitOptimal
 // finally splits each expert's tokens over its copies by a max flow that

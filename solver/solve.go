@@ -194,6 +194,11 @@ type Result struct {
 	// Baseline names the warm start and BaselineObjective its Objective.
 	Baseline          Strategy
 	BaselineObjective float64
+	// CostBound is a lower bound on Objective over every single-copy plan
+	// (E/G experts per GPU), on the exact cost model, and CostGap =
+	// Objective/CostBound − 1; NaN where no such bound is derived (see
+	// homeLowerBound: home flow, one node, per-token patterns).
+	CostBound, CostGap float64
 	// Balance certifies a replicated plan's busiest-GPU load per layer
 	// against a lower bound; nil for single-copy strategies.
 	Balance *BalanceReport
@@ -351,6 +356,10 @@ func Solve(ctx context.Context, p Problem, st Strategy, backend Backend, opts Op
 		return nil, err
 	}
 	res.Report, res.Objective = rep, obj
+	res.CostBound, res.CostGap = math.NaN(), math.NaN()
+	if lb, ok := homeLowerBound(p); ok && lb > 0 {
+		res.CostBound, res.CostGap = lb, obj/lb-1
+	}
 	if st != StrategyJoint {
 		res.ModelObjective, res.Bound, res.Gap = nan(res.ModelObjective), nan(res.Bound), nan(res.Gap)
 	}

@@ -630,6 +630,9 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 		if r.Note != "" {
 			fmt.Fprintf(w, "%s*: %s\n", r.Strategy, r.Note)
 		}
+		if r.Strategy == solver.StrategyJoint && !math.IsNaN(r.CostGap) {
+			fmt.Fprintf(w, "%s: modeled time %.2f%% above a lower bound on the exact cost model for every plan (%s)\n", r.Strategy, 100*r.CostGap, dur(time.Duration(r.CostBound*1e9)))
+		}
 		if p.Dispatch == placement.DispatchLocal && r.Balance != nil {
 			fmt.Fprintf(w, "%s: cross-node traffic %.2f%% above its lower bound for plans at least as balanced in every layer (local dispatch)\n", r.Strategy, 100*r.Balance.TrafficGap)
 		}
@@ -651,6 +654,8 @@ type jsonResult struct {
 	Bound           float64  `json:"bound_sec,omitempty"`
 	Gap             float64  `json:"gap,omitempty"`
 	TrafficGap      *float64 `json:"traffic_gap,omitempty"`
+	CostBound       float64  `json:"cost_bound_sec,omitempty"`
+	CostGap         float64  `json:"cost_gap,omitempty"`
 	Stage1Objective float64  `json:"stage1_objective,omitempty"`
 	SolveSec        float64  `json:"solve_sec"`
 	Cols            int      `json:"cols,omitempty"`
@@ -671,8 +676,8 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 			tg = &r.Balance.TrafficGap
 		}
 		out = append(out, jsonResult{
-			TrafficGap: tg,
-			Strategy:   string(r.Strategy), Status: r.Status.String(), TimeSec: r.Objective,
+			TrafficGap: tg, CostBound: clean(r.CostBound), CostGap: clean(r.CostGap),
+			Strategy: string(r.Strategy), Status: r.Status.String(), TimeSec: r.Objective,
 			MaxTokensSum: r.Report.MaxTokensSum, MeanImbalance: r.Report.MeanImbalance,
 			CommSec: r.Report.CommTime.Seconds(), CrossNodeBytes: r.Report.CrossNodeBytes,
 			ModelObjective: clean(r.ModelObjective), Bound: clean(r.Bound), Gap: clean(r.Gap),

@@ -1,0 +1,119 @@
+package solver
+
+import (
+	"math"
+	"slices"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+)
+
+// homeLowerBound is a lower bound, on the exact cost model, on the modeled
+// time of every single-copy plan with E/G experts per GPU, for the home
+// flow on one node with per-token patterns whose home GPU is unknown
+// (spread evenly) and GPUs of equal speed; ok is false otherwise. Per
+// layer:
+//
+//   - compute tail ≥ the mean GPU's compute (Σ load·perToken + E·perExpert)/G;
+//   - a token whose k distinct experts sit on m GPUs has m ≥ k − (pairs of
+//     its experts sharing a GPU), so Σ_g D_g (D_g: tokens reaching GPU g)
+//     ≥ Σ_t k_t − W, where W, the co-activation weight inside GPUs, is at
+//     most ½ Σ_e (its E/G − 1 largest co-activations);
+//   - dispatch: GPU g receives (G−1)/G·D_g tokens, so the busiest port
+//     carries at least (G−1)/G² · Σ_g D_g token copies; combine mirrors it;
+//
+// and the layer time is monotone in the three (sequential or overlapped).
+func homeLowerBound(p Problem) (float64, bool) {
+	s, c := p.Stats, p.Cluster
+	if p.Flow != costmodel.FlowHome || c.Nodes != 1 || s.Patterns == nil || p.replicated() || p.Dispatch != placement.DispatchEven {
+		return 0, false
+	}
+	G, E, L, k := c.GPUs(), s.Experts, s.Layers, s.TopK
+	if E%G != 0 {
+		return 0, false
+	}
+	for g := 1; g < G; g++ {
+		if c.SpeedOf(g) != c.SpeedOf(0) {
+			return 0, false
+		}
+	}
+	for i := range s.Patterns {
+		if s.Patterns[i].Source >= 0 {
+			return 0, false
+		}
+	}
+	m := E / G
+	perTok, perExp := c.Coefficients(p.Model)
+	speed := c.SpeedOf(0)
+	tb := p.Model.TokenBytes()
+	bw := c.NVLinkBytesPerSec()
+	lat := c.NVLinkLatency.Seconds()
+	sigma := c.SigmaValue()
+	chunks := float64(costmodel.DefaultChunks)
+	total := 0.0
+	co := make([]float64, E*E)
+	row := make([]float64, E)
+	for l := 0; l < L; l++ {
+		load := 0.0
+		for _, x := range s.Load[l] {
+			load += x
+		}
+		tail := (load*perTok + float64(E)*perExp) / float64(G) / speed
+		// Σ_t k_t and the co-activations of the layer.
+		clear(co)
+		kt := 0.0
+		for i := range s.Patterns {
+			pt := &s.Patterns[i]
+			ex := pt.Experts[l*k : (l+1)*k]
+			distinct := 0
+			for a := range ex {
+				dup := false
+				for b := 0; b < a; b++ {
+					if ex[b] == ex[a] {
+						dup = true
+						break
+					}
+				}
+				if dup {
+					continue
+				}
+				distinct++
+				for b := 0; b < a; b++ {
+					if ex[b] != ex[a] && !slices.Contains(ex[:b], ex[b]) {
+						co[int(ex[a])*E+int(ex[b])] += pt.Count
+						co[int(ex[b])*E+int(ex[a])] += pt.Count
+					}
+				}
+			}
+			kt += float64(distinct) * pt.Count
+		}
+		W := 0.0
+		for e := 0; e < E; e++ {
+			copy(row, co[e*E:(e+1)*E])
+			slices.Sort(row)
+			for _, v := range row[E-(m-1):] {
+				W += v / 2
+			}
+		}
+		conn := math.Max(kt-W, 0)
+		// Σ_t m_t ≥ number of tokens too (every token reaches a GPU).
+		tokens := 0.0
+		for i := range s.Patterns {
+			tokens += s.Patterns[i].Count
+		}
+		conn = math.Max(conn, tokens)
+		bytes := float64(G-1) / float64(G) / float64(G) * conn * tb
+		comm := 0.0
+		if bytes > 0 && G > 1 {
+			comm = 2 * (bytes/bw + lat)
+		}
+		seq := tail + comm
+		over := math.Max(tail*(1+sigma), comm) + comm/chunks
+		if p.Mode == costmodel.Overlapped {
+			total += over
+		} else {
+			total += seq
+		}
+	}
+	return total, true
+}

@@ -1,0 +1,122 @@
+package solver_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+	. "github.com/moetuner/moetuner/solver"
+)
+
+// balancedPartitions lists every assignment of E experts to G GPUs with
+// E/G each, GPU labels canonical (expert 0 on GPU 0, new GPUs in order).
+func balancedPartitions(E, G int) [][]int {
+	m := E / G
+	var out [][]int
+	cur := make([]int, E)
+	size := make([]int, G)
+	var rec func(e, used int)
+	rec = func(e, used int) {
+		if e == E {
+			out = append(out, append([]int(nil), cur...))
+			return
+		}
+		for g := 0; g < min(used+1, G); g++ {
+			if size[g] == m {
+				continue
+			}
+			cur[e], size[g] = g, size[g]+1
+			nu := used
+			if g == used {
+				nu++
+			}
+			rec(e+1, nu)
+			size[g]--
+		}
+	}
+	rec(0, 0)
+	return out
+}
+
+// The exact-cost lower bound (home flow, one node) never exceeds the best
+// plan's modeled time, found by brute force over every balanced
+// assignment, in sequential and overlapped mode.
+func TestHomeLowerBoundBruteForce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	for it := 0; it < 24; it++ {
+		G := 2 + rng.IntN(3)
+		E := G * (2 + rng.IntN(2))
+		if E > 9 {
+			E = 8
+			G = 4
+		}
+		k := 2 + rng.IntN(2)
+		L := 2
+		T := 20 + rng.IntN(60)
+		tr := &routing.Trace{Tokens: T, Layers: L, TopK: k, Experts: E}
+		for range T {
+			for range L {
+				perm := rng.Perm(E)
+				hot := rng.IntN(2) // skewed: half the tokens prefer low ids
+				for j := 0; j < k; j++ {
+					e := perm[j]
+					if hot == 1 {
+						e = perm[j] % (E/2 + 1)
+						for contains(tr.IDs[len(tr.IDs)-j:], int16(e)) {
+							e = (e + 1) % E
+						}
+					}
+					tr.IDs = append(tr.IDs, int16(e))
+				}
+			}
+		}
+		require.NoError(t, tr.Validate())
+		st := tr.Stats(routing.StatsOptions{})
+		m := fakeModel(E, k)
+		m.Hidden = 256 + rng.IntN(8192)
+		mode := costmodel.Mode(it % 2)
+		p := Problem{Stats: st, Cluster: smallCluster(1, G), Model: m, Flow: costmodel.FlowHome, Mode: mode}
+		lb, ok := HomeLowerBound(p)
+		require.True(t, ok)
+		ev, err := costmodel.NewEvaluator(st, p.Cluster, m, costmodel.Options{Flow: costmodel.FlowHome, Mode: mode})
+		require.NoError(t, err)
+		best := 0.0
+		parts := balancedPartitions(E, G)
+		for l := 0; l < L; l++ {
+			lbest := math.Inf(1)
+			for _, a := range parts {
+				row := make([]placement.GPU, E)
+				for e, g := range a {
+					row[e] = placement.GPU(g)
+				}
+				lp := placement.FromAssignment(G, [][]placement.GPU{row}, "brute").Layers[0]
+				lbest = math.Min(lbest, ev.LayerTime(l, lp, nil))
+			}
+			best += lbest
+		}
+		name := fmt.Sprintf("it %d: E %d G %d k %d T %d mode %v", it, E, G, k, T, mode)
+		assert.LessOrEqual(t, lb, best*(1+1e-12), name)
+		assert.Greater(t, lb, 0.5*best, name)
+		res, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{TimeLimit: 5 * time.Second})
+		require.NoError(t, err)
+		assert.InDelta(t, res.Objective/lb-1, res.CostGap, 1e-12, name)
+	}
+}
+
+func contains(s []int16, x int16) bool {
+	for _, v := range s {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
