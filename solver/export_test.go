@@ -5,3 +5,6 @@ var PairRefine = pairRefine
 
 // HomeLowerBound exposes homeLowerBound.
 var HomeLowerBound = homeLowerBound
+
+// PairFeasible exposes pairFeasible.
+var PairFeasible = pairFeasible

@@ -48,16 +48,29 @@ func pairFeasible(ctx context.Context, backend Backend, load []float64, G1, G2 i
 		return nil, false, true, nil // every expert has some load or T is nonsense
 	}
 	cmax := min(G, S-E+1)
-	var items []pairItem
+	// uMax, the largest copy any counts can make, is each expert at its
+	// fewest copies. A copy ≤ T − uMax partners every large copy, so more
+	// copies of that expert are no better than spare slots it absorbs:
+	// counts beyond that point are dominated and left out.
+	lo := make([]int, E)
+	uMax := 0.0
 	for e, x := range load {
-		lo := 1
+		lo[e] = 1
 		if x > 0 {
-			lo = max(1, int(math.Ceil(x/T-1e-12)))
+			lo[e] = max(1, int(math.Ceil(x/T-1e-12)))
 		}
-		if lo > cmax {
+		if lo[e] > cmax {
 			return nil, false, true, nil // a copy of e exceeds T
 		}
-		for c := lo; c <= cmax; c++ {
+		uMax = math.Max(uMax, x/float64(lo[e]))
+	}
+	var items []pairItem
+	for e, x := range load {
+		hi := cmax
+		if room := T - uMax; room > 0 && x > 0 {
+			hi = min(cmax, max(lo[e], int(math.Ceil(x/room-1e-12))))
+		}
+		for c := lo[e]; c <= hi; c++ {
 			items = append(items, pairItem{e, c, x / float64(c)})
 		}
 	}
@@ -270,20 +283,35 @@ func pairPack(load []float64, cnt []int, single, double []int, T float64) [][]pl
 // pack below hi, their copies (nil otherwise).
 func pairRefine(ctx context.Context, backend Backend, load []float64, single, double []int, lo, hi float64, deadline time.Time) (bound float64, copies [][]placement.GPU, busiest float64) {
 	bound, busiest = lo, hi
-	for it := 0; it < 40 && hi-bound > 1e-4*hi; it++ {
+	// [low, hi] is the search interval; bound only moves on a proof. A
+	// probe that runs out of time raises low (to look for better plans
+	// above it) but not the bound.
+	low := lo
+	for it := 0; it < 40 && hi-low > 1e-4*hi; it++ {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			break
 		}
-		mid := (bound + hi) / 2
+		mid := (low + hi) / 2
 		if it == 0 {
-			mid = bound * (1 + 1e-9) // often the bound itself is reachable
+			mid = low * (1 + 1e-9) // often the bound itself is reachable
 		}
-		cnt, feasible, proven, err := pairFeasible(ctx, backend, load, len(single), len(double), mid, deadline)
-		if err != nil || !proven {
+		// Each probe gets a share of the time left, so one hard probe does
+		// not eat the whole budget.
+		probe := time.Now().Add(max(500*time.Millisecond, time.Until(deadline)/4))
+		if probe.After(deadline) {
+			probe = deadline
+		}
+		cnt, feasible, proven, err := pairFeasible(ctx, backend, load, len(single), len(double), mid, probe)
+		if err != nil {
 			break
 		}
+		if !proven {
+			low = mid
+			continue
+		}
 		if !feasible {
-			bound = mid
+			low = mid
+			bound = math.Max(bound, mid) // proven: nothing reaches mid
 			continue
 		}
 		hi = mid
