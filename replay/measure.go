@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
 )
 
 // Backend replays a workload and reports its per-GPU times.
@@ -41,6 +42,9 @@ type RunOptions struct {
 	// Chunks is the number of pipeline chunks in overlapped mode; 0 means
 	// costmodel.DefaultChunks.
 	Chunks int
+	// Dispatch is the dispatch the communication is modeled with; it
+	// should match the workloads' (WorkloadOptions.Dispatch).
+	Dispatch placement.Dispatch
 	// Repeats is the number of timed repeats of every GPU's share of a layer
 	// (cpu, gpu); the median is kept. 0 means DefaultRepeats. sim ignores it.
 	Repeats int
@@ -168,7 +172,7 @@ func modelComm(m *Measurement, w *Workload, opts RunOptions) error {
 		return fmt.Errorf("replay: cluster has %d GPUs but the plan %d", g, w.GPUs())
 	}
 	for i, st := range w.Stats {
-		rep, err := costmodel.Evaluate(w.Plan, st, opts.Cluster, opts.Model, costmodel.Options{Flow: opts.Flow, Mode: opts.Mode, Chunks: opts.Chunks})
+		rep, err := costmodel.Evaluate(w.Plan, st, opts.Cluster, opts.Model, costmodel.Options{Flow: opts.Flow, Mode: opts.Mode, Chunks: opts.Chunks, Dispatch: opts.Dispatch})
 		if err != nil {
 			return fmt.Errorf("replay: iteration %d: %w", i, err)
 		}

@@ -273,3 +273,62 @@ func TestSplitSlotsFollowsShares(t *testing.T) {
 	lp.SlotShare = nil
 	assert.Equal(t, []int{4, 3, 7, 3}, splitSlots(lp, []float64{10, 7}))
 }
+
+// Under local dispatch the workload splits each expert's tokens by the
+// local shares and sim models communication with the same dispatch: on a
+// plan whose extra copies sit on the other node, sim's per-layer compute
+// tail is the cost model's up to token rounding and its communication is
+// the cost model's exactly.
+func TestSimLocalDispatch(t *testing.T) {
+	tr, c, m := loadFLAME(t)
+	c = c.WithNodes(2)
+	c.GPUsPerNode = 4
+	plan := &placement.Plan{GPUs: 8, Experts: 64}
+	for range tr.Layers {
+		var lp placement.LayerPlan
+		for e := 0; e < 64; e++ {
+			lp.SlotExpert = append(lp.SlotExpert, routing.Expert(e))
+			lp.SlotGPU = append(lp.SlotGPU, placement.GPU(e/8))
+		}
+		for e := 0; e < 64; e += 8 { // one extra copy per GPU, other node
+			lp.SlotExpert = append(lp.SlotExpert, routing.Expert(e))
+			lp.SlotGPU = append(lp.SlotGPU, placement.GPU((e/8+4)%8))
+		}
+		// Expert 1 on GPUs 0, 1 (node 0) and 5 (node 1): under local
+		// dispatch the lone copy on node 1 serves half the tokens.
+		lp.SlotExpert = append(lp.SlotExpert, 1, 1)
+		lp.SlotGPU = append(lp.SlotGPU, 1, 5)
+		plan.Layers = append(plan.Layers, lp)
+	}
+	w, err := NewWorkload(plan, Input{Trace: tr}, WorkloadOptions{Dispatch: placement.DispatchLocal, GPUsPerNode: 4})
+	require.NoError(t, err)
+	even, err := NewWorkload(plan, Input{Trace: tr}, WorkloadOptions{})
+	require.NoError(t, err)
+	ro := RunOptions{Cluster: c, Model: m, Dispatch: placement.DispatchLocal}
+	sim, err := Sim{}.Run(context.Background(), w, ro)
+	require.NoError(t, err)
+	rep, err := costmodel.Evaluate(plan, tr.Stats(routing.StatsOptions{}), c, m, costmodel.Options{Dispatch: placement.DispatchLocal})
+	require.NoError(t, err)
+	perTok, _ := c.Coefficients(m)
+	for l, lr := range rep.Layers {
+		// A GPU has at most 10 slots, each off by at most one token.
+		assert.InDelta(t, lr.ComputeTail.Seconds(), sim.Layers[l].Tail.Seconds(), 10*perTok+2e-9, "layer %d tail", l)
+		assert.InDelta(t, lr.CommTime.Seconds(), sim.Layers[l].Comm.Seconds(), 2e-9, "layer %d comm", l)
+		// Same tokens, split differently for expert 1: the copy on GPU 5
+		// (slot 73) gets half, the others a quarter each.
+		assert.Equal(t, sum(w.SlotTokens[0][l]), sum(even.SlotTokens[0][l]), "layer %d: same tokens", l)
+		n1 := w.SlotTokens[0][l][1] + w.SlotTokens[0][l][72] + w.SlotTokens[0][l][73]
+		assert.InDelta(t, float64(n1)/2, float64(w.SlotTokens[0][l][73]), 1, "layer %d", l)
+		assert.InDelta(t, float64(n1)/3, float64(even.SlotTokens[0][l][73]), 1, "layer %d", l)
+	}
+	_, err = NewWorkload(plan, Input{Trace: tr}, WorkloadOptions{Dispatch: placement.DispatchLocal})
+	assert.ErrorContains(t, err, "nodes of 0")
+}
+
+func sum(x []int) int {
+	s := 0
+	for _, v := range x {
+		s += v
+	}
+	return s
+}

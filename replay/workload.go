@@ -48,6 +48,14 @@ type WorkloadOptions struct {
 	// TopK is the routing top-k for Stats that do not state it
 	// (Stats.TopK == 0); ignored otherwise.
 	TopK int
+	// Dispatch is how tokens pick among an expert's copies. Under
+	// placement.DispatchLocal each expert's tokens split over its copies
+	// by the shares local dispatch gives when every GPU sources the same
+	// number of tokens (placement.LocalFractions), rounded by largest
+	// remainders; GPUsPerNode must then be set and the plan must not carry
+	// SlotShare.
+	Dispatch    placement.Dispatch
+	GPUsPerNode int
 }
 
 // Workload is the work every GPU does in every layer of every iteration
@@ -70,6 +78,42 @@ type Workload struct {
 	// Stats[i] are the routing statistics of iteration i's batch, which the
 	// backends pass to costmodel.Evaluate to model communication.
 	Stats []*routing.Stats
+
+	// shares[l], under local dispatch, is the plan's layer l with SlotShare
+	// set to the local-dispatch shares; nil otherwise.
+	shares []placement.LayerPlan
+}
+
+// newWorkload starts an empty workload, preparing local-dispatch shares.
+func newWorkload(plan *placement.Plan, k int, sampled bool, opts WorkloadOptions) (*Workload, error) {
+	w := &Workload{Plan: plan, TopK: k, Sampled: sampled}
+	switch opts.Dispatch {
+	case placement.DispatchEven:
+		return w, nil
+	case placement.DispatchLocal:
+	default:
+		return nil, fmt.Errorf("replay: unknown dispatch %v", opts.Dispatch)
+	}
+	for l, lp := range plan.Layers {
+		if lp.SlotShare != nil {
+			return nil, fmt.Errorf("replay: plan layer %d carries slot shares, but local dispatch decides the split; use dispatch even", l)
+		}
+		frac, err := placement.LocalFractions(lp, plan.Experts, plan.GPUs, opts.GPUsPerNode)
+		if err != nil {
+			return nil, fmt.Errorf("replay: local dispatch, layer %d: %w", l, err)
+		}
+		S := len(lp.SlotExpert)
+		sh := make([]float64, S)
+		for h := 0; h < plan.GPUs; h++ {
+			for s := range sh {
+				sh[s] += frac[h*S+s] / float64(plan.GPUs)
+			}
+		}
+		q := lp
+		q.SlotShare = sh
+		w.shares = append(w.shares, q)
+	}
+	return w, nil
 }
 
 // NewWorkload builds the workload of plan under src. It checks that the plan
@@ -119,7 +163,10 @@ func fromTrace(plan *placement.Plan, t *routing.Trace, opts WorkloadOptions) (*W
 	if opts.Iterations > 0 && opts.Iterations < n {
 		n = opts.Iterations
 	}
-	w := &Workload{Plan: plan, TopK: t.TopK}
+	w, err := newWorkload(plan, t.TopK, false, opts)
+	if err != nil {
+		return nil, err
+	}
 	for i := range n {
 		batch := t.Slice(i*b, (i+1)*b)
 		st := batch.Stats(routing.StatsOptions{})
@@ -166,7 +213,10 @@ func fromStats(plan *placement.Plan, s *routing.Stats, opts WorkloadOptions) (*W
 		}
 	}
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	w := &Workload{Plan: plan, TopK: k, Sampled: true}
+	w, err := newWorkload(plan, k, true, opts)
+	if err != nil {
+		return nil, err
+	}
 	for range iters {
 		load := make([][]float64, s.Layers)
 		for l := range s.Layers {
@@ -205,6 +255,9 @@ func fromStats(plan *placement.Plan, s *routing.Stats, opts WorkloadOptions) (*W
 func (w *Workload) add(tokens int, load [][]float64, st *routing.Stats) {
 	slots := make([][]int, len(w.Plan.Layers))
 	for l, lp := range w.Plan.Layers {
+		if w.shares != nil {
+			lp = w.shares[l]
+		}
 		slots[l] = splitSlots(lp, load[l])
 	}
 	w.Tokens = append(w.Tokens, tokens)

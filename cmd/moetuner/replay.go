@@ -46,9 +46,6 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	if p.Dispatch != placement.DispatchEven {
-		return errors.New("replay runs the even split over copies (or the plan's slot_share); --dispatch local is modeled by eval and compare only")
-	}
 	model := p.Model // the size the backend runs, for calibration
 	var b replay.Backend
 	var scale float64
@@ -82,7 +79,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(sources) == 1 && sources[0].Trace != nil {
 		in = replay.Input{Trace: sources[0].Trace}
 	}
-	wopts := replay.WorkloadOptions{BatchTokens: *batch, Iterations: *iters, Seed: *seed, TopK: p.Model.TopK}
+	wopts := replay.WorkloadOptions{BatchTokens: *batch, Iterations: *iters, Seed: *seed, TopK: p.Model.TopK, Dispatch: p.Dispatch, GPUsPerNode: p.Cluster.GPUsPerNode}
 	var ws []*replay.Workload
 	for _, path := range plans {
 		plan, err := readPlan(path, p.Cluster.GPUs())
@@ -98,7 +95,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		ws = append(ws, w)
 	}
-	ropts := replay.RunOptions{Cluster: p.Cluster, Model: p.Model, Flow: p.Flow, Mode: p.Mode, Chunks: *chunks, Repeats: *repeats}
+	ropts := replay.RunOptions{Cluster: p.Cluster, Model: p.Model, Flow: p.Flow, Mode: p.Mode, Chunks: *chunks, Repeats: *repeats, Dispatch: p.Dispatch}
 	ms, err := replay.RunInterleaved(ctx, b, ws, *rounds, ropts)
 	if err != nil {
 		return err

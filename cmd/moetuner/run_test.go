@@ -249,6 +249,11 @@ func TestDispatchLocalFlags(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "eplb-hierarchical")
 
+	// replay follows the same dispatch (sim backend: model only).
+	code, stdout, stderr = runCLI(t, "replay", "--trace", fid, "--plan", out, "--nodes", "2", "--gpus-per-node", "2", "--dispatch", "local", "--backend", "sim")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "p.sglang.json")
+
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -256,7 +261,6 @@ func TestDispatchLocalFlags(t *testing.T) {
 		{[]string{"plan", "--trace", fid, "--dispatch-map", dm}, "add --dispatch local"},
 		{[]string{"plan", "--trace", fid, "--dispatch", "nearest"}, "want even or local"},
 		{[]string{"plan", "--trace", fid, "--redundant-slots", "4", "--dispatch", "local", "--flow", "chain"}, "home flow only"},
-		{[]string{"replay", "--trace", fid, "--plan", out, "--nodes", "2", "--gpus-per-node", "2", "--dispatch", "local"}, "modeled by eval and compare only"},
 	} {
 		code, _, stderr := runCLI(t, tc.args...)
 		assert.Equal(t, 1, code, tc.args)
