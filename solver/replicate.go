@@ -68,9 +68,11 @@ type BalanceReport struct {
 	Layers []LayerBalance
 	// MaxGap and MeanGap summarise Layers' Gap.
 	MaxGap, MeanGap float64
-	// TrafficGap, under local dispatch, is Σ Traffic / Σ TrafficBound − 1
-	// over the layers: how far the cross-node traffic is from the least
-	// any plan at most as unbalanced (layer by layer) could have.
+	// TrafficGap, under local dispatch with count-only statistics (where
+	// Traffic is exactly what crosses the NICs), is Σ Traffic /
+	// Σ TrafficBound − 1 over the layers: how far the cross-node traffic
+	// is from the least any plan at most as unbalanced (layer by layer)
+	// could have. 0 otherwise.
 	TrafficGap float64
 	// Scenario[s] is the mean over layers of busiest/mean for workload s
 	// (Problem.Scenarios), nil without scenarios.
@@ -816,7 +818,7 @@ func solveReplicated(ctx context.Context, p Problem, backend Backend, opts Optio
 	if time.Now().After(deadline) {
 		res.Status = StatusTimeLimit
 	}
-	if p.Dispatch == placement.DispatchLocal {
+	if p.Dispatch == placement.DispatchLocal && p.Stats.Patterns == nil {
 		t, tb := 0.0, 0.0
 		for _, b := range bal {
 			t += b.Traffic

@@ -633,7 +633,7 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 		if r.Strategy == solver.StrategyJoint && !math.IsNaN(r.CostGap) {
 			fmt.Fprintf(w, "%s: modeled time %.2f%% above a lower bound on the exact cost model for every plan (%s)\n", r.Strategy, 100*r.CostGap, dur(time.Duration(r.CostBound*1e9)))
 		}
-		if p.Dispatch == placement.DispatchLocal && r.Balance != nil {
+		if p.Dispatch == placement.DispatchLocal && r.Balance != nil && p.Stats.Patterns == nil {
 			fmt.Fprintf(w, "%s: cross-node traffic %.2f%% above its lower bound for plans at least as balanced in every layer (local dispatch)\n", r.Strategy, 100*r.Balance.TrafficGap)
 		}
 	}
@@ -672,7 +672,7 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 	}
 	for _, r := range results {
 		var tg *float64
-		if p.Dispatch == placement.DispatchLocal && r.Balance != nil {
+		if p.Dispatch == placement.DispatchLocal && r.Balance != nil && p.Stats.Patterns == nil {
 			tg = &r.Balance.TrafficGap
 		}
 		out = append(out, jsonResult{
