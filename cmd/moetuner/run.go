@@ -431,6 +431,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	plan.Meta = map[string]string{
 		"flow":      p.Flow.String(),
 		"mode":      p.Mode.String(),
+		"dispatch":  p.Dispatch.String(),
 		"cluster":   fmt.Sprintf("%s (%d nodes × %d GPUs)", p.Cluster.Name, p.Cluster.Nodes, p.Cluster.GPUsPerNode),
 		"model":     p.Model.Name,
 		"objective": fmt.Sprintf("%.9g s", res.Objective),
