@@ -36,6 +36,9 @@ func benchSolve(b *testing.B, p Problem, st Strategy, opts Options) {
 	if res.Gap == res.Gap { // not NaN
 		b.ReportMetric(100*res.Gap, "gap%")
 	}
+	if res.CostGap == res.CostGap {
+		b.ReportMetric(100*res.CostGap, "cost-gap%")
+	}
 	b.ReportMetric(float64(res.Cols), "cols")
 }
 

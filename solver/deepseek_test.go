@@ -161,3 +161,42 @@ func TestDeepSeekLocalDispatchCrossNode(t *testing.T) {
 		joint.Objective, global.Objective, hier.Objective,
 		joint.Report.MaxImbalance, global.Report.MaxImbalance, hier.Report.MaxImbalance, 100*joint.Balance.MaxGap, 100*joint.Balance.TrafficGap, joint.SolveTime)
 }
+
+// BenchmarkDeepSeek is the issue #3 instance (prefill_in4096, 4 nodes × 8
+// GPUs, 32 redundant slots) under both dispatches, with EPLB's two policies
+// scored in the same run: joint's balance gap and worst busiest/mean, and
+// its cross-node bytes and layer time relative to EPLB hierarchical and
+// global.
+func BenchmarkDeepSeek(b *testing.B) {
+	base := deepseekProblem(b, deepseekStats(b, "prefill_in4096"))
+	for _, d := range []placement.Dispatch{placement.DispatchEven, placement.DispatchLocal} {
+		b.Run(d.String(), func(b *testing.B) {
+			p := base
+			p.Dispatch = d
+			ctx := context.Background()
+			hier, err := Solve(ctx, p, StrategyEPLBHierarchical, nil, Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			global, err := Solve(ctx, p, StrategyEPLB, nil, Options{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var res *Result
+			for b.Loop() {
+				if res, err = Solve(ctx, p, StrategyJoint, nil, Options{TimeLimit: 60 * time.Second}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(100*res.Balance.MaxGap, "gap%")
+			b.ReportMetric(res.Report.MaxImbalance, "worst-max/mean")
+			b.ReportMetric(res.Report.CrossNodeBytes/hier.Report.CrossNodeBytes, "nic/eplb-hier")
+			b.ReportMetric(res.Report.CrossNodeBytes/global.Report.CrossNodeBytes, "nic/eplb")
+			b.ReportMetric(res.Objective/hier.Objective, "time/eplb-hier")
+			b.ReportMetric(res.Objective/global.Objective, "time/eplb")
+			if d == placement.DispatchLocal {
+				b.ReportMetric(100*res.Balance.TrafficGap, "traffic-gap%")
+			}
+		})
+	}
+}

@@ -474,3 +474,15 @@ func TestReplicatedPairsExact(t *testing.T) {
 	assert.GreaterOrEqual(t, reached, runs*3/4)
 	assert.GreaterOrEqual(t, closed, runs*3/4)
 }
+
+// Found by TestReplicatedPairsExact: largest-first packing put the lone
+// slot of GPU 0 and a copy of expert 0 everywhere else before expert 0's
+// third copy came; packing most-copies-first finds the placement.
+func TestPackMixedSlotsRegression(t *testing.T) {
+	load := []float64{1000, 361, 488}
+	p := Problem{Stats: routing.StatsFromLoad([][]float64{load}, 2), Cluster: smallCluster(1, 3), Model: fakeModel(3, 2), SlotsPerGPU: []int{1, 2, 2}}
+	res, err := Solve(context.Background(), p, StrategyJoint, nil, Options{TimeLimit: time.Second})
+	require.NoError(t, err)
+	verify(t, p, res)
+	assert.InDelta(t, bruteBusiestSlots(load, []int{1, 2, 2}), res.Balance.Layers[0].Busiest, 1e-9)
+}
