@@ -283,35 +283,49 @@ func pairPack(load []float64, cnt []int, single, double []int, T float64) [][]pl
 // pack below hi, their copies (nil otherwise).
 func pairRefine(ctx context.Context, backend Backend, load []float64, single, double []int, lo, hi float64, deadline time.Time) (bound float64, copies [][]placement.GPU, busiest float64) {
 	bound, busiest = lo, hi
-	// [low, hi] is the search interval; bound only moves on a proof. A
-	// probe that runs out of time raises low (to look for better plans
-	// above it) but not the bound.
-	low := lo
-	for it := 0; it < 40 && hi-low > 1e-4*hi; it++ {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			break
+	probe := func(T float64) (cnt []int, feasible, proven bool) {
+		// Each probe gets a share of the time left, so one hard probe
+		// does not eat the whole budget.
+		until := time.Now().Add(max(500*time.Millisecond, time.Until(deadline)/4))
+		if until.After(deadline) {
+			until = deadline
 		}
-		mid := (low + hi) / 2
-		if it == 0 {
-			mid = low * (1 + 1e-9) // often the bound itself is reachable
-		}
-		// Each probe gets a share of the time left, so one hard probe does
-		// not eat the whole budget.
-		probe := time.Now().Add(max(500*time.Millisecond, time.Until(deadline)/4))
-		if probe.After(deadline) {
-			probe = deadline
-		}
-		cnt, feasible, proven, err := pairFeasible(ctx, backend, load, len(single), len(double), mid, probe)
+		cnt, feasible, proven, err := pairFeasible(ctx, backend, load, len(single), len(double), T, until)
 		if err != nil {
+			return nil, false, false
+		}
+		return cnt, feasible, proven
+	}
+	done := func() bool { return time.Now().After(deadline) || ctx.Err() != nil }
+	// Raise the bound in growing steps: infeasibility just above a proven
+	// bound is usually quick to prove, near the optimum it is not.
+	low := lo
+	half := time.Now().Add(time.Until(deadline) / 2) // the rest is for plans
+	for step := 1e-9; !done() && time.Now().Before(half) && low*(1+step) < hi; step = max(2*step, 2.5e-3) {
+		T := low * (1 + step)
+		cnt, feasible, proven := probe(T)
+		if !proven {
 			break
 		}
-		if !proven {
-			low = mid
-			continue
+		if feasible {
+			hi = T
+			if cp := pairPack(load, cnt, single, double, T); cp != nil {
+				copies, busiest = cp, T
+			}
+			break
 		}
+		low, bound = T, T // proven: nothing reaches T
+	}
+	// Then bisect [low, hi] for better plans; a probe that runs out of
+	// time raises low (to look above it) but not the bound.
+	for it := 0; it < 40 && hi-low > 1e-4*hi && !done(); it++ {
+		mid := (low + hi) / 2
+		cnt, feasible, proven := probe(mid)
 		if !feasible {
 			low = mid
-			bound = math.Max(bound, mid) // proven: nothing reaches mid
+			if proven {
+				bound = math.Max(bound, mid) // proven: nothing reaches mid
+			}
 			continue
 		}
 		hi = mid
