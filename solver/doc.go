@@ -119,9 +119,10 @@
 // or two slots (and a MIP backend is given), the layer is then solved by
 // the exact pair method (pairs.go): for a threshold T, the copy counts
 // that reach it are an ILP over Hall's condition for pairing large copies
-// with small partners; bisection on T, with HiGHS proving infeasibility
-// below, raises the bound and usually finds counts that pack to it (a
-// relaxation only in allowing two copies of one expert on a GPU). With per-token statistics the plan is then
+// with small partners. HiGHS proves infeasibility in growing steps above
+// the bound (half the layer's time), then bisection on T looks for counts
+// that pack lower (a relaxation only in allowing two copies of one expert
+// on a GPU, which the packing repairs or gives up on). With per-token statistics the plan is then
 // polished on the exact cost model (slot swaps that keep copies on distinct
 // GPUs), trading balance for communication. Problem.Split = SplitOptimal
 // finally splits each expert's tokens over its copies by a max flow that

@@ -29,9 +29,9 @@ import (
 // fewer than S copies if small experts (copies ≤ T/2) have room for the
 // rest: an extra copy of a small expert only shrinks its copies, so it
 // never breaks the condition, and minimising the copies used steers HiGHS
-// to a solution quickly. Bisection on T with
-// HiGHS proving infeasibility gives a valid lower bound for the layer and,
-// usually, counts that pack to it.
+// to a solution quickly. Raising T in steps while HiGHS proves
+// infeasibility gives a valid lower bound for the layer; bisection above
+// it finds counts that usually pack to their T.
 
 // pairItem is one candidate copy count of an expert.
 type pairItem struct {
