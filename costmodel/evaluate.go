@@ -547,46 +547,11 @@ func (pb *probBuf) init(G, N int) {
 	pb.nstamp = make([]uint32, N)
 }
 
-func (pb *probBuf) compute(ex []int16, sh *shares) {
-	pb.gen++
-	if pb.gen == 0 { // wrapped: forget all stamps
-		clear(pb.stamp)
-		clear(pb.nstamp)
-		pb.gen = 1
-	}
-	pb.g, pb.b = pb.g[:0], pb.b[:0]
-	for _, e := range ex {
-		for i := sh.cs[e]; i < sh.cs[e+1]; i++ {
-			g := sh.cg[i]
-			if pb.stamp[g] != pb.gen {
-				pb.stamp[g] = pb.gen
-				pb.prod[g] = 1
-				pb.g = append(pb.g, g)
-			}
-			pb.prod[g] *= 1 - sh.cw[i]
-		}
-		for i := sh.ns[e]; i < sh.ns[e+1]; i++ {
-			b := sh.nb[i]
-			if pb.nstamp[b] != pb.gen {
-				pb.nstamp[b] = pb.gen
-				pb.nprod[b] = 1
-				pb.b = append(pb.b, b)
-			}
-			pb.nprod[b] *= 1 - sh.nw[i]
-		}
-	}
-	pb.p = pb.p[:0]
-	for _, g := range pb.g {
-		pb.p = append(pb.p, 1-pb.prod[g])
-	}
-	pb.q = pb.q[:0]
-	for _, b := range pb.b {
-		pb.q = append(pb.q, 1-pb.nprod[b])
-	}
-}
+// compute fills pb for a token whose layer experts are ex under shares sh.
+func (pb *probBuf) compute(ex []int16, sh *shares) { pb.computeFrom(ex, sh, -1, 0) }
 
 // computeFrom is compute for a token sourced on GPU h under local
-// dispatch (sh.local).
+// dispatch (sh.local, G GPUs); h < 0 uses the source-free split.
 func (pb *probBuf) computeFrom(ex []int16, sh *shares, h, G int) {
 	pb.gen++
 	if pb.gen == 0 {
@@ -598,7 +563,10 @@ func (pb *probBuf) computeFrom(ex []int16, sh *shares, h, G int) {
 	for _, e := range ex {
 		a, b := int(sh.cs[e]), int(sh.cs[e+1])
 		n := b - a
-		w := sh.hw[a*G+h*n : a*G+(h+1)*n]
+		w := sh.cw[a:b]
+		if h >= 0 {
+			w = sh.hw[a*G+h*n : a*G+(h+1)*n]
+		}
 		for i := a; i < b; i++ {
 			g := sh.cg[i]
 			if pb.stamp[g] != pb.gen {
@@ -610,7 +578,10 @@ func (pb *probBuf) computeFrom(ex []int16, sh *shares, h, G int) {
 		}
 		na, nb := int(sh.ns[e]), int(sh.ns[e+1])
 		nn := nb - na
-		nw := sh.hnw[na*G+h*nn : na*G+(h+1)*nn]
+		nw := sh.nw[na:nb]
+		if h >= 0 {
+			nw = sh.hnw[na*G+h*nn : na*G+(h+1)*nn]
+		}
 		for i := na; i < nb; i++ {
 			bn := sh.nb[i]
 			if pb.nstamp[bn] != pb.gen {

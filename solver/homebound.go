@@ -50,7 +50,10 @@ func homeLowerBound(p Problem) (float64, bool) {
 	lat := c.NVLinkLatency.Seconds()
 	sigma := c.SigmaValue()
 	chunks := float64(costmodel.DefaultChunks)
-	total := 0.0
+	total, tokens := 0.0, 0.0
+	for i := range s.Patterns {
+		tokens += s.Patterns[i].Count
+	}
 	co := make([]float64, E*E)
 	row := make([]float64, E)
 	for l := 0; l < L; l++ {
@@ -95,13 +98,8 @@ func homeLowerBound(p Problem) (float64, bool) {
 				W += v / 2
 			}
 		}
-		conn := math.Max(kt-W, 0)
 		// Σ_t m_t ≥ number of tokens too (every token reaches a GPU).
-		tokens := 0.0
-		for i := range s.Patterns {
-			tokens += s.Patterns[i].Count
-		}
-		conn = math.Max(conn, tokens)
+		conn := math.Max(kt-W, tokens)
 		bytes := float64(G-1) / float64(G) / float64(G) * conn * tb
 		comm := 0.0
 		if bytes > 0 && G > 1 {

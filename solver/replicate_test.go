@@ -25,52 +25,11 @@ func replicatedProblem(load [][]float64, nodes, perNode, redundant int) Problem 
 // plan: every way of filling G GPUs × S slots with experts (each at least
 // once, no two copies on one GPU), tokens split evenly over copies.
 func bruteBusiest(load []float64, G, S int) float64 {
-	E := len(load)
-	// Enumerate each GPU's expert set as a bitmask with S bits set.
-	var sets []int
-	for m := 0; m < 1<<E; m++ {
-		if popcount(m) == S {
-			sets = append(sets, m)
-		}
+	slots := make([]int, G)
+	for g := range slots {
+		slots[g] = S
 	}
-	best := math.Inf(1)
-	choice := make([]int, G)
-	var rec func(g, from int)
-	rec = func(g, from int) {
-		if g == G {
-			cnt := make([]int, E)
-			for _, m := range choice {
-				for e := range E {
-					if m>>e&1 == 1 {
-						cnt[e]++
-					}
-				}
-			}
-			for _, c := range cnt {
-				if c == 0 {
-					return
-				}
-			}
-			busiest := 0.0
-			for _, m := range choice {
-				t := 0.0
-				for e := range E {
-					if m>>e&1 == 1 {
-						t += load[e] / float64(cnt[e])
-					}
-				}
-				busiest = math.Max(busiest, t)
-			}
-			best = math.Min(best, busiest)
-			return
-		}
-		for i := from; i < len(sets); i++ { // GPUs are interchangeable
-			choice[g] = sets[i]
-			rec(g+1, i)
-		}
-	}
-	rec(0, 0)
-	return best
+	return bruteBusiestSlots(load, slots)
 }
 
 func popcount(m int) int {
