@@ -24,22 +24,30 @@ import (
 //
 // and the layer time is monotone in the three (sequential or overlapped).
 func homeLowerBound(p Problem) (float64, bool) {
+	return homeLowerBoundWith(p, nil)
+}
+
+// homeCost returns, for the problems homeLowerBound covers, a layer's
+// exact modeled time as a function of its busiest GPU's routed tokens maxL
+// and its busiest GPU's distinct tokens maxD (see homepolish.go); ok is
+// false for other problems.
+func homeCost(p Problem) (cost func(maxL, maxD float64) float64, ok bool) {
 	s, c := p.Stats, p.Cluster
 	if p.Flow != costmodel.FlowHome || c.Nodes != 1 || s.Patterns == nil || p.replicated() || p.Dispatch != placement.DispatchEven {
-		return 0, false
+		return nil, false
 	}
-	G, E, L, k := c.GPUs(), s.Experts, s.Layers, s.TopK
+	G, E := c.GPUs(), s.Experts
 	if E%G != 0 {
-		return 0, false
+		return nil, false
 	}
 	for g := 1; g < G; g++ {
 		if c.SpeedOf(g) != c.SpeedOf(0) {
-			return 0, false
+			return nil, false
 		}
 	}
 	for i := range s.Patterns {
 		if s.Patterns[i].Source >= 0 {
-			return 0, false
+			return nil, false
 		}
 	}
 	m := E / G
@@ -50,6 +58,32 @@ func homeLowerBound(p Problem) (float64, bool) {
 	lat := c.NVLinkLatency.Seconds()
 	sigma := c.SigmaValue()
 	chunks := float64(costmodel.DefaultChunks)
+	overlapped := p.Mode == costmodel.Overlapped
+	return func(maxL, maxD float64) float64 {
+		tail := (maxL*perTok + float64(m)*perExp) / speed
+		bytes := float64(G-1) / float64(G) * maxD * tb
+		comm := 0.0
+		if bytes > 0 && G > 1 {
+			comm = 2 * (bytes/bw + lat)
+		}
+		if overlapped {
+			return math.Max(tail*(1+sigma), comm) + comm/chunks
+		}
+		return tail + comm
+	}, true
+}
+
+// homeLowerBoundWith is homeLowerBound with, per layer, a certified lower
+// bound minD[l] on the busiest GPU's distinct tokens (nil or ≤ 0 entries:
+// none).
+func homeLowerBoundWith(p Problem, minD []float64) (float64, bool) {
+	cost, ok := homeCost(p)
+	if !ok {
+		return 0, false
+	}
+	s, c := p.Stats, p.Cluster
+	G, E, L, k := c.GPUs(), s.Experts, s.Layers, s.TopK
+	m := E / G
 	total, tokens := 0.0, 0.0
 	for i := range s.Patterns {
 		tokens += s.Patterns[i].Count
@@ -61,7 +95,6 @@ func homeLowerBound(p Problem) (float64, bool) {
 		for _, x := range s.Load[l] {
 			load += x
 		}
-		tail := (load*perTok + float64(E)*perExp) / float64(G) / speed
 		// Σ_t k_t and the co-activations of the layer.
 		clear(co)
 		kt := 0.0
@@ -98,20 +131,13 @@ func homeLowerBound(p Problem) (float64, bool) {
 				W += v / 2
 			}
 		}
-		// Σ_t m_t ≥ number of tokens too (every token reaches a GPU).
-		conn := math.Max(kt-W, tokens)
-		bytes := float64(G-1) / float64(G) / float64(G) * conn * tb
-		comm := 0.0
-		if bytes > 0 && G > 1 {
-			comm = 2 * (bytes/bw + lat)
+		// Σ_t m_t ≥ number of tokens too (every token reaches a GPU), and
+		// the busiest GPU reaches at least the mean.
+		maxD := math.Max(kt-W, tokens) / float64(G)
+		if l < len(minD) {
+			maxD = math.Max(maxD, minD[l])
 		}
-		seq := tail + comm
-		over := math.Max(tail*(1+sigma), comm) + comm/chunks
-		if p.Mode == costmodel.Overlapped {
-			total += over
-		} else {
-			total += seq
-		}
+		total += cost(load/float64(G), maxD)
 	}
 	return total, true
 }

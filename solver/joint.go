@@ -871,6 +871,18 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	if jm.chain {
 		ilpBudget = opts.TimeLimit / 2 // then layer-by-layer descent to 80 %
 	}
+	// Home flow on one node with per-token patterns: the layer cost depends
+	// only on the two busiest GPUs' counts, which annealing optimises
+	// directly and column generation bounds (homepolish.go, coverbound.go),
+	// so the ILP gets 20 %, polishing to 30 %, annealing to 50 % and the
+	// bound the rest.
+	_, exactHome := homeCost(p)
+	exactHome = exactHome && !jm.chain && !opts.NoPolish
+	polishEnd := start.Add(opts.TimeLimit)
+	if exactHome {
+		ilpBudget = opts.TimeLimit * 2 / 10
+		polishEnd = start.Add(opts.TimeLimit * 3 / 10)
+	}
 	if opts.NoPolish {
 		ilpBudget = opts.TimeLimit
 	}
@@ -948,7 +960,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	for _, c := range candidates {
 		cand := c
 		if !opts.NoPolish {
-			cand, err = polish(ctx, p, c, start.Add(opts.TimeLimit), opts.Parallel)
+			cand, err = polish(ctx, p, c, polishEnd, opts.Parallel)
 			if err != nil {
 				return nil, err
 			}
@@ -962,6 +974,21 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 		}
 	}
 	report("polish", bestObj, math.NaN())
+	if exactHome {
+		annealed, _ := homeAnneal(p, best, 20000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit/2), uint64(opts.Seed))
+		_, obj, err := Score(p, annealed)
+		if err != nil {
+			return nil, err
+		}
+		if obj < bestObj-1e-15 {
+			best, bestObj = annealed, obj
+		}
+		report("anneal", bestObj, math.NaN())
+		res.minD, err = homeBottleneck(ctx, p, backend, best, start.Add(opts.TimeLimit), opts.Parallel, uint64(opts.Seed))
+		if err != nil {
+			return nil, err
+		}
+	}
 	if best != plan {
 		// The returned plan differs from the ILP's; report the ILP model
 		// objective of the returned plan, and the bound stays valid.

@@ -77,6 +77,10 @@ type MIPSolution struct {
 	Bound     float64   // dual bound (≤ optimum)
 	Gap       float64   // backend's relative gap
 	TimedOut  bool      // stopped by the time limit or the watchdog
+	// RowDual are the row duals of a pure LP (no integer columns) solved
+	// to optimality; nil otherwise. Never trusted as a certificate: callers
+	// that derive bounds from them verify the bound in Go.
+	RowDual []float64
 }
 
 // Backend solves MIPs. solver/highs provides the HiGHS one.

@@ -349,11 +349,12 @@ func readSolution(h unsafe.Pointer, m *solver.MIP, runStatus C.HighsInt) (*solve
 	hasX := primal == C.kHighsSolutionStatusFeasible
 
 	sol := &solver.MIPSolution{Objective: math.Inf(1), Bound: math.Inf(-1), Gap: math.Inf(1)}
+	var rowDual []float64
 	if hasX {
 		x := make([]float64, n)
 		colDual := make([]float64, n)
 		rowValue := make([]float64, rows)
-		rowDual := make([]float64, rows)
+		rowDual = make([]float64, rows)
 		C.Highs_getSolution(h, f64ptr(x), f64ptr(colDual), f64ptr(rowValue), f64ptr(rowDual))
 		sol.X = x
 		sol.Objective = float64(C.Highs_getObjectiveValue(h))
@@ -373,6 +374,7 @@ func readSolution(h unsafe.Pointer, m *solver.MIP, runStatus C.HighsInt) (*solve
 		sol.Status = solver.MIPOptimal
 		if !hasInteger(m) {
 			sol.Bound, sol.Gap = sol.Objective, 0
+			sol.RowDual = rowDual
 		}
 		if !hasX {
 			sol.Status = solver.MIPError

@@ -147,6 +147,11 @@ func TestLP(t *testing.T) {
 	assert.InDelta(t, objective(m, sol.X), sol.Objective, 1e-7)
 	assert.InDelta(t, sol.Objective, sol.Bound, 1e-7)
 	assert.False(t, sol.TimedOut)
+	// Row duals: −1 = y1 + 3·y2 and −1 = 2·y1 + y2 give (−0.4, −0.2), and
+	// 4·y1 + 6·y2 = −2.8 is the objective without the offset.
+	require.Len(t, sol.RowDual, 2)
+	assert.InDelta(t, -0.4, sol.RowDual[0], 1e-7)
+	assert.InDelta(t, -0.2, sol.RowDual[1], 1e-7)
 }
 
 func TestKnapsackMatchesBruteForce(t *testing.T) {

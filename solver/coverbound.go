@@ -1,0 +1,626 @@
+package solver
+
+import (
+	"context"
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/moetuner/moetuner/placement"
+)
+
+// Bottleneck bound on the busiest GPU's token count (one node, home flow).
+//
+// In the home flow with homes spread evenly, GPU g's dispatch in-port
+// carries (G−1)/G · D_g token copies, D_g the number of tokens with at least
+// one expert on g, and its combine out-port the same. A lower bound on
+// max_g D_g over every partition of the E experts into G groups of at most
+// m = E/G therefore bounds the layer's communication time. homeLowerBound's
+// counting argument only bounds Σ_g D_g; this file proves
+//
+//	no partition has max_g D_g ≤ z
+//
+// for a z as large as it can within a time budget, by column generation on
+// the set-partitioning LP whose columns are the groups S with |S| ≤ m and
+// N(S) ≤ z (N(S): tokens reaching S):
+//
+//	min Σ_S x_S  s.t.  Σ_{S∋e} x_S ≥ 1  (every expert),  x ≥ 0.
+//
+// A partition into G feasible groups is an LP solution of value G. The
+// certificate is a weight vector π ≥ 0 (the LP duals, but any π will do)
+// with
+//
+//	π(S) < Σ_e π_e / G  for every group S with |S| ≤ m and N(S) ≤ z,
+//
+// since then the G groups of any such partition would sum to less than
+// Σ_e π_e. That condition is checked in Go by an exhaustive branch and
+// bound over groups (coverSearch), so the bound does not rest on HiGHS:
+// the LP only proposes π.
+//
+// z itself comes from a descent: starting just below the incumbent plan's
+// busiest GPU, whenever the LP reaches value G (a fractional partition with
+// every group at most z exists), z drops below the largest group that
+// solution uses; when the LP stays above G and the search finds no group
+// with π(S) ≥ Σπ/G, z is certified. Out of time, the last π is tried on
+// smaller z by bisection (a smaller z only removes groups).
+
+// coverLayer is one layer's tokens as bitsets: sets[e] holds the tokens
+// that route to expert e.
+type coverLayer struct {
+	E, G, m, W int
+	sets       [][]uint64
+	load       []int
+}
+
+// coverLayers builds the bitsets of every layer from per-token patterns
+// with integral counts (a count of c stands for c tokens); ok is false when
+// a count is not integral or the tokens are too many to expand.
+func coverLayers(p Problem) ([]*coverLayer, bool) {
+	s := p.Stats
+	G := p.Cluster.GPUs()
+	if s.Patterns == nil || s.Experts%G != 0 {
+		return nil, false
+	}
+	T := 0
+	for i := range s.Patterns {
+		c := s.Patterns[i].Count
+		if c < 0 || c != math.Trunc(c) || c > 1<<20 {
+			return nil, false
+		}
+		T += int(c)
+		if T > 1<<20 {
+			return nil, false
+		}
+	}
+	W := (T + 63) / 64
+	out := make([]*coverLayer, s.Layers)
+	k := s.TopK
+	for l := range out {
+		c := &coverLayer{E: s.Experts, G: G, m: s.Experts / G, W: W, sets: make([][]uint64, s.Experts), load: make([]int, s.Experts)}
+		words := make([]uint64, s.Experts*W)
+		for e := range c.sets {
+			c.sets[e] = words[e*W : (e+1)*W]
+		}
+		t := 0
+		for i := range s.Patterns {
+			pt := &s.Patterns[i]
+			for range int(pt.Count) {
+				for _, e := range pt.Experts[l*k : (l+1)*k] {
+					c.sets[e][t>>6] |= 1 << (t & 63)
+				}
+				t++
+			}
+		}
+		for e := range c.sets {
+			c.load[e] = popcount(c.sets[e])
+		}
+		out[l] = c
+	}
+	return out, true
+}
+
+func popcount(w []uint64) int {
+	n := 0
+	for _, x := range w {
+		n += bits.OnesCount64(x)
+	}
+	return n
+}
+
+// cover returns N(S), the tokens with at least one expert in S.
+func (c *coverLayer) cover(S []int) int {
+	n := 0
+	for w := 0; w < c.W; w++ {
+		var x uint64
+		for _, e := range S {
+			x |= c.sets[e][w]
+		}
+		n += bits.OnesCount64(x)
+	}
+	return n
+}
+
+// marginal returns |sets[e] \ cov|.
+func (c *coverLayer) marginal(e int, cov []uint64) int {
+	n := 0
+	for w, x := range c.sets[e] {
+		n += bits.OnesCount64(x &^ cov[w])
+	}
+	return n
+}
+
+// maxGroupCover returns max over the groups of part of N(S).
+func (c *coverLayer) maxGroupCover(part [][]int) int {
+	best := 0
+	for _, S := range part {
+		best = max(best, c.cover(S))
+	}
+	return best
+}
+
+// searchStatus is coverSearch's verdict.
+type searchStatus int
+
+const (
+	searchNone    searchStatus = iota // no group reaches the threshold (proof)
+	searchFound                       // a group reaching it was found
+	searchTimeout                     // stopped at the deadline
+)
+
+// coverSearch looks for a group S, |S| ≤ m, N(S) ≤ z, with π(S) ≥ theta,
+// by exhaustive depth-first branch and bound over the experts with π > 0
+// in decreasing π (experts with π = 0 cannot raise π(S), and every subset
+// of a feasible group is feasible). A branch is cut when even the largest
+// remaining weights that still fit (each on its own) cannot reach theta.
+func (c *coverLayer) coverSearch(pi []float64, z int, theta float64, deadline time.Time) ([]int, searchStatus) {
+	found, st := c.coverSearchAll(pi, z, theta, 1, deadline)
+	if st == searchFound {
+		return found[0], st
+	}
+	return nil, st
+}
+
+// coverSearchAll is coverSearch collecting up to limit groups.
+func (c *coverLayer) coverSearchAll(pi []float64, z int, theta float64, limit int, deadline time.Time) ([][]int, searchStatus) {
+	order := make([]int, 0, c.E)
+	for e := 0; e < c.E; e++ {
+		if pi[e] > 0 && c.load[e] <= z {
+			order = append(order, e)
+		}
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		if pi[a] != pi[b] {
+			if pi[a] > pi[b] {
+				return -1
+			}
+			return 1
+		}
+		return a - b
+	})
+	s := &coverDFS{c: c, pi: pi, z: z, theta: theta, order: order, deadline: deadline,
+		cov: make([]uint64, (c.m+1)*c.W), marg: make([]int, len(order)*(c.m+1)), cand: make([]int, len(order)*(c.m+1))}
+	s.limit = limit
+	s.dfs(0, 0, 0, 0)
+	if len(s.found) > 0 {
+		return s.found, searchFound
+	}
+	if s.timeout {
+		return nil, searchTimeout
+	}
+	return nil, searchNone
+}
+
+type coverDFS struct {
+	c        *coverLayer
+	pi       []float64
+	z        int
+	theta    float64
+	order    []int
+	deadline time.Time
+	cov      []uint64 // one bitset per depth
+	marg     []int    // candidate marginals per depth
+	cand     []int    // candidate positions per depth
+	cur      []int
+	nodes    int
+	timeout  bool
+	limit    int
+	found    [][]int
+}
+
+// dfs extends cur (depth d, covering n tokens, weight val) with experts at
+// positions ≥ i of order, recording groups that reach theta; true when
+// limit groups are found.
+func (s *coverDFS) dfs(d, i, n int, val float64) bool {
+	if val >= s.theta {
+		s.found = append(s.found, slices.Clone(s.cur))
+		if len(s.found) >= s.limit {
+			return true
+		}
+	}
+	need := s.c.m - d
+	if need == 0 {
+		return false
+	}
+	s.nodes++
+	if s.nodes&1023 == 0 && time.Now().After(s.deadline) {
+		s.timeout = true
+		return false
+	}
+	W := s.c.W
+	cov := s.cov[d*W : (d+1)*W]
+	room := s.z - n
+	base := d * len(s.order)
+	cands := s.cand[base:base]
+	margs := s.marg[base:base]
+	for j := i; j < len(s.order); j++ {
+		if m := s.c.marginal(s.order[j], cov); m <= room {
+			cands = append(cands, j)
+			margs = append(margs, m)
+		}
+	}
+	next := s.cov[(d+1)*W : (d+2)*W]
+	for ci, j := range cands {
+		b := val
+		for k := ci; k < len(cands) && k < ci+need; k++ {
+			b += s.pi[s.order[cands[k]]]
+		}
+		if b < s.theta {
+			return false
+		}
+		e := s.order[j]
+		for w := range next {
+			next[w] = cov[w] | s.c.sets[e][w]
+		}
+		s.cur = append(s.cur, e)
+		if s.dfs(d+1, j+1, n+margs[ci], val+s.pi[e]) {
+			return true
+		}
+		s.cur = s.cur[:len(s.cur)-1]
+		if s.timeout {
+			return false
+		}
+	}
+	return false
+}
+
+// heuristicColumns looks for groups with π(S) > 1 by randomised greedy
+// construction (weight per newly covered token, with random smoothing)
+// followed by swaps that raise π(S) within N(S) ≤ z. It returns distinct
+// groups, best first.
+func (c *coverLayer) heuristicColumns(pi []float64, z int, starts int, rng *rand.Rand) [][]int {
+	type col struct {
+		S   []int
+		val float64
+	}
+	var found []col
+	seen := map[string]bool{}
+	cov := make([]uint64, c.W)
+	in := make([]bool, c.E)
+	for range starts {
+		clear(cov)
+		clear(in)
+		S := make([]int, 0, c.m)
+		n := 0
+		smooth := 1 + rng.Float64()*float64(c.load[0]+1)
+		for len(S) < c.m {
+			best, bestScore, bestM := -1, 0.0, 0
+			for e := 0; e < c.E; e++ {
+				if in[e] || pi[e] <= 0 {
+					continue
+				}
+				m := c.marginal(e, cov)
+				if n+m > z {
+					continue
+				}
+				score := pi[e] / (float64(m) + smooth)
+				if best < 0 || score > bestScore {
+					best, bestScore, bestM = e, score, m
+				}
+			}
+			if best < 0 {
+				break
+			}
+			S = append(S, best)
+			in[best] = true
+			n += bestM
+			for w := range cov {
+				cov[w] |= c.sets[best][w]
+			}
+		}
+		// Swaps: replace one member by a heavier outsider that still fits.
+		for improved := true; improved; {
+			improved = false
+			for i := range S {
+				out := S[i]
+				bestE, bestGain := -1, 1e-12
+				for e := 0; e < c.E; e++ {
+					if in[e] || pi[e]-pi[out] <= bestGain {
+						continue
+					}
+					S[i] = e
+					if c.cover(S) <= z {
+						bestE, bestGain = e, pi[e]-pi[out]
+					}
+					S[i] = out
+				}
+				if bestE >= 0 {
+					in[out], in[bestE] = false, true
+					S[i] = bestE
+					improved = true
+				}
+			}
+			if len(S) < c.m {
+				for e := 0; e < c.E; e++ {
+					if !in[e] && pi[e] > 0 && c.cover(append(S, e)) <= z {
+						S = append(S, e)
+						in[e] = true
+						improved = true
+						break
+					}
+				}
+			}
+		}
+		val := 0.0
+		for _, e := range S {
+			val += pi[e]
+		}
+		if val <= 1+1e-9 {
+			continue
+		}
+		k := groupKey(S)
+		if !seen[k] {
+			seen[k] = true
+			found = append(found, col{slices.Clone(S), val})
+		}
+	}
+	slices.SortFunc(found, func(a, b col) int {
+		if a.val > b.val {
+			return -1
+		}
+		if a.val < b.val {
+			return 1
+		}
+		return 0
+	})
+	out := make([][]int, len(found))
+	for i, f := range found {
+		out[i] = f.S
+	}
+	return out
+}
+
+func groupKey(S []int) string {
+	s := slices.Clone(S)
+	slices.Sort(s)
+	var b strings.Builder
+	for _, e := range s {
+		b.WriteByte(byte(e >> 8))
+		b.WriteByte(byte(e))
+	}
+	return b.String()
+}
+
+// coverCG is the column generation state of one layer.
+type coverCG struct {
+	c       *coverLayer
+	backend Backend
+	cols    [][]int
+	ncov    []int
+	keys    map[string]bool
+	rng     *rand.Rand
+	lastPi  []float64
+	lastZ   int
+}
+
+// addCol adds group S (if new).
+func (g *coverCG) addCol(S []int) {
+	k := groupKey(S)
+	if g.keys[k] {
+		return
+	}
+	g.keys[k] = true
+	g.cols = append(g.cols, slices.Clone(S))
+	g.ncov = append(g.ncov, g.c.cover(S))
+}
+
+// master solves the restricted LP over the columns with N(S) ≤ z and
+// returns its value, the duals π (clamped at 0) and the largest N(S) among
+// columns with x_S > 0.
+func (g *coverCG) master(ctx context.Context, z int) (float64, []float64, int, error) {
+	c := g.c
+	var use []int
+	for i, n := range g.ncov {
+		if n <= z {
+			use = append(use, i)
+		}
+	}
+	m := &MIP{Cost: make([]float64, len(use)), Lower: make([]float64, len(use)), Upper: make([]float64, len(use)), Integer: make([]bool, len(use))}
+	for j := range use {
+		m.Cost[j] = 1
+		m.Upper[j] = math.Inf(1)
+	}
+	rows := make([][]int, c.E)
+	for j, i := range use {
+		for _, e := range g.cols[i] {
+			rows[e] = append(rows[e], j)
+		}
+	}
+	m.RowStart = make([]int, 0, c.E+1)
+	m.RowStart = append(m.RowStart, 0)
+	for e := 0; e < c.E; e++ {
+		for _, j := range rows[e] {
+			m.RowIndex = append(m.RowIndex, j)
+			m.RowValue = append(m.RowValue, 1)
+		}
+		m.RowLower = append(m.RowLower, 1)
+		m.RowUpper = append(m.RowUpper, math.Inf(1))
+		m.RowStart = append(m.RowStart, len(m.RowIndex))
+	}
+	sol, err := g.backend.SolveMIP(ctx, m, MIPOptions{})
+	if err != nil {
+		return 0, nil, 0, err
+	}
+	if sol.Status != MIPOptimal || len(sol.RowDual) != c.E {
+		return 0, nil, 0, errNoDuals
+	}
+	pi := make([]float64, c.E)
+	for e, y := range sol.RowDual {
+		pi[e] = math.Max(0, math.Abs(y))
+	}
+	used := 0
+	for j, i := range use {
+		if sol.X[j] > 1e-9 {
+			used = max(used, g.ncov[i])
+		}
+	}
+	return sol.Objective, pi, used, nil
+}
+
+type coverError string
+
+func (e coverError) Error() string { return string(e) }
+
+const errNoDuals = coverError("solver: the LP backend returned no row duals")
+
+// certify runs column generation at threshold z until it certifies that
+// max_g D_g > z (certified), finds a fractional partition with every group
+// at most used ≤ z (feasible), or reaches the deadline.
+func (g *coverCG) certify(ctx context.Context, z int, deadline time.Time) (certified, feasible bool, used int, err error) {
+	c := g.c
+	for time.Now().Before(deadline) {
+		val, pi, u, err := g.master(ctx, z)
+		if err != nil {
+			return false, false, 0, err
+		}
+		g.lastPi, g.lastZ = pi, z
+		if val <= float64(c.G)+1e-7 {
+			return false, true, u, nil
+		}
+		cols := g.heuristicColumns(pi, z, 12)
+		if len(cols) > 0 {
+			for _, S := range cols[:min(len(cols), 8)] {
+				g.addCol(S)
+			}
+			continue
+		}
+		ok, S, st := g.proves(pi, z, deadline)
+		if ok {
+			return true, false, 0, nil
+		}
+		if st == searchTimeout {
+			return false, false, 0, nil
+		}
+		g.addCol(S)
+	}
+	return false, false, 0, nil
+}
+
+func (g *coverCG) heuristicColumns(pi []float64, z int, starts int) [][]int {
+	return g.c.heuristicColumns(pi, z, starts, g.rng)
+}
+
+// proves checks the certificate for π at z: true when no group S with
+// |S| ≤ m and N(S) ≤ z has π(S) ≥ Σπ/G (up to a relative 1e-9 on the safe
+// side); otherwise it returns the group found or the timeout.
+func (g *coverCG) proves(pi []float64, z int, deadline time.Time) (bool, []int, searchStatus) {
+	sum := 0.0
+	for _, x := range pi {
+		sum += x
+	}
+	theta := sum / float64(g.c.G) * (1 - 1e-9)
+	if theta <= 0 {
+		return false, nil, searchFound
+	}
+	found, st := g.c.coverSearchAll(pi, z, theta, 16, deadline)
+	for _, S := range found[min(1, len(found)):] {
+		g.addCol(S)
+	}
+	var S []int
+	if len(found) > 0 {
+		S = found[0]
+	}
+	return st == searchNone, S, st
+}
+
+// bottleneck returns the largest z it certifies (max_g D_g > z for every
+// partition) by the descent described above, starting from the incumbent
+// partition part; −1 when nothing is certified.
+func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]int, deadline time.Time, seed uint64) (int, error) {
+	maxLoad := slices.Max(c.load)
+	g := &coverCG{c: c, backend: backend, keys: map[string]bool{}, rng: rand.New(rand.NewPCG(seed, 0x636f766572))}
+	for e := 0; e < c.E; e++ {
+		g.addCol([]int{e})
+	}
+	for _, S := range part {
+		g.addCol(S)
+	}
+	z := c.maxGroupCover(part) - 1
+	if z < maxLoad {
+		return z, nil // a single expert already reaches z+1 tokens
+	}
+	start := time.Now()
+	reserve := deadline.Add(-time.Duration(0.15 * float64(deadline.Sub(start))))
+	for z >= maxLoad {
+		certified, feasible, used, err := g.certify(ctx, z, reserve)
+		if err != nil {
+			return -1, err
+		}
+		if certified {
+			return z, nil
+		}
+		if !feasible {
+			break
+		}
+		z = min(z, used) - 1
+	}
+	if z < maxLoad {
+		return maxLoad - 1, nil
+	}
+	// Out of time: bisect on z with the last duals.
+	best := maxLoad - 1
+	if g.lastPi == nil {
+		return best, nil
+	}
+	lo, hi := maxLoad, min(z, g.lastZ)
+	for lo <= hi && time.Now().Before(deadline) {
+		mid := (lo + hi) / 2
+		ok, _, st := g.proves(g.lastPi, mid, deadline)
+		if st == searchTimeout {
+			break
+		}
+		if ok {
+			best = mid
+			lo = mid + 1
+		} else {
+			hi = mid - 1
+		}
+	}
+	return best, nil
+}
+
+// planGroups returns layer l's partition of a single-copy plan: the experts
+// on each GPU.
+func planGroups(plan *placement.Plan, l, G int) [][]int {
+	part := make([][]int, G)
+	lp := plan.Layers[l]
+	for s, e := range lp.SlotExpert {
+		g := int(lp.SlotGPU[s])
+		part[g] = append(part[g], int(e))
+	}
+	return part
+}
+
+// homeBottleneck certifies, per layer, a lower bound on the busiest GPU's
+// distinct tokens over every plan (z+1 for the certified z), working on
+// `workers` layers at once until deadline, each layer starting its descent
+// from plan's partition. It returns nil when the problem is not one the
+// bound covers.
+func homeBottleneck(ctx context.Context, p Problem, backend Backend, plan *placement.Plan, deadline time.Time, workers int, seed uint64) ([]float64, error) {
+	if _, ok := homeCost(p); !ok || backend == nil {
+		return nil, nil
+	}
+	cls, ok := coverLayers(p)
+	if !ok {
+		return nil, nil
+	}
+	G := p.Cluster.GPUs()
+	minD := make([]float64, len(cls))
+	errs := make([]error, len(cls))
+	parallelLayers(len(cls), workers, deadline, func(l int, limit time.Duration) {
+		z, err := cls[l].bottleneck(ctx, backend, planGroups(plan, l, G), time.Now().Add(limit), seed+uint64(l))
+		if err != nil {
+			errs[l] = err
+			return
+		}
+		minD[l] = float64(z + 1)
+	})
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return minD, nil
+}

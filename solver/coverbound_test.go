@@ -1,0 +1,261 @@
+package solver_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+	. "github.com/moetuner/moetuner/solver"
+)
+
+// randomHomeProblem is a small one-node home-flow problem with per-token
+// patterns whose expert sets are skewed towards a few experts, so that
+// groups differ in how many tokens they reach.
+func randomHomeProblem(t *testing.T, rng *rand.Rand, E, G, k, L, T int, mode costmodel.Mode) Problem {
+	t.Helper()
+	tr := &routing.Trace{Tokens: T, Layers: L, TopK: k, Experts: E}
+	for range T {
+		for range L {
+			// Tokens favour one of G clusters of experts (e mod G), and
+			// low ids, so co-activation and load both vary.
+			c := rng.IntN(G)
+			var pick []int
+			for len(pick) < k {
+				e := rng.IntN(E)
+				if rng.IntN(10) < 6 {
+					e = (e/G)*G + c
+				}
+				if rng.IntN(3) == 0 {
+					e = e / 2
+				}
+				if !slices.Contains(pick, e) {
+					pick = append(pick, e)
+				}
+			}
+			for _, e := range pick {
+				tr.IDs = append(tr.IDs, int16(e))
+			}
+		}
+	}
+	require.NoError(t, tr.Validate())
+	st := tr.Stats(routing.StatsOptions{})
+	m := fakeModel(E, k)
+	m.Hidden = 256 + rng.IntN(8192)
+	return Problem{Stats: st, Cluster: smallCluster(1, G), Model: m, Flow: costmodel.FlowHome, Mode: mode}
+}
+
+// layerMaxima computes, independently of the solver, a plan layer's
+// busiest GPU's routed tokens and busiest GPU's distinct tokens.
+func layerMaxima(p Problem, lp placement.LayerPlan, l int) (float64, float64) {
+	G := p.Cluster.GPUs()
+	gpuOf := make(map[int]int)
+	for s, e := range lp.SlotExpert {
+		gpuOf[int(e)] = int(lp.SlotGPU[s])
+	}
+	load := make([]float64, G)
+	dist := make([]float64, G)
+	k := p.Stats.TopK
+	for _, pt := range p.Stats.Patterns {
+		hit := make([]bool, G)
+		for _, e := range pt.Experts[l*k : (l+1)*k] {
+			g := gpuOf[int(e)]
+			load[g] += pt.Count
+			hit[g] = true
+		}
+		for g, h := range hit {
+			if h {
+				dist[g] += pt.Count
+			}
+		}
+	}
+	return slices.Max(load), slices.Max(dist)
+}
+
+// homeCost, the layer cost as a function of the two maxima that annealing
+// and the bound rely on, equals the cost model's layer time on random
+// plans, in both modes.
+func TestHomeCostMatchesEvaluator(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 42))
+	for it := range 20 {
+		G := 2 + rng.IntN(4)
+		E := G * (2 + rng.IntN(3))
+		p := randomHomeProblem(t, rng, E, G, 2+rng.IntN(2), 2, 30+rng.IntN(80), costmodel.Mode(it%2))
+		cost, ok := HomeCost(p)
+		require.True(t, ok)
+		ev, err := costmodel.NewEvaluator(p.Stats, p.Cluster, p.Model, costmodel.Options{Flow: costmodel.FlowHome, Mode: p.Mode})
+		require.NoError(t, err)
+		for range 5 {
+			row := make([]placement.GPU, E)
+			for i, e := range rng.Perm(E) {
+				row[e] = placement.GPU(i / (E / G))
+			}
+			lp := placement.FromAssignment(G, [][]placement.GPU{row}, "rand").Layers[0]
+			for l := 0; l < p.Stats.Layers; l++ {
+				mL, mD := layerMaxima(p, lp, l)
+				want := ev.LayerTime(l, lp, nil)
+				assert.InDelta(t, want, cost(mL, mD), 1e-12*want, "it %d layer %d", it, l)
+			}
+		}
+	}
+}
+
+// The group search is exhaustive: it reports a group exactly when brute
+// force over every group of at most E/G experts finds one with N(S) ≤ z and
+// π(S) ≥ theta, and every group it returns qualifies.
+func TestCoverSearchExhaustive(t *testing.T) {
+	rng := rand.New(rand.NewPCG(43, 44))
+	for it := range 60 {
+		G := 2 + rng.IntN(3)
+		E := G * (2 + rng.IntN(3))
+		p := randomHomeProblem(t, rng, E, G, 2+rng.IntN(2), 1, 20+rng.IntN(60), costmodel.Sequential)
+		m := E / G
+		pi := make([]float64, E)
+		for e := range pi {
+			if rng.IntN(4) > 0 {
+				pi[e] = rng.Float64()
+			}
+		}
+		// Token sets per expert, for brute force.
+		sets := make([]map[int]bool, E)
+		for e := range sets {
+			sets[e] = map[int]bool{}
+		}
+		tok := 0
+		for _, pt := range p.Stats.Patterns {
+			for range int(pt.Count) {
+				for _, e := range pt.Experts {
+					sets[e][tok] = true
+				}
+				tok++
+			}
+		}
+		cover := func(S []int) int {
+			u := map[int]bool{}
+			for _, e := range S {
+				for x := range sets[e] {
+					u[x] = true
+				}
+			}
+			return len(u)
+		}
+		z := tok/G + rng.IntN(tok/2+1)
+		theta := 0.5 + rng.Float64()*float64(m)/2
+		want := false
+		for mask := 1; mask < 1<<E; mask++ {
+			var S []int
+			w := 0.0
+			for e := 0; e < E; e++ {
+				if mask>>e&1 == 1 {
+					S = append(S, e)
+					w += pi[e]
+				}
+			}
+			if len(S) <= m && w >= theta && cover(S) <= z {
+				want = true
+				break
+			}
+		}
+		got, groups := CoverSearch(p, 0, pi, z, theta)
+		name := fmt.Sprintf("it %d: E %d G %d z %d theta %.3f", it, E, G, z, theta)
+		require.Equal(t, want, got, name)
+		for _, S := range groups {
+			w := 0.0
+			for _, e := range S {
+				w += pi[e]
+			}
+			assert.LessOrEqual(t, len(S), m, name)
+			assert.GreaterOrEqual(t, w, theta, name)
+			assert.LessOrEqual(t, cover(S), z, name)
+		}
+	}
+}
+
+// The certified bound on the busiest GPU's distinct tokens never exceeds
+// the best partition's, found by brute force, and reaches it in most
+// layers; the descent starts from a random partition, so a broken
+// certificate check would report that partition's (larger) value.
+func TestHomeBottleneckBruteForce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(45, 46))
+	exact, nontrivial, layers := 0, 0, 0
+	for it := range 16 {
+		G := 2 + rng.IntN(3)
+		E := G * (2 + rng.IntN(2))
+		if E > 9 {
+			E, G = 8, 4
+		}
+		p := randomHomeProblem(t, rng, E, G, 2+rng.IntN(2), 2, 30+rng.IntN(60), costmodel.Sequential)
+		row := make([][]placement.GPU, p.Stats.Layers)
+		for l := range row {
+			row[l] = make([]placement.GPU, E)
+			for i, e := range rng.Perm(E) {
+				row[l][e] = placement.GPU(i / (E / G))
+			}
+		}
+		plan := placement.FromAssignment(G, row, "rand")
+		minD, err := HomeBottleneck(context.Background(), p, testBackend(t), plan, time.Now().Add(5*time.Second), 2, uint64(it))
+		require.NoError(t, err)
+		require.Len(t, minD, p.Stats.Layers)
+		parts := balancedPartitions(E, G)
+		for l := 0; l < p.Stats.Layers; l++ {
+			best := math.Inf(1)
+			for _, a := range parts {
+				r := make([]placement.GPU, E)
+				for e, g := range a {
+					r[e] = placement.GPU(g)
+				}
+				lp := placement.FromAssignment(G, [][]placement.GPU{r}, "brute").Layers[0]
+				_, d := layerMaxima(p, lp, l)
+				best = math.Min(best, d)
+			}
+			name := fmt.Sprintf("it %d layer %d: E %d G %d", it, l, E, G)
+			require.LessOrEqual(t, minD[l], best, name)
+			layers++
+			if minD[l] == best {
+				exact++
+			}
+			if minD[l] > slices.Max(p.Stats.Load[l]) {
+				nontrivial++
+			}
+		}
+	}
+	t.Logf("bound equals the optimum in %d of %d layers, beats the largest expert in %d", exact, layers, nontrivial)
+	assert.GreaterOrEqual(t, exact, layers/2)
+	assert.GreaterOrEqual(t, nontrivial, layers/2)
+}
+
+// Annealing never returns a plan worse than its start, and its plan
+// validates.
+func TestHomeAnnealNeverWorse(t *testing.T) {
+	rng := rand.New(rand.NewPCG(47, 48))
+	for it := range 8 {
+		G := 2 + rng.IntN(4)
+		E := G * (2 + rng.IntN(4))
+		p := randomHomeProblem(t, rng, E, G, 2+rng.IntN(2), 3, 50+rng.IntN(100), costmodel.Mode(it%2))
+		row := make([][]placement.GPU, p.Stats.Layers)
+		for l := range row {
+			row[l] = make([]placement.GPU, E)
+			for i, e := range rng.Perm(E) {
+				row[l][e] = placement.GPU(i / (E / G))
+			}
+		}
+		plan := placement.FromAssignment(G, row, "rand")
+		_, before, err := Score(p, plan)
+		require.NoError(t, err)
+		out, ok := HomeAnneal(p, plan, 20000, 2, 2, time.Now().Add(2*time.Second), uint64(it))
+		require.True(t, ok)
+		require.NoError(t, out.Validate(placement.ValidateOptions{Experts: E, Layers: p.Stats.Layers}))
+		_, after, err := Score(p, out)
+		require.NoError(t, err)
+		assert.LessOrEqual(t, after, before*(1+1e-12), "it %d", it)
+	}
+}

@@ -1,0 +1,252 @@
+package solver
+
+import (
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/moetuner/moetuner/placement"
+)
+
+// Annealing on the exact per-layer cost of the home flow on one node.
+//
+// With homes spread evenly over the G GPUs of one node, single copies and
+// equal speeds, a layer's modeled time depends on the plan only through
+// two numbers (costmodel's doc, home flow): the busiest GPU's routed token
+// count L_max (compute) and the busiest GPU's count of distinct tokens
+// D_max (its dispatch in-port carries (G−1)/G·D_max copies, its combine
+// out-port the same, and every other port carries less). The layers are
+// independent, so each is annealed on its own: moves swap two experts on
+// different GPUs, the acceptance test uses a log-sum-exp smoothing of both
+// maxima (so moves that lower the second-busiest GPU count), and the best
+// plan by the exact pair (L_max, D_max) is kept.
+
+// annealLayer is one layer's state.
+type annealLayer struct {
+	c    *coverLayer
+	toks [][]int32 // toks[e]: tokens of expert e
+	load []float64 // routed tokens per expert (pattern counts)
+	G    int
+	a    []int   // GPU of each expert
+	cnt  []uint8 // cnt[t*G+g]: experts of token t on g
+	D    []int
+	L    []float64
+	cost func(maxL float64, maxD int) float64
+	tauD float64
+	tauL float64
+	wD   float64 // seconds per unit of D_max
+	wL   float64 // seconds per unit of L_max
+}
+
+func newAnnealLayer(c *coverLayer, load []float64, cost func(float64, int) float64) *annealLayer {
+	s := &annealLayer{c: c, load: load, G: c.G, cost: cost, toks: make([][]int32, c.E)}
+	for e := range s.toks {
+		for w, x := range c.sets[e] {
+			for x != 0 {
+				b := x & -x
+				s.toks[e] = append(s.toks[e], int32(w*64+bitIndex(b)))
+				x &^= b
+			}
+		}
+	}
+	T := c.W * 64
+	s.cnt = make([]uint8, T*c.G)
+	s.D = make([]int, c.G)
+	s.L = make([]float64, c.G)
+	s.a = make([]int, c.E)
+	total := 0.0
+	for _, x := range load {
+		total += x
+	}
+	meanD := float64(popcountAll(c)) / float64(c.G)
+	s.tauD = math.Max(1, 0.008*meanD*float64(c.G)/float64(c.G))
+	s.tauL = math.Max(1e-9, 0.008*total/float64(c.G))
+	// Marginal prices of the two maxima from the cost function itself.
+	base := cost(total/float64(c.G), int(meanD))
+	s.wD = math.Max(1e-18, cost(total/float64(c.G), int(meanD)+10)-base) / 10
+	s.wL = math.Max(1e-18, cost(total/float64(c.G)*1.01, int(meanD))-base) / (0.01 * total / float64(c.G))
+	return s
+}
+
+func bitIndex(b uint64) int {
+	n := 0
+	for b > 1 {
+		b >>= 1
+		n++
+	}
+	return n
+}
+
+func popcountAll(c *coverLayer) int {
+	// Tokens of the layer (each token has at least one expert).
+	n := 0
+	for w := 0; w < c.W; w++ {
+		var x uint64
+		for e := range c.sets {
+			x |= c.sets[e][w]
+		}
+		n += popcount([]uint64{x})
+	}
+	return n
+}
+
+// set installs partition a.
+func (s *annealLayer) set(a []int) {
+	copy(s.a, a)
+	clear(s.cnt)
+	clear(s.D)
+	clear(s.L)
+	for e, g := range s.a {
+		s.L[g] += s.load[e]
+		for _, t := range s.toks[e] {
+			i := int(t)*s.G + g
+			if s.cnt[i] == 0 {
+				s.D[g]++
+			}
+			s.cnt[i]++
+		}
+	}
+}
+
+// move moves expert e to GPU to.
+func (s *annealLayer) move(e, to int) {
+	from := s.a[e]
+	G := s.G
+	for _, t := range s.toks[e] {
+		i := int(t) * G
+		s.cnt[i+from]--
+		if s.cnt[i+from] == 0 {
+			s.D[from]--
+		}
+		if s.cnt[i+to] == 0 {
+			s.D[to]++
+		}
+		s.cnt[i+to]++
+	}
+	s.L[from] -= s.load[e]
+	s.L[to] += s.load[e]
+	s.a[e] = to
+}
+
+func (s *annealLayer) maxima() (float64, int) {
+	mL, mD := 0.0, 0
+	for g := 0; g < s.G; g++ {
+		mL = math.Max(mL, s.L[g])
+		mD = max(mD, s.D[g])
+	}
+	return mL, mD
+}
+
+// smooth is the log-sum-exp surrogate of wL·L_max + wD·D_max.
+func (s *annealLayer) smooth() float64 {
+	mL, mD := s.maxima()
+	sl, sd := 0.0, 0.0
+	for g := 0; g < s.G; g++ {
+		sl += math.Exp((s.L[g] - mL) / s.tauL)
+		sd += math.Exp(float64(s.D[g]-mD) / s.tauD)
+	}
+	return s.wL*(mL+s.tauL*math.Log(sl)) + s.wD*(float64(mD)+s.tauD*math.Log(sd))
+}
+
+// anneal runs iters swap moves from partition start and returns the best
+// partition found with its exact cost.
+func (s *annealLayer) anneal(start []int, iters int, rng *rand.Rand, deadline time.Time) ([]int, float64) {
+	s.set(start)
+	best := slicesClone(s.a)
+	bestCost := s.cost(s.maxima())
+	cur := s.smooth()
+	E := len(s.a)
+	temp0 := 2 * s.wD
+	begin := time.Now()
+	span := deadline.Sub(begin)
+	progress := 0.0
+	for it := 0; it < iters; it++ {
+		if it&255 == 0 {
+			now := time.Now()
+			if !now.Before(deadline) {
+				break
+			}
+			progress = math.Max(float64(it)/float64(iters), float64(now.Sub(begin))/float64(span))
+		}
+		temp := temp0 * (1 - progress)
+		e1, e2 := rng.IntN(E), rng.IntN(E)
+		g1, g2 := s.a[e1], s.a[e2]
+		if g1 == g2 {
+			continue
+		}
+		s.move(e1, g2)
+		s.move(e2, g1)
+		nv := s.smooth()
+		if nv <= cur || (temp > 0 && rng.Float64() < math.Exp((cur-nv)/temp)) {
+			cur = nv
+			if c := s.cost(s.maxima()); c < bestCost {
+				bestCost = c
+				copy(best, s.a)
+			}
+		} else {
+			s.move(e1, g1)
+			s.move(e2, g2)
+		}
+	}
+	return best, bestCost
+}
+
+func slicesClone(a []int) []int { return append([]int(nil), a...) }
+
+// homeAnneal improves a single-copy plan layer by layer on the exact home
+// flow cost (homeCost), with `threads` goroutines, until deadline or iters
+// moves per restart; each layer anneals from the plan's own partition and,
+// with restarts > 1, from random balanced partitions too. It returns the
+// new plan (the old one where nothing improved) and whether the problem is
+// one homeCost covers.
+func homeAnneal(p Problem, plan *placement.Plan, iters, restarts, threads int, deadline time.Time, seed uint64) (*placement.Plan, bool) {
+	cost, ok := homeCost(p)
+	if !ok {
+		return plan, false
+	}
+	cls, ok := coverLayers(p)
+	if !ok {
+		return plan, false
+	}
+	G, E := p.Cluster.GPUs(), p.Stats.Experts
+	assign := make([][]placement.GPU, p.Stats.Layers)
+	parallelLayers(p.Stats.Layers, max(1, threads), deadline, func(l int, limit time.Duration) {
+		lay := newAnnealLayer(cls[l], p.Stats.Load[l], func(mL float64, mD int) float64 { return cost(mL, float64(mD)) })
+		rng := rand.New(rand.NewPCG(seed, uint64(l)))
+		start := make([]int, E)
+		for s, e := range plan.Layers[l].SlotExpert {
+			start[e] = int(plan.Layers[l].SlotGPU[s])
+		}
+		lay.set(start)
+		best, bestCost := slicesClone(start), cost(lay.maxima2())
+		// Each restart gets an equal share of the layer's time.
+		now := time.Now()
+		share := limit / time.Duration(max(1, restarts))
+		for r := range max(1, restarts) {
+			from := start
+			if r > 0 {
+				from = make([]int, E)
+				for i, e := range rng.Perm(E) {
+					from[e] = i / (E / G)
+				}
+			}
+			a, c := lay.anneal(from, iters, rng, now.Add(share*time.Duration(r+1)))
+			if c < bestCost {
+				best, bestCost = a, c
+			}
+		}
+		assign[l] = make([]placement.GPU, E)
+		for e, g := range best {
+			assign[l][e] = placement.GPU(g)
+		}
+	})
+	out := placement.FromAssignment(G, assign, plan.Strategy)
+	out.Meta = plan.Meta
+	return out, true
+}
+
+// maxima2 is maxima with D as float64.
+func (s *annealLayer) maxima2() (float64, float64) {
+	mL, mD := s.maxima()
+	return mL, float64(mD)
+}
