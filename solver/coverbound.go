@@ -2,6 +2,7 @@ package solver
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/bits"
 	"math/rand/v2"
@@ -40,12 +41,19 @@ import (
 // bound over groups (coverSearch), so the bound does not rest on HiGHS:
 // the LP only proposes π.
 //
-// z itself comes from a descent: starting just below the incumbent plan's
-// busiest GPU, whenever the LP reaches value G (a fractional partition with
-// every group at most z exists), z drops below the largest group that
-// solution uses; when the LP stays above G and the search finds no group
-// with π(S) ≥ Σπ/G, z is certified. Out of time, the last π is tried on
-// smaller z by bisection (a smaller z only removes groups).
+// z is searched between max_e load_e − 1 (always certified: that expert's
+// group reaches load_e tokens) and the incumbent plan's busiest GPU (never
+// certifiable): the first probe sits a tenth of the interval below the
+// plan, where the LP bound usually lies, then bisection. At a probe the LP
+// either reaches value G (a fractional partition with every group at most
+// z exists, so nothing at or above the largest group it uses can be
+// certified), or stays above G while neither the heuristic pricing nor the
+// exhaustive search finds an improving group: z is certified. Out of time
+// at a probe, the last π is tried on smaller z by bisection (a smaller z
+// only removes groups).
+//
+// Tokens are unit weights (pattern counts must be integral), so
+// max_g D_g > z means max_g D_g ≥ z+1.
 
 // coverLayer is one layer's tokens as bitsets: sets[e] holds the tokens
 // that route to expert e.
@@ -439,7 +447,7 @@ func (g *coverCG) master(ctx context.Context, z int) (float64, []float64, int, e
 		m.RowUpper = append(m.RowUpper, math.Inf(1))
 		m.RowStart = append(m.RowStart, len(m.RowIndex))
 	}
-	sol, err := g.backend.SolveMIP(ctx, m, MIPOptions{})
+	sol, err := g.backend.SolveMIP(ctx, m, MIPOptions{NoPresolve: true})
 	if err != nil {
 		return 0, nil, 0, err
 	}
@@ -479,9 +487,9 @@ func (g *coverCG) certify(ctx context.Context, z int, deadline time.Time) (certi
 		if val <= float64(c.G)+1e-7 {
 			return false, true, u, nil
 		}
-		cols := g.heuristicColumns(pi, z, 12)
+		cols := g.heuristicColumns(pi, z, 32)
 		if len(cols) > 0 {
-			for _, S := range cols[:min(len(cols), 8)] {
+			for _, S := range cols[:min(len(cols), 24)] {
 				g.addCol(S)
 			}
 			continue
@@ -526,8 +534,8 @@ func (g *coverCG) proves(pi []float64, z int, deadline time.Time) (bool, []int, 
 }
 
 // bottleneck returns the largest z it certifies (max_g D_g > z for every
-// partition) by the descent described above, starting from the incumbent
-// partition part; −1 when nothing is certified.
+// partition) by the search described above, between the largest expert
+// and the incumbent partition part (at least max_e load_e − 1).
 func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]int, deadline time.Time, seed uint64) (int, error) {
 	maxLoad := slices.Max(c.load)
 	g := &coverCG{c: c, backend: backend, keys: map[string]bool{}, rng: rand.New(rand.NewPCG(seed, 0x636f766572))}
@@ -537,48 +545,55 @@ func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]i
 	for _, S := range part {
 		g.addCol(S)
 	}
-	z := c.maxGroupCover(part) - 1
-	if z < maxLoad {
-		return z, nil // a single expert already reaches z+1 tokens
+	// Every partition has a group reaching max_e load_e tokens, so lo is
+	// certified from the start; the plan reaches hi, so hi is not.
+	lo, hi := maxLoad-1, c.maxGroupCover(part)
+	if hi-lo <= 1 {
+		return lo, nil
 	}
 	start := time.Now()
 	reserve := deadline.Add(-time.Duration(0.15 * float64(deadline.Sub(start))))
-	for z >= maxLoad {
+	// The LP bound sits a few per cent below good plans: probe there
+	// first, then bisect.
+	z := max(lo+1, hi-max(1, (hi-lo)/10))
+	lastZ := -1
+	for hi-lo > 1 {
 		certified, feasible, used, err := g.certify(ctx, z, reserve)
 		if err != nil {
 			return -1, err
 		}
-		if certified {
-			return z, nil
+		switch {
+		case certified:
+			lo = z
+		case feasible:
+			hi = min(hi, used)
+		default:
+			lastZ = z
 		}
-		if !feasible {
+		if lastZ >= 0 {
 			break
 		}
-		z = min(z, used) - 1
+		z = (lo + hi) / 2
 	}
-	if z < maxLoad {
-		return maxLoad - 1, nil
+	if lastZ < 0 || g.lastPi == nil {
+		return lo, nil
 	}
-	// Out of time: bisect on z with the last duals.
-	best := maxLoad - 1
-	if g.lastPi == nil {
-		return best, nil
-	}
-	lo, hi := maxLoad, min(z, g.lastZ)
-	for lo <= hi && time.Now().Before(deadline) {
-		mid := (lo + hi) / 2
+	// Out of time at lastZ: bisect below it with the last duals.
+	l, h := lo+1, min(lastZ, hi-1)
+	for l <= h && time.Now().Before(deadline) {
+		mid := (l + h) / 2
 		ok, _, st := g.proves(g.lastPi, mid, deadline)
 		if st == searchTimeout {
 			break
 		}
 		if ok {
-			best = mid
-			lo = mid + 1
+			lo = mid
+			l = mid + 1
 		} else {
-			hi = mid - 1
+			h = mid - 1
 		}
 	}
-	return best, nil
+	return lo, nil
 }
 
 // planGroups returns layer l's partition of a single-copy plan: the experts
@@ -595,8 +610,8 @@ func planGroups(plan *placement.Plan, l, G int) [][]int {
 
 // homeBottleneck certifies, per layer, a lower bound on the busiest GPU's
 // distinct tokens over every plan (z+1 for the certified z), working on
-// `workers` layers at once until deadline, each layer starting its descent
-// from plan's partition. It returns nil when the problem is not one the
+// `workers` layers at once until deadline, each layer searching below
+// plan's partition. It returns nil when the problem is not one the
 // bound covers.
 func homeBottleneck(ctx context.Context, p Problem, backend Backend, plan *placement.Plan, deadline time.Time, workers int, seed uint64) ([]float64, error) {
 	if _, ok := homeCost(p); !ok || backend == nil {
@@ -618,6 +633,10 @@ func homeBottleneck(ctx context.Context, p Problem, backend Backend, plan *place
 		minD[l] = float64(z + 1)
 	})
 	for _, err := range errs {
+		if errors.Is(err, errNoDuals) || ctx.Err() != nil {
+			// A backend without LP duals, or a cancelled solve: no bound.
+			return nil, nil
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -880,8 +880,8 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	exactHome = exactHome && !jm.chain && !opts.NoPolish
 	polishEnd := start.Add(opts.TimeLimit)
 	if exactHome {
-		ilpBudget = opts.TimeLimit * 2 / 10
-		polishEnd = start.Add(opts.TimeLimit * 3 / 10)
+		ilpBudget = opts.TimeLimit / 10
+		polishEnd = start.Add(opts.TimeLimit * 15 / 100)
 	}
 	if opts.NoPolish {
 		ilpBudget = opts.TimeLimit
@@ -975,7 +975,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	}
 	report("polish", bestObj, math.NaN())
 	if exactHome {
-		annealed, _ := homeAnneal(p, best, 20000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit/2), uint64(opts.Seed))
+		annealed, _ := homeAnneal(p, best, 20000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit*4/10), uint64(opts.Seed))
 		_, obj, err := Score(p, annealed)
 		if err != nil {
 			return nil, err

@@ -39,6 +39,9 @@ type MIPOptions struct {
 	// Progress, when set, receives the incumbent objective and the dual
 	// bound as the search goes on.
 	Progress func(objective, bound float64)
+	// NoPresolve turns the backend's presolve off (small LPs solved many
+	// times, where presolve costs more than it saves).
+	NoPresolve bool
 }
 
 // MIPStatus is a backend's verdict.

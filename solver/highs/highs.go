@@ -302,6 +302,11 @@ func (b Backend) setOptions(h unsafe.Pointer, opts solver.MIPOptions) error {
 	if err := setInt(h, "threads", threads); err != nil {
 		return err
 	}
+	if opts.NoPresolve {
+		if err := setString(h, "presolve", "off"); err != nil {
+			return err
+		}
+	}
 	return setInt(h, "random_seed", seed)
 }
 
@@ -493,6 +498,16 @@ func setBool(h unsafe.Pointer, name string, v bool) error {
 	}
 	if C.Highs_setBoolOptionValue(h, cname, iv) == C.kHighsStatusError {
 		return fmt.Errorf("highs: option %s=%v rejected", name, v)
+	}
+	return nil
+}
+
+func setString(h unsafe.Pointer, name, v string) error {
+	cname, cv := C.CString(name), C.CString(v)
+	defer C.free(unsafe.Pointer(cname))
+	defer C.free(unsafe.Pointer(cv))
+	if C.Highs_setStringOptionValue(h, cname, cv) == C.kHighsStatusError {
+		return fmt.Errorf("highs: option %s=%s rejected", name, v)
 	}
 	return nil
 }
