@@ -401,6 +401,7 @@ type coverCG struct {
 	rng     *rand.Rand
 	lastPi  []float64
 	lastZ   int
+	lp      *coverLP // nil: HiGHS solves the master
 }
 
 // addCol adds group S (if new).
@@ -412,6 +413,9 @@ func (g *coverCG) addCol(S []int) {
 	g.keys[k] = true
 	g.cols = append(g.cols, slices.Clone(S))
 	g.ncov = append(g.ncov, g.c.cover(S))
+	if g.lp != nil {
+		g.lp.add(g.cols[len(g.cols)-1])
+	}
 }
 
 // master solves the restricted LP over the columns with N(S) ≤ z and
@@ -419,6 +423,25 @@ func (g *coverCG) addCol(S []int) {
 // columns with x_S > 0.
 func (g *coverCG) master(ctx context.Context, z int) (float64, []float64, int, error) {
 	c := g.c
+	if g.lp != nil {
+		for j, n := range g.ncov {
+			g.lp.allow[j] = n <= z
+		}
+		if val, y, ok := g.lp.solve(20 * c.E * c.E); ok {
+			pi := make([]float64, c.E)
+			for e, v := range y {
+				pi[e] = math.Max(0, v)
+			}
+			used := 0
+			for j := range g.lp.primal() {
+				used = max(used, g.ncov[j])
+			}
+			return val, pi, used, nil
+		}
+		if g.backend == nil {
+			return 0, nil, 0, errNoDuals
+		}
+	}
 	var use []int
 	for i, n := range g.ncov {
 		if n <= z {
@@ -484,7 +507,7 @@ func (g *coverCG) certify(ctx context.Context, z int, deadline time.Time) (certi
 			return false, false, 0, err
 		}
 		g.lastPi, g.lastZ = pi, z
-		if val <= float64(c.G)+1e-7 {
+		if val <= float64(c.G)*(1+1e-6) {
 			return false, true, u, nil
 		}
 		cols := g.heuristicColumns(pi, z, 32)
@@ -538,7 +561,8 @@ func (g *coverCG) proves(pi []float64, z int, deadline time.Time) (bool, []int, 
 // and the incumbent partition part (at least max_e load_e − 1).
 func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]int, deadline time.Time, seed uint64) (int, error) {
 	maxLoad := slices.Max(c.load)
-	g := &coverCG{c: c, backend: backend, keys: map[string]bool{}, rng: rand.New(rand.NewPCG(seed, 0x636f766572))}
+	rng := rand.New(rand.NewPCG(seed, 0x636f766572))
+	g := &coverCG{c: c, backend: backend, keys: map[string]bool{}, rng: rng, lp: newCoverLP(c.E, rng)}
 	for e := 0; e < c.E; e++ {
 		g.addCol([]int{e})
 	}
@@ -614,7 +638,7 @@ func planGroups(plan *placement.Plan, l, G int) [][]int {
 // plan's partition. It returns nil when the problem is not one the
 // bound covers.
 func homeBottleneck(ctx context.Context, p Problem, backend Backend, plan *placement.Plan, deadline time.Time, workers int, seed uint64) ([]float64, error) {
-	if _, ok := homeCost(p); !ok || backend == nil {
+	if _, ok := homeCost(p); !ok {
 		return nil, nil
 	}
 	cls, ok := coverLayers(p)

@@ -97,6 +97,20 @@
 // heaviest expert may use only GPUs 0..k; across nodes the heaviest sits
 // on GPU 0) and adds star cuts Σ_b y[a][b][g] ≤ (slots−1)·x[a][g].
 //
+// One node, home flow, per-token patterns (homes unknown, equal speeds,
+// single copies): a layer's exact modeled time is then a function of two
+// numbers only, the busiest GPU's routed tokens and the busiest GPU's
+// distinct tokens max_g D_g (homeCost). Joint gives the ILP 10 % of the
+// time and the swap polish to 15 %, then anneals each layer's partition on
+// that exact cost to 40 % (homepolish.go), and certifies per layer a lower
+// bound z+1 ≤ max_g D_g over every partition with the rest
+// (coverbound.go): column generation on the set-partitioning LP whose
+// columns are the groups reaching at most z tokens, master LP by a small
+// warm-started simplex (coverlp.go), and a certificate π with π(S) <
+// Σπ/G for every such group, checked by exhaustive branch and bound in Go.
+// Result.CostBound folds these into homeLowerBound; time left once every
+// layer's bound has converged goes to more annealing.
+//
 // # Joint with replicas (Problem.RedundantSlots, SlotsPerGPU, ExpertGroups,
 // Scenarios, Current)
 //

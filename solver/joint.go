@@ -988,6 +988,19 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 		if err != nil {
 			return nil, err
 		}
+		// Layers whose bound converged early leave time: anneal again
+		// from the best plan.
+		if left := time.Until(start.Add(opts.TimeLimit)); left > opts.TimeLimit/20 && ctx.Err() == nil {
+			again, _ := homeAnneal(p, best, 20000*p.Stats.Experts, 1, opts.Parallel, start.Add(opts.TimeLimit), uint64(opts.Seed)+1)
+			_, obj, err := Score(p, again)
+			if err != nil {
+				return nil, err
+			}
+			if obj < bestObj-1e-15 {
+				best, bestObj = again, obj
+			}
+			report("anneal", bestObj, math.NaN())
+		}
 	}
 	if best != plan {
 		// The returned plan differs from the ILP's; report the ILP model
