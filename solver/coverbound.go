@@ -216,6 +216,7 @@ type coverDFS struct {
 	timeout  bool
 	limit    int
 	found    [][]int
+	stopAt   int
 }
 
 // dfs extends cur (depth d, covering n tokens, weight val) with experts at
@@ -224,9 +225,16 @@ type coverDFS struct {
 func (s *coverDFS) dfs(d, i, n int, val float64) bool {
 	if val >= s.theta {
 		s.found = append(s.found, slices.Clone(s.cur))
+		if len(s.found) == 1 {
+			// More groups are welcome, but only for a little more search.
+			s.stopAt = s.nodes + 2000
+		}
 		if len(s.found) >= s.limit {
 			return true
 		}
+	}
+	if s.stopAt > 0 && s.nodes >= s.stopAt {
+		return true
 	}
 	need := s.c.m - d
 	if need == 0 {
