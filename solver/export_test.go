@@ -54,3 +54,6 @@ func CoverSearch(p Problem, l int, pi []float64, z int, theta float64) (bool, []
 	}
 	return st == searchFound, found
 }
+
+// ResultMinD returns joint's certified per-layer busiest-GPU counts.
+func ResultMinD(r *Result) []float64 { return r.minD }
