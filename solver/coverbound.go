@@ -295,7 +295,10 @@ func (c *coverLayer) heuristicColumns(pi []float64, z int, starts int, rng *rand
 	seen := map[string]bool{}
 	cov := make([]uint64, c.W)
 	in := make([]bool, c.E)
-	for range starts {
+	for st := range starts {
+		// Half the starts weigh experts by π per newly covered token,
+		// half by π alone (jittered), as the exhaustive search does.
+		byWeight := st%2 == 1
 		clear(cov)
 		clear(in)
 		S := make([]int, 0, c.m)
@@ -312,6 +315,9 @@ func (c *coverLayer) heuristicColumns(pi []float64, z int, starts int, rng *rand
 					continue
 				}
 				score := pi[e] / (float64(m) + smooth)
+				if byWeight {
+					score = pi[e] * (0.75 + 0.5*rng.Float64())
+				}
 				if best < 0 || score > bestScore {
 					best, bestScore, bestM = e, score, m
 				}

@@ -102,7 +102,7 @@
 // numbers only, the busiest GPU's routed tokens and the busiest GPU's
 // distinct tokens max_g D_g (homeCost). Joint gives the ILP 10 % of the
 // time and the swap polish to 15 %, then anneals each layer's partition on
-// that exact cost to 40 % (homepolish.go), and certifies per layer a lower
+// that exact cost to 30 % (homepolish.go), and certifies per layer a lower
 // bound z+1 ≤ max_g D_g over every partition with the rest
 // (coverbound.go): column generation on the set-partitioning LP whose
 // columns are the groups reaching at most z tokens, master LP by a small

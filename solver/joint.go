@@ -874,8 +874,8 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	// Home flow on one node with per-token patterns: the layer cost depends
 	// only on the two busiest GPUs' counts, which annealing optimises
 	// directly and column generation bounds (homepolish.go, coverbound.go),
-	// so the ILP gets 20 %, polishing to 30 %, annealing to 50 % and the
-	// bound the rest.
+	// so the ILP gets 10 %, polishing to 15 %, annealing to 30 % and the
+	// bound the rest (time its converged layers leave goes to annealing).
 	_, exactHome := homeCost(p)
 	exactHome = exactHome && !jm.chain && !opts.NoPolish
 	polishEnd := start.Add(opts.TimeLimit)
@@ -975,7 +975,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	}
 	report("polish", bestObj, math.NaN())
 	if exactHome {
-		annealed, _ := homeAnneal(p, best, 20000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit*4/10), uint64(opts.Seed))
+		annealed, _ := homeAnneal(p, best, 20000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit*3/10), uint64(opts.Seed))
 		_, obj, err := Score(p, annealed)
 		if err != nil {
 			return nil, err
