@@ -917,7 +917,9 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 				return nil, err
 			}
 			readAssign(sol.X, []layerVars{lvsAll[l]}, []int{l}, assign)
-			bound += sol.Bound
+			// A layer stopped before HiGHS had a dual bound (−Inf) still
+			// has the trivial one: its model time is never negative.
+			bound += math.Max(sol.Bound, 0)
 		}
 	}
 	modelObj := jm.objective(assign) / 1e6
