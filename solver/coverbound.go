@@ -84,6 +84,11 @@ func coverLayers(p Problem) ([]*coverLayer, bool) {
 		}
 	}
 	W := (T + 63) / 64
+	// The bitsets take L·E·W words; beyond 256 MiB the bound is skipped.
+	// Annealing counts experts per token and GPU in a byte.
+	if s.Layers*s.Experts*W > 1<<25 || s.TopK > 255 {
+		return nil, false
+	}
 	out := make([]*coverLayer, s.Layers)
 	k := s.TopK
 	for l := range out {
