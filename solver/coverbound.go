@@ -145,6 +145,19 @@ func (c *coverLayer) marginal(e int, cov []uint64) int {
 	return n
 }
 
+// marginalUpTo is marginal, stopping early once it exceeds limit (the
+// result is then some value > limit).
+func (c *coverLayer) marginalUpTo(e int, cov []uint64, limit int) int {
+	n := 0
+	for w, x := range c.sets[e] {
+		n += bits.OnesCount64(x &^ cov[w])
+		if n > limit {
+			return n
+		}
+	}
+	return n
+}
+
 // maxGroupCover returns max over the groups of part of N(S).
 func (c *coverLayer) maxGroupCover(part [][]int) int {
 	best := 0
@@ -196,7 +209,11 @@ func (c *coverLayer) coverSearchAll(pi []float64, z int, theta float64, limit in
 	s := &coverDFS{c: c, pi: pi, z: z, theta: theta, order: order, deadline: deadline,
 		cov: make([]uint64, (c.m+1)*c.W), marg: make([]int, len(order)*(c.m+1)), cand: make([]int, len(order)*(c.m+1))}
 	s.limit = limit
-	s.dfs(0, 0, 0, 0)
+	all := make([]int, len(order))
+	for j := range all {
+		all[j] = j
+	}
+	s.dfs(0, all, 0, 0)
 	if len(s.found) > 0 {
 		return s.found, searchFound
 	}
@@ -224,10 +241,11 @@ type coverDFS struct {
 	stopAt   int
 }
 
-// dfs extends cur (depth d, covering n tokens, weight val) with experts at
-// positions ≥ i of order, recording groups that reach theta; true when
-// limit groups are found.
-func (s *coverDFS) dfs(d, i, n int, val float64) bool {
+// dfs extends cur (depth d, covering n tokens, weight val) with the
+// experts at positions in (increasing positions of order, each after the
+// last one chosen), recording groups that reach theta; true when limit
+// groups are found.
+func (s *coverDFS) dfs(d int, in []int, n int, val float64) bool {
 	if val >= s.theta {
 		s.found = append(s.found, slices.Clone(s.cur))
 		if len(s.found) == 1 {
@@ -256,8 +274,10 @@ func (s *coverDFS) dfs(d, i, n int, val float64) bool {
 	base := d * len(s.order)
 	cands := s.cand[base:base]
 	margs := s.marg[base:base]
-	for j := i; j < len(s.order); j++ {
-		if m := s.c.marginal(s.order[j], cov); m <= room {
+	// Only the parent's candidates can still fit: marginals grow and the
+	// room shrinks down the tree.
+	for _, j := range in {
+		if m := s.c.marginalUpTo(s.order[j], cov, room); m <= room {
 			cands = append(cands, j)
 			margs = append(margs, m)
 		}
@@ -276,7 +296,7 @@ func (s *coverDFS) dfs(d, i, n int, val float64) bool {
 			next[w] = cov[w] | s.c.sets[e][w]
 		}
 		s.cur = append(s.cur, e)
-		if s.dfs(d+1, j+1, n+margs[ci], val+s.pi[e]) {
+		if s.dfs(d+1, cands[ci+1:], n+margs[ci], val+s.pi[e]) {
 			return true
 		}
 		s.cur = s.cur[:len(s.cur)-1]
