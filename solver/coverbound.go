@@ -38,7 +38,7 @@ import (
 //
 // since then the G groups of any such partition would sum to less than
 // Σ_e π_e. That condition is checked in Go by an exhaustive branch and
-// bound over groups (coverSearch), so the bound does not rest on HiGHS:
+// bound over groups (coverSearchAll), so the bound does not rest on HiGHS:
 // the LP only proposes π.
 //
 // z is searched between max_e load_e − 1 (always certified: that expert's
@@ -176,21 +176,13 @@ const (
 	searchTimeout                     // stopped at the deadline
 )
 
-// coverSearch looks for a group S, |S| ≤ m, N(S) ≤ z, with π(S) ≥ theta,
+// coverSearchAll looks for groups S, |S| ≤ m, N(S) ≤ z, with π(S) ≥ theta,
 // by exhaustive depth-first branch and bound over the experts with π > 0
 // in decreasing π (experts with π = 0 cannot raise π(S), and every subset
 // of a feasible group is feasible). A branch is cut when even the largest
 // remaining weights that still fit (each on its own) cannot reach theta.
-func (c *coverLayer) coverSearch(pi []float64, z int, theta float64, deadline time.Time) ([]int, searchStatus) {
-	found, st := c.coverSearchAll(pi, z, theta, 1, deadline)
-	if st == searchFound {
-		return found[0], st
-	}
-	return nil, st
-}
-
-// coverSearchAll is coverSearch collecting up to limit groups.
-func (c *coverLayer) coverSearchAll(pi []float64, z int, theta float64, limit int, deadline time.Time) ([][]int, searchStatus) {
+// It collects up to limit groups (and stops 2000 nodes after the first).
+func (c *coverLayer) coverSearchAll(ctx context.Context, pi []float64, z int, theta float64, limit int, deadline time.Time) ([][]int, searchStatus) {
 	order := make([]int, 0, c.E)
 	for e := 0; e < c.E; e++ {
 		if pi[e] > 0 && c.load[e] <= z {
@@ -206,7 +198,7 @@ func (c *coverLayer) coverSearchAll(pi []float64, z int, theta float64, limit in
 		}
 		return a - b
 	})
-	s := &coverDFS{c: c, pi: pi, z: z, theta: theta, order: order, deadline: deadline,
+	s := &coverDFS{ctx: ctx, c: c, pi: pi, z: z, theta: theta, order: order, deadline: deadline,
 		cov: make([]uint64, (c.m+1)*c.W), marg: make([]int, len(order)*(c.m+1)), cand: make([]int, len(order)*(c.m+1))}
 	s.limit = limit
 	all := make([]int, len(order))
@@ -230,6 +222,7 @@ type coverDFS struct {
 	theta    float64
 	order    []int
 	deadline time.Time
+	ctx      context.Context
 	cov      []uint64 // one bitset per depth
 	marg     []int    // candidate marginals per depth
 	cand     []int    // candidate positions per depth
@@ -264,7 +257,7 @@ func (s *coverDFS) dfs(d int, in []int, n int, val float64) bool {
 		return false
 	}
 	s.nodes++
-	if s.nodes&1023 == 0 && time.Now().After(s.deadline) {
+	if s.nodes&1023 == 0 && expired(s.ctx, s.deadline) {
 		s.timeout = true
 		return false
 	}
@@ -540,7 +533,7 @@ const errNoDuals = coverError("solver: the LP backend returned no row duals")
 // at most used ≤ z (feasible), or reaches the deadline.
 func (g *coverCG) certify(ctx context.Context, z int, deadline time.Time) (certified, feasible bool, used int, err error) {
 	c := g.c
-	for time.Now().Before(deadline) {
+	for !expired(ctx, deadline) {
 		val, pi, u, err := g.master(ctx, z)
 		if err != nil {
 			return false, false, 0, err
@@ -556,7 +549,7 @@ func (g *coverCG) certify(ctx context.Context, z int, deadline time.Time) (certi
 			}
 			continue
 		}
-		ok, S, st := g.proves(pi, z, deadline)
+		ok, S, st := g.proves(ctx, pi, z, deadline)
 		if ok {
 			return true, false, 0, nil
 		}
@@ -575,7 +568,7 @@ func (g *coverCG) heuristicColumns(pi []float64, z int, starts int) [][]int {
 // proves checks the certificate for π at z: true when no group S with
 // |S| ≤ m and N(S) ≤ z has π(S) ≥ Σπ/G (up to a relative 1e-9 on the safe
 // side); otherwise it returns the group found or the timeout.
-func (g *coverCG) proves(pi []float64, z int, deadline time.Time) (bool, []int, searchStatus) {
+func (g *coverCG) proves(ctx context.Context, pi []float64, z int, deadline time.Time) (bool, []int, searchStatus) {
 	sum := 0.0
 	for _, x := range pi {
 		sum += x
@@ -584,7 +577,7 @@ func (g *coverCG) proves(pi []float64, z int, deadline time.Time) (bool, []int, 
 	if theta <= 0 {
 		return false, nil, searchFound
 	}
-	found, st := g.c.coverSearchAll(pi, z, theta, 16, deadline)
+	found, st := g.c.coverSearchAll(ctx, pi, z, theta, 16, deadline)
 	for _, S := range found[min(1, len(found)):] {
 		g.addCol(S)
 	}
@@ -643,9 +636,9 @@ func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]i
 	}
 	// Out of time at lastZ: bisect below it with the last duals.
 	l, h := lo+1, min(lastZ, hi-1)
-	for l <= h && time.Now().Before(deadline) {
+	for l <= h && !expired(ctx, deadline) {
 		mid := (l + h) / 2
-		ok, _, st := g.proves(g.lastPi, mid, deadline)
+		ok, _, st := g.proves(ctx, g.lastPi, mid, deadline)
 		if st == searchTimeout {
 			break
 		}
@@ -657,6 +650,11 @@ func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]i
 		}
 	}
 	return lo, nil
+}
+
+// expired reports whether the solve was cancelled or deadline passed.
+func expired(ctx context.Context, deadline time.Time) bool {
+	return ctx.Err() != nil || !time.Now().Before(deadline)
 }
 
 // planGroups returns layer l's partition of a single-copy plan: the experts

@@ -48,7 +48,7 @@ func CoverSearch(p Problem, l int, pi []float64, z int, theta float64) (bool, []
 	if !ok {
 		panic("coverLayers")
 	}
-	found, st := cl[l].coverSearchAll(pi, z, theta, 1<<30, time.Now().Add(time.Hour))
+	found, st := cl[l].coverSearchAll(context.Background(), pi, z, theta, 1<<30, time.Now().Add(time.Hour))
 	if st == searchTimeout {
 		panic("timeout")
 	}

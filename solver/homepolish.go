@@ -1,6 +1,7 @@
 package solver
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -150,7 +151,7 @@ func (s *annealLayer) smooth() float64 {
 
 // anneal runs iters swap moves from partition start and returns the best
 // partition found with its exact cost.
-func (s *annealLayer) anneal(start []int, iters int, rng *rand.Rand, deadline time.Time) ([]int, float64) {
+func (s *annealLayer) anneal(ctx context.Context, start []int, iters int, rng *rand.Rand, deadline time.Time) ([]int, float64) {
 	s.set(start)
 	best := slicesClone(s.a)
 	bestCost := s.cost(s.maxima())
@@ -163,7 +164,7 @@ func (s *annealLayer) anneal(start []int, iters int, rng *rand.Rand, deadline ti
 	for it := 0; it < iters; it++ {
 		if it&255 == 0 {
 			now := time.Now()
-			if !now.Before(deadline) {
+			if !now.Before(deadline) || ctx.Err() != nil {
 				break
 			}
 			progress = math.Max(float64(it)/float64(iters), float64(now.Sub(begin))/float64(span))
@@ -199,7 +200,7 @@ func slicesClone(a []int) []int { return append([]int(nil), a...) }
 // with restarts > 1, from random balanced partitions too. It returns the
 // new plan (the old one where nothing improved) and whether the problem is
 // one homeCost covers.
-func homeAnneal(p Problem, plan *placement.Plan, iters, restarts, threads int, deadline time.Time, seed uint64) (*placement.Plan, bool) {
+func homeAnneal(ctx context.Context, p Problem, plan *placement.Plan, iters, restarts, threads int, deadline time.Time, seed uint64) (*placement.Plan, bool) {
 	cost, ok := homeCost(p)
 	if !ok {
 		return plan, false
@@ -230,7 +231,7 @@ func homeAnneal(p Problem, plan *placement.Plan, iters, restarts, threads int, d
 					from[e] = i / (E / G)
 				}
 			}
-			a, c := lay.anneal(from, iters, rng, now.Add(share*time.Duration(r+1)))
+			a, c := lay.anneal(ctx, from, iters, rng, now.Add(share*time.Duration(r+1)))
 			if c < bestCost {
 				best, bestCost = a, c
 			}

@@ -977,7 +977,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	}
 	report("polish", bestObj, math.NaN())
 	if exactHome {
-		annealed, _ := homeAnneal(p, best, 20000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit*3/10), uint64(opts.Seed))
+		annealed, _ := homeAnneal(ctx, p, best, 20000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit*3/10), uint64(opts.Seed))
 		_, obj, err := Score(p, annealed)
 		if err != nil {
 			return nil, err
@@ -993,7 +993,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 		// Layers whose bound converged early leave time: anneal again
 		// from the best plan.
 		if left := time.Until(start.Add(opts.TimeLimit)); left > opts.TimeLimit/20 && ctx.Err() == nil {
-			again, _ := homeAnneal(p, best, 20000*p.Stats.Experts, 1, opts.Parallel, start.Add(opts.TimeLimit), uint64(opts.Seed)+1)
+			again, _ := homeAnneal(ctx, p, best, 20000*p.Stats.Experts, 1, opts.Parallel, start.Add(opts.TimeLimit), uint64(opts.Seed)+1)
 			_, obj, err := Score(p, again)
 			if err != nil {
 				return nil, err
