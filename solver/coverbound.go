@@ -61,6 +61,21 @@ type coverLayer struct {
 	E, G, m, W int
 	sets       [][]uint64
 	load       []int
+	// lcap, when > 0, also limits a group's routed tokens Σ_{e∈S} load_e:
+	// the bound then holds for plans whose busiest GPU routes at most lcap.
+	lcap int
+}
+
+// fits reports whether routed tokens ld respect lcap.
+func (c *coverLayer) fits(ld int) bool { return c.lcap <= 0 || ld <= c.lcap }
+
+// groupLoad returns Σ_{e∈S} load_e.
+func (c *coverLayer) groupLoad(S []int) int {
+	n := 0
+	for _, e := range S {
+		n += c.load[e]
+	}
+	return n
 }
 
 // coverLayers builds the bitsets of every layer from per-token patterns
@@ -185,7 +200,7 @@ const (
 func (c *coverLayer) coverSearchAll(ctx context.Context, pi []float64, z int, theta float64, limit int, deadline time.Time) ([][]int, searchStatus) {
 	order := make([]int, 0, c.E)
 	for e := 0; e < c.E; e++ {
-		if pi[e] > 0 && c.load[e] <= z {
+		if pi[e] > 0 && c.load[e] <= z && c.fits(c.load[e]) {
 			order = append(order, e)
 		}
 	}
@@ -205,7 +220,7 @@ func (c *coverLayer) coverSearchAll(ctx context.Context, pi []float64, z int, th
 	for j := range all {
 		all[j] = j
 	}
-	s.dfs(0, all, 0, 0)
+	s.dfs(0, all, 0, 0, 0)
 	if len(s.found) > 0 {
 		return s.found, searchFound
 	}
@@ -238,7 +253,7 @@ type coverDFS struct {
 // experts at positions in (increasing positions of order, each after the
 // last one chosen), recording groups that reach theta; true when limit
 // groups are found.
-func (s *coverDFS) dfs(d int, in []int, n int, val float64) bool {
+func (s *coverDFS) dfs(d int, in []int, n, ld int, val float64) bool {
 	if val >= s.theta {
 		s.found = append(s.found, slices.Clone(s.cur))
 		if len(s.found) == 1 {
@@ -270,6 +285,9 @@ func (s *coverDFS) dfs(d int, in []int, n int, val float64) bool {
 	// Only the parent's candidates can still fit: marginals grow and the
 	// room shrinks down the tree.
 	for _, j := range in {
+		if !s.c.fits(ld + s.c.load[s.order[j]]) {
+			continue
+		}
 		if m := s.c.marginalUpTo(s.order[j], cov, room); m <= room {
 			cands = append(cands, j)
 			margs = append(margs, m)
@@ -289,7 +307,7 @@ func (s *coverDFS) dfs(d int, in []int, n int, val float64) bool {
 			next[w] = cov[w] | s.c.sets[e][w]
 		}
 		s.cur = append(s.cur, e)
-		if s.dfs(d+1, cands[ci+1:], n+margs[ci], val+s.pi[e]) {
+		if s.dfs(d+1, cands[ci+1:], n+margs[ci], ld+s.c.load[e], val+s.pi[e]) {
 			return true
 		}
 		s.cur = s.cur[:len(s.cur)-1]
@@ -329,7 +347,7 @@ func (c *coverLayer) heuristicColumns(pi []float64, z int, starts int, rng *rand
 					continue
 				}
 				m := c.marginal(e, cov)
-				if n+m > z {
+				if n+m > z || !c.fits(c.groupLoad(S)+c.load[e]) {
 					continue
 				}
 				score := pi[e] / (float64(m) + smooth)
@@ -361,7 +379,7 @@ func (c *coverLayer) heuristicColumns(pi []float64, z int, starts int, rng *rand
 						continue
 					}
 					S[i] = e
-					if c.cover(S) <= z {
+					if c.cover(S) <= z && c.fits(c.groupLoad(S)) {
 						bestE, bestGain = e, pi[e]-pi[out]
 					}
 					S[i] = out
@@ -374,7 +392,7 @@ func (c *coverLayer) heuristicColumns(pi []float64, z int, starts int, rng *rand
 			}
 			if len(S) < c.m {
 				for e := 0; e < c.E; e++ {
-					if !in[e] && pi[e] > 0 && c.cover(append(S, e)) <= z {
+					if !in[e] && pi[e] > 0 && c.cover(append(S, e)) <= z && c.fits(c.groupLoad(S)+c.load[e]) {
 						S = append(S, e)
 						in[e] = true
 						improved = true
@@ -429,6 +447,7 @@ type coverCG struct {
 	backend Backend
 	cols    [][]int
 	ncov    []int
+	nload   []int
 	keys    map[string]bool
 	rng     *rand.Rand
 	lastPi  []float64
@@ -445,6 +464,7 @@ func (g *coverCG) addCol(S []int) {
 	g.keys[k] = true
 	g.cols = append(g.cols, slices.Clone(S))
 	g.ncov = append(g.ncov, g.c.cover(S))
+	g.nload = append(g.nload, g.c.groupLoad(S))
 	if g.lp != nil {
 		g.lp.add(g.cols[len(g.cols)-1])
 	}
@@ -457,7 +477,7 @@ func (g *coverCG) master(ctx context.Context, z int) (float64, []float64, int, e
 	c := g.c
 	if g.lp != nil {
 		for j, n := range g.ncov {
-			g.lp.allow[j] = n <= z
+			g.lp.allow[j] = n <= z && c.fits(g.nload[j])
 		}
 		if val, y, ok := g.lp.solve(20 * c.E * c.E); ok {
 			pi := make([]float64, c.E)
@@ -476,7 +496,7 @@ func (g *coverCG) master(ctx context.Context, z int) (float64, []float64, int, e
 	}
 	var use []int
 	for i, n := range g.ncov {
-		if n <= z {
+		if n <= z && c.fits(g.nload[i]) {
 			use = append(use, i)
 		}
 	}
@@ -591,7 +611,7 @@ func (g *coverCG) proves(ctx context.Context, pi []float64, z int, deadline time
 // bottleneck returns the largest z it certifies (max_g D_g > z for every
 // partition) by the search described above, between the largest expert
 // and the incumbent partition part (at least max_e load_e − 1).
-func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]int, deadline time.Time, seed uint64) (int, error) {
+func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]int, floor int, deadline time.Time, seed uint64) (z int, converged bool, err error) {
 	maxLoad := slices.Max(c.load)
 	rng := rand.New(rand.NewPCG(seed, 0x636f766572))
 	g := &coverCG{c: c, backend: backend, keys: map[string]bool{}, rng: rng, lp: newCoverLP(c.E, rng)}
@@ -602,21 +622,29 @@ func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]i
 		g.addCol(S)
 	}
 	// Every partition has a group reaching max_e load_e tokens, so lo is
-	// certified from the start; the plan reaches hi, so hi is not.
-	lo, hi := maxLoad-1, c.maxGroupCover(part)
+	// certified from the start (as is floor, certified by the caller); the
+	// plan reaches hi, so hi is not, unless the plan breaks lcap.
+	lo, hi := max(maxLoad-1, floor), c.maxGroupCover(part)
+	planLoad := 0
+	for _, S := range part {
+		planLoad = max(planLoad, c.groupLoad(S))
+	}
+	if !c.fits(planLoad) {
+		hi = max(hi, lo+1) + (hi-lo)/2
+	}
 	if hi-lo <= 1 {
-		return lo, nil
+		return lo, true, nil
 	}
 	start := time.Now()
 	reserve := deadline.Add(-time.Duration(0.15 * float64(deadline.Sub(start))))
 	// The LP bound sits a few per cent below good plans: probe there
 	// first, then bisect.
-	z := max(lo+1, hi-max(1, (hi-lo)/10))
+	z = max(lo+1, hi-max(1, (hi-lo)/10))
 	lastZ := -1
 	for hi-lo > 1 {
 		certified, feasible, used, err := g.certify(ctx, z, reserve)
 		if err != nil {
-			return -1, err
+			return -1, false, err
 		}
 		switch {
 		case certified:
@@ -631,8 +659,11 @@ func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]i
 		}
 		z = (lo + hi) / 2
 	}
-	if lastZ < 0 || g.lastPi == nil {
-		return lo, nil
+	if lastZ < 0 {
+		return lo, true, nil
+	}
+	if g.lastPi == nil {
+		return lo, false, nil
 	}
 	// Out of time at lastZ: bisect below it with the last duals.
 	l, h := lo+1, min(lastZ, hi-1)
@@ -649,7 +680,7 @@ func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]i
 			h = mid - 1
 		}
 	}
-	return lo, nil
+	return lo, false, nil
 }
 
 // expired reports whether the solve was cancelled or deadline passed.
@@ -669,12 +700,21 @@ func planGroups(plan *placement.Plan, l, G int) [][]int {
 	return part
 }
 
-// homeBottleneck certifies, per layer, a lower bound on the busiest GPU's
+// homeCorner says that every plan of a layer has busiest routed tokens ≥ L
+// and busiest distinct tokens ≥ D, or lies in another corner of the same
+// layer: the layer's cost is at least the smallest homeCost over its
+// corners.
+type homeCorner struct{ L, D float64 }
+
+// homeBottleneck certifies, per layer, lower bounds on the busiest GPU's
 // distinct tokens over every plan (z+1 for the certified z), working on
 // `workers` layers at once until deadline, each layer searching below
-// plan's partition. It returns nil when the problem is not one the
-// bound covers.
-func homeBottleneck(ctx context.Context, p Problem, backend Backend, plan *placement.Plan, deadline time.Time, workers int, seed uint64) ([]float64, error) {
+// plan's partition. When the bound converges with time left and the plan's
+// busiest GPU routes λ > ⌈mean⌉ tokens, the layer is bounded again over the
+// plans whose busiest GPU routes at most λ−1 (groups capped at λ−1), giving
+// two corners: (⌈mean⌉, z_cap+1) and (λ, z+1). It returns nil when the
+// problem is not one the bound covers.
+func homeBottleneck(ctx context.Context, p Problem, backend Backend, plan *placement.Plan, deadline time.Time, workers int, seed uint64) ([][]homeCorner, error) {
 	if _, ok := homeCost(p); !ok {
 		return nil, nil
 	}
@@ -683,15 +723,38 @@ func homeBottleneck(ctx context.Context, p Problem, backend Backend, plan *place
 		return nil, nil
 	}
 	G := p.Cluster.GPUs()
-	minD := make([]float64, len(cls))
+	out := make([][]homeCorner, len(cls))
 	errs := make([]error, len(cls))
 	parallelLayers(len(cls), workers, deadline, func(l int, limit time.Duration) {
-		z, err := cls[l].bottleneck(ctx, backend, planGroups(plan, l, G), time.Now().Add(limit), seed+uint64(l))
+		c := cls[l]
+		part := planGroups(plan, l, G)
+		end := time.Now().Add(limit)
+		z, converged, err := c.bottleneck(ctx, backend, part, -1, end, seed+uint64(l))
 		if err != nil {
 			errs[l] = err
 			return
 		}
-		minD[l] = float64(z + 1)
+		out[l] = []homeCorner{{0, float64(z + 1)}}
+		total := 0
+		for _, x := range c.load {
+			total += x
+		}
+		u0 := (total + G - 1) / G
+		lam := 0
+		for _, S := range part {
+			lam = max(lam, c.groupLoad(S))
+		}
+		if !converged || lam <= u0 || lam-1 < slices.Max(c.load) || time.Until(end) < limit/10 {
+			return
+		}
+		c.lcap = lam - 1
+		zc, _, err := c.bottleneck(ctx, backend, part, z, end, seed+uint64(l)+1<<32)
+		c.lcap = 0
+		if err != nil {
+			errs[l] = err
+			return
+		}
+		out[l] = []homeCorner{{float64(u0), float64(zc + 1)}, {float64(lam), float64(z + 1)}}
 	})
 	for _, err := range errs {
 		if errors.Is(err, errNoDuals) || ctx.Err() != nil {
@@ -702,5 +765,5 @@ func homeBottleneck(ctx context.Context, p Problem, backend Backend, plan *place
 			return nil, err
 		}
 	}
-	return minD, nil
+	return out, nil
 }

@@ -24,7 +24,7 @@ func CoverBottleneck(ctx context.Context, p Problem, backend Backend, plan *plac
 		return -1, -1, errNoDuals
 	}
 	part := planGroups(plan, l, p.Cluster.GPUs())
-	z, err := cl[l].bottleneck(ctx, backend, part, deadline, uint64(l))
+	z, _, err := cl[l].bottleneck(ctx, backend, part, -1, deadline, uint64(l))
 	return z, cl[l].maxGroupCover(part), err
 }
 
@@ -37,8 +37,6 @@ var HomeLowerBoundWith = homeLowerBoundWith
 // HomeCost exposes homeCost.
 var HomeCost = homeCost
 
-// HomeBottleneck exposes homeBottleneck.
-var HomeBottleneck = homeBottleneck
 
 // CoverSearch runs the exhaustive group search of layer l: whether a group
 // S with |S| ≤ E/G, N(S) ≤ z and π(S) ≥ theta exists (found), and every
@@ -55,5 +53,23 @@ func CoverSearch(p Problem, l int, pi []float64, z int, theta float64) (bool, []
 	return st == searchFound, found
 }
 
-// ResultMinD returns joint's certified per-layer busiest-GPU counts.
-func ResultMinD(r *Result) []float64 { return r.minD }
+// ResultCorners returns joint's certified per-layer corners as (L, D)
+// pairs (see homeCorner).
+func ResultCorners(r *Result) [][][2]float64 { return cornerPairs(r.corners) }
+
+// HomeBottleneckPairs runs homeBottleneck and returns its corners as
+// (L, D) pairs.
+func HomeBottleneckPairs(ctx context.Context, p Problem, backend Backend, plan *placement.Plan, deadline time.Time, workers int, seed uint64) ([][][2]float64, error) {
+	c, err := homeBottleneck(ctx, p, backend, plan, deadline, workers, seed)
+	return cornerPairs(c), err
+}
+
+func cornerPairs(c [][]homeCorner) [][][2]float64 {
+	out := make([][][2]float64, len(c))
+	for l, cs := range c {
+		for _, x := range cs {
+			out[l] = append(out[l], [2]float64{x.L, x.D})
+		}
+	}
+	return out
+}

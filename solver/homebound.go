@@ -73,10 +73,11 @@ func homeCost(p Problem) (cost func(maxL, maxD float64) float64, ok bool) {
 	}, true
 }
 
-// homeLowerBoundWith is homeLowerBound with, per layer, a certified lower
-// bound minD[l] on the busiest GPU's distinct tokens (nil or ≤ 0 entries:
-// none).
-func homeLowerBoundWith(p Problem, minD []float64) (float64, bool) {
+// homeLowerBoundWith is homeLowerBound with, per layer, certified corners
+// (coverbound.go): the layer costs at least the smallest homeCost over its
+// corners, each raised to the counting bounds (no corners: the counting
+// bounds alone).
+func homeLowerBoundWith(p Problem, corners [][]homeCorner) (float64, bool) {
 	cost, ok := homeCost(p)
 	if !ok {
 		return 0, false
@@ -134,10 +135,16 @@ func homeLowerBoundWith(p Problem, minD []float64) (float64, bool) {
 		// Σ_t m_t ≥ number of tokens too (every token reaches a GPU), and
 		// the busiest GPU reaches at least the mean.
 		maxD := math.Max(kt-W, tokens) / float64(G)
-		if l < len(minD) {
-			maxD = math.Max(maxD, minD[l])
+		meanL := load / float64(G)
+		if l >= len(corners) || len(corners[l]) == 0 {
+			total += cost(meanL, maxD)
+			continue
 		}
-		total += cost(load/float64(G), maxD)
+		best := math.Inf(1)
+		for _, c := range corners[l] {
+			best = math.Min(best, cost(math.Max(meanL, c.L), math.Max(maxD, c.D)))
+		}
+		total += best
 	}
 	return total, true
 }

@@ -986,7 +986,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 			best, bestObj = annealed, obj
 		}
 		report("anneal", bestObj, math.NaN())
-		res.minD, err = homeBottleneck(ctx, p, backend, best, start.Add(opts.TimeLimit), opts.Parallel, uint64(opts.Seed))
+		res.corners, err = homeBottleneck(ctx, p, backend, best, start.Add(opts.TimeLimit), opts.Parallel, uint64(opts.Seed))
 		if err != nil {
 			return nil, err
 		}

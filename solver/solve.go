@@ -199,9 +199,10 @@ type Result struct {
 	// Objective/CostBound − 1; NaN where no such bound is derived (see
 	// homeLowerBound: home flow, one node, per-token patterns).
 	CostBound, CostGap float64
-	// minD are joint's certified per-layer lower bounds on the busiest
-	// GPU's distinct tokens (coverbound.go), folded into CostBound.
-	minD []float64
+	// corners are joint's certified per-layer lower bounds on the busiest
+	// GPU's routed and distinct tokens (coverbound.go), folded into
+	// CostBound.
+	corners [][]homeCorner
 	// Balance certifies a replicated plan's busiest-GPU load per layer
 	// against a lower bound; nil for single-copy strategies.
 	Balance *BalanceReport
@@ -360,7 +361,7 @@ func Solve(ctx context.Context, p Problem, st Strategy, backend Backend, opts Op
 	}
 	res.Report, res.Objective = rep, obj
 	res.CostBound, res.CostGap = math.NaN(), math.NaN()
-	if lb, ok := homeLowerBoundWith(p, res.minD); ok && lb > 0 {
+	if lb, ok := homeLowerBoundWith(p, res.corners); ok && lb > 0 {
 		res.CostBound, res.CostGap = lb, obj/lb-1
 	}
 	if st != StrategyJoint {
