@@ -37,7 +37,6 @@ var HomeLowerBoundWith = homeLowerBoundWith
 // HomeCost exposes homeCost.
 var HomeCost = homeCost
 
-
 // CoverSearch runs the exhaustive group search of layer l: whether a group
 // S with |S| ≤ E/G, N(S) ≤ z and π(S) ≥ theta exists (found), and every
 // group the search returned.
