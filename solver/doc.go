@@ -108,8 +108,11 @@
 // columns are the groups reaching at most z tokens, master LP by a small
 // warm-started simplex (coverlp.go), and a certificate π with π(S) <
 // Σπ/G for every such group, checked by exhaustive branch and bound in Go.
-// Result.CostBound folds these into homeLowerBound; time left once every
-// layer's bound has converged goes to more annealing.
+// A layer whose bound converges early is bounded again with groups capped
+// at λ−1 routed tokens (λ: the plan's busiest GPU), so every plan lies in
+// one of two corners, (mean, z_cap+1) or (λ, z+1), and costs at least the
+// cheaper. Result.CostBound folds these into homeLowerBound; time left
+// once every layer's bound has converged goes to more annealing.
 //
 // # Joint with replicas (Problem.RedundantSlots, SlotsPerGPU, ExpertGroups,
 // Scenarios, Current)
