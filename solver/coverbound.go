@@ -441,6 +441,11 @@ func groupKey(S []int) string {
 	return b.String()
 }
 
+// coverHeuristicStarts is how many randomised starts the heuristic
+// pricing makes per round (tests set 0 so that the exhaustive search finds
+// every column).
+var coverHeuristicStarts = 32
+
 // coverCG is the column generation state of one layer.
 type coverCG struct {
 	c       *coverLayer
@@ -562,7 +567,7 @@ func (g *coverCG) certify(ctx context.Context, z int, deadline time.Time) (certi
 		if val <= float64(c.G)*(1+1e-6) {
 			return false, true, u, nil
 		}
-		cols := g.heuristicColumns(pi, z, 32)
+		cols := g.heuristicColumns(pi, z, coverHeuristicStarts)
 		if len(cols) > 0 {
 			for _, S := range cols[:min(len(cols), 24)] {
 				g.addCol(S)

@@ -187,6 +187,17 @@ func TestCoverSearchExhaustive(t *testing.T) {
 // corners appear; the search starts from a random partition, so a broken
 // certificate check would report that partition's (larger) value.
 func TestHomeBottleneckBruteForce(t *testing.T) {
+	t.Run("heuristic pricing", func(t *testing.T) { testHomeBottleneckBruteForce(t) })
+	// Without the heuristic every column, and every certificate, comes
+	// from the exhaustive search, which the small instances above may
+	// never need.
+	t.Run("exhaustive pricing", func(t *testing.T) {
+		defer SetCoverHeuristicStarts(0)()
+		testHomeBottleneckBruteForce(t)
+	})
+}
+
+func testHomeBottleneckBruteForce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(45, 46))
 	exact, nontrivial, capped, layers := 0, 0, 0, 0
 	for it := range 16 {

@@ -72,3 +72,11 @@ func cornerPairs(c [][]homeCorner) [][][2]float64 {
 	}
 	return out
 }
+
+// SetCoverHeuristicStarts sets the heuristic pricing's starts per round
+// and returns a function that restores the old value.
+func SetCoverHeuristicStarts(n int) func() {
+	old := coverHeuristicStarts
+	coverHeuristicStarts = n
+	return func() { coverHeuristicStarts = old }
+}
