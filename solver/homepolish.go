@@ -37,6 +37,9 @@ type annealLayer struct {
 	tauL float64
 	wD   float64 // seconds per unit of D_max
 	wL   float64 // seconds per unit of L_max
+
+	stamp []uint32 // per token, for swapDelta
+	tag   uint32
 }
 
 func newAnnealLayer(c *coverLayer, load []float64, cost func(float64, int) float64) *annealLayer {
@@ -52,6 +55,7 @@ func newAnnealLayer(c *coverLayer, load []float64, cost func(float64, int) float
 	}
 	T := c.W * 64
 	s.cnt = make([]uint8, T*c.G)
+	s.stamp = make([]uint32, T)
 	s.D = make([]int, c.G)
 	s.L = make([]float64, c.G)
 	s.a = make([]int, c.E)
@@ -175,24 +179,71 @@ func (s *annealLayer) anneal(ctx context.Context, start []int, iters int, rng *r
 		if g1 == g2 {
 			continue
 		}
-		s.move(e1, g2)
-		s.move(e2, g1)
+		// Score the swap from its change to the two GPUs' counts, and
+		// apply it only when accepted.
+		d1, d2 := s.swapDelta(e1, e2)
+		dl := s.load[e2] - s.load[e1]
+		s.D[g1] += d1
+		s.D[g2] += d2
+		s.L[g1] += dl
+		s.L[g2] -= dl
 		nv := s.smooth()
+		s.D[g1] -= d1
+		s.D[g2] -= d2
+		s.L[g1] -= dl
+		s.L[g2] += dl
 		if nv <= cur || (temp > 0 && rng.Float64() < math.Exp((cur-nv)/temp)) {
+			s.move(e1, g2)
+			s.move(e2, g1)
 			cur = nv
 			if c := s.cost(s.maxima()); c < bestCost {
 				bestCost = c
 				copy(best, s.a)
 			}
-		} else {
-			s.move(e1, g1)
-			s.move(e2, g2)
 		}
 	}
 	return best, bestCost
 }
 
 func slicesClone(a []int) []int { return append([]int(nil), a...) }
+
+// swapDelta returns how swapping e1 (on g1) and e2 (on g2) would change
+// D[g1] and D[g2], without changing anything: a token of e1 leaves g1
+// unless another of its experts stays there or it is also e2's (which
+// arrives), and joins g2 unless it is there already; likewise for e2.
+func (s *annealLayer) swapDelta(e1, e2 int) (d1, d2 int) {
+	G := s.G
+	g1, g2 := s.a[e1], s.a[e2]
+	s.tag += 2
+	if s.tag < 2 { // wrapped: clear the stamps
+		clear(s.stamp)
+		s.tag = 2
+	}
+	t1, t2 := s.tag-1, s.tag
+	for _, t := range s.toks[e2] {
+		s.stamp[t] = t1
+	}
+	for _, t := range s.toks[e1] {
+		i := int(t) * G
+		if s.cnt[i+g1] == 1 && s.stamp[t] != t1 {
+			d1--
+		}
+		if s.cnt[i+g2] == 0 {
+			d2++
+		}
+		s.stamp[t] = t2
+	}
+	for _, t := range s.toks[e2] {
+		i := int(t) * G
+		if s.cnt[i+g2] == 1 && s.stamp[t] != t2 {
+			d2--
+		}
+		if s.cnt[i+g1] == 0 {
+			d1++
+		}
+	}
+	return d1, d2
+}
 
 // homeAnneal improves a single-copy plan layer by layer on the exact home
 // flow cost (homeCost), with `threads` goroutines, until deadline or iters
