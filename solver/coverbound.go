@@ -43,10 +43,12 @@ import (
 //
 // z is searched between max_e load_e − 1 (always certified: that expert's
 // group reaches load_e tokens) and the incumbent plan's busiest GPU (never
-// certifiable): the first probe sits a quarter of the interval below the
-// plan, then each probe climbs a third of the interval left (probes far
-// below the LP bound certify in milliseconds, those near it take most of
-// the time, and an unfinished probe falls back as below). At a probe the LP
+// certifiable). Probes far below the LP bound certify in milliseconds and
+// those near it take most of the time, so with under 4 s for the layer the
+// first probe sits a quarter of the interval below the plan and each next
+// one climbs a third of the interval left; with more, the first probe sits
+// a tenth below the plan, where the LP bound usually lies, then bisection.
+// At a probe the LP
 // either reaches value G (a fractional partition with every group at most
 // z exists, so nothing at or above the largest group it uses can be
 // certified), or stays above G while neither the heuristic pricing nor the
@@ -644,10 +646,16 @@ func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]i
 	}
 	start := time.Now()
 	reserve := deadline.Add(-time.Duration(0.15 * float64(deadline.Sub(start))))
-	// Probes well below the LP bound certify fast and those near it slowly,
-	// so start a quarter of the way down from the plan and climb by thirds
-	// of the open interval.
-	z = max(lo+1, hi-max(1, (hi-lo)/4))
+	// Probes well below the LP bound certify fast and those near it slowly
+	// (on FLAME about 0.2 s against 1–2 s). With a short budget, start a
+	// quarter of the way down from the plan and climb by thirds of the open
+	// interval; with time to spare, probe a tenth below the plan, where the
+	// LP bound usually lies, and bisect.
+	short := deadline.Sub(start) < 4*time.Second
+	z = max(lo+1, hi-max(1, (hi-lo)/10))
+	if short {
+		z = max(lo+1, hi-max(1, (hi-lo)/4))
+	}
 	lastZ := -1
 	for hi-lo > 1 {
 		certified, feasible, used, err := g.certify(ctx, z, reserve)
@@ -665,7 +673,10 @@ func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]i
 		if lastZ >= 0 {
 			break
 		}
-		z = lo + max(1, (hi-lo)/3)
+		z = (lo + hi) / 2
+		if short {
+			z = lo + max(1, (hi-lo)/3)
+		}
 	}
 	if lastZ < 0 {
 		return lo, true, nil
