@@ -54,6 +54,18 @@ func randomHomeProblem(t *testing.T, rng *rand.Rand, E, G, k, L, T int, mode cos
 	return Problem{Stats: st, Cluster: smallCluster(1, G), Model: m, Flow: costmodel.FlowHome, Mode: mode}
 }
 
+// randomBalancedPlan puts E/G random experts on each GPU in every layer.
+func randomBalancedPlan(rng *rand.Rand, L, E, G int) *placement.Plan {
+	row := make([][]placement.GPU, L)
+	for l := range row {
+		row[l] = make([]placement.GPU, E)
+		for i, e := range rng.Perm(E) {
+			row[l][e] = placement.GPU(i / (E / G))
+		}
+	}
+	return placement.FromAssignment(G, row, "rand")
+}
+
 // layerMaxima computes, independently of the solver, a plan layer's
 // busiest GPU's routed tokens and busiest GPU's distinct tokens.
 func layerMaxima(p Problem, lp placement.LayerPlan, l int) (float64, float64) {
@@ -207,14 +219,7 @@ func testHomeBottleneckBruteForce(t *testing.T) {
 			E, G = 8, 4
 		}
 		p := randomHomeProblem(t, rng, E, G, 2+rng.IntN(2), 2, 30+rng.IntN(60), costmodel.Sequential)
-		row := make([][]placement.GPU, p.Stats.Layers)
-		for l := range row {
-			row[l] = make([]placement.GPU, E)
-			for i, e := range rng.Perm(E) {
-				row[l][e] = placement.GPU(i / (E / G))
-			}
-		}
-		plan := placement.FromAssignment(G, row, "rand")
+		plan := randomBalancedPlan(rng, p.Stats.Layers, E, G)
 		corners, err := HomeBottleneckPairs(context.Background(), p, testBackend(t), plan, time.Now().Add(5*time.Second), 2, uint64(it))
 		require.NoError(t, err)
 		require.Len(t, corners, p.Stats.Layers)
@@ -266,14 +271,7 @@ func TestHomeAnnealNeverWorse(t *testing.T) {
 		G := 2 + rng.IntN(4)
 		E := G * (2 + rng.IntN(4))
 		p := randomHomeProblem(t, rng, E, G, 2+rng.IntN(2), 3, 50+rng.IntN(100), costmodel.Mode(it%2))
-		row := make([][]placement.GPU, p.Stats.Layers)
-		for l := range row {
-			row[l] = make([]placement.GPU, E)
-			for i, e := range rng.Perm(E) {
-				row[l][e] = placement.GPU(i / (E / G))
-			}
-		}
-		plan := placement.FromAssignment(G, row, "rand")
+		plan := randomBalancedPlan(rng, p.Stats.Layers, E, G)
 		_, before, err := Score(p, plan)
 		require.NoError(t, err)
 		out, ok := HomeAnneal(context.Background(), p, plan, 20000, 2, 2, time.Now().Add(2*time.Second), uint64(it))

@@ -957,9 +957,19 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	// The ILP's model is a proxy for the exact cost model where tokens
 	// share GPUs beyond pairs; a local search on the exact model, started
 	// from the ILP plan and from the baseline, keeps the best.
-	candidates := []*placement.Plan{plan, basePlan}
 	best, bestObj := plan, math.Inf(1)
-	for _, c := range candidates {
+	// keep scores cand on the exact cost model and keeps the better plan.
+	keep := func(cand *placement.Plan) error {
+		_, obj, err := Score(p, cand)
+		if err != nil {
+			return err
+		}
+		if obj < bestObj-1e-15 {
+			best, bestObj = cand, obj
+		}
+		return nil
+	}
+	for _, c := range []*placement.Plan{plan, basePlan} {
 		cand := c
 		if !opts.NoPolish {
 			cand, err = polish(ctx, p, c, polishEnd, opts.Parallel)
@@ -967,23 +977,15 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 				return nil, err
 			}
 		}
-		_, obj, err := Score(p, cand)
-		if err != nil {
+		if err := keep(cand); err != nil {
 			return nil, err
-		}
-		if obj < bestObj-1e-15 {
-			best, bestObj = cand, obj
 		}
 	}
 	report("polish", bestObj, math.NaN())
 	if exactHome {
 		annealed, _ := homeAnneal(ctx, p, best, 20000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit*3/10), uint64(opts.Seed))
-		_, obj, err := Score(p, annealed)
-		if err != nil {
+		if err := keep(annealed); err != nil {
 			return nil, err
-		}
-		if obj < bestObj-1e-15 {
-			best, bestObj = annealed, obj
 		}
 		report("anneal", bestObj, math.NaN())
 		res.corners, err = homeBottleneck(ctx, p, backend, best, start.Add(opts.TimeLimit), opts.Parallel, uint64(opts.Seed))
@@ -994,12 +996,8 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 		// from the best plan.
 		if left := time.Until(start.Add(opts.TimeLimit)); left > opts.TimeLimit/20 && ctx.Err() == nil {
 			again, _ := homeAnneal(ctx, p, best, 20000*p.Stats.Experts, 1, opts.Parallel, start.Add(opts.TimeLimit), uint64(opts.Seed)+1)
-			_, obj, err := Score(p, again)
-			if err != nil {
+			if err := keep(again); err != nil {
 				return nil, err
-			}
-			if obj < bestObj-1e-15 {
-				best, bestObj = again, obj
 			}
 			report("anneal", bestObj, math.NaN())
 		}
