@@ -155,17 +155,8 @@ func (c *coverLayer) cover(S []int) int {
 	return n
 }
 
-// marginal returns |sets[e] \ cov|.
-func (c *coverLayer) marginal(e int, cov []uint64) int {
-	n := 0
-	for w, x := range c.sets[e] {
-		n += bits.OnesCount64(x &^ cov[w])
-	}
-	return n
-}
-
-// marginalUpTo is marginal, stopping early once it exceeds limit (the
-// result is then some value > limit).
+// marginalUpTo returns |sets[e] \ cov|, stopping early once it exceeds
+// limit (the result is then some value > limit).
 func (c *coverLayer) marginalUpTo(e int, cov []uint64, limit int) int {
 	n := 0
 	for w, x := range c.sets[e] {
@@ -342,7 +333,7 @@ func (c *coverLayer) heuristicColumns(pi []float64, z int, starts int, rng *rand
 		clear(cov)
 		clear(in)
 		S := make([]int, 0, c.m)
-		n := 0
+		n, ld := 0, 0 // tokens reached and routed by S
 		smooth := 1 + rng.Float64()*float64(c.load[0]+1)
 		for len(S) < c.m {
 			best, bestScore, bestM := -1, 0.0, 0
@@ -350,8 +341,11 @@ func (c *coverLayer) heuristicColumns(pi []float64, z int, starts int, rng *rand
 				if in[e] || pi[e] <= 0 {
 					continue
 				}
-				m := c.marginal(e, cov)
-				if n+m > z || !c.fits(c.groupLoad(S)+c.load[e]) {
+				if !c.fits(ld + c.load[e]) {
+					continue
+				}
+				m := c.marginalUpTo(e, cov, z-n)
+				if n+m > z {
 					continue
 				}
 				score := pi[e] / (float64(m) + smooth)
@@ -368,6 +362,7 @@ func (c *coverLayer) heuristicColumns(pi []float64, z int, starts int, rng *rand
 			S = append(S, best)
 			in[best] = true
 			n += bestM
+			ld += c.load[best]
 			for w := range cov {
 				cov[w] |= c.sets[best][w]
 			}
@@ -731,14 +726,11 @@ type homeCorner struct{ L, D float64 }
 // plan's partition. When the bound converges with time left and the plan's
 // busiest GPU routes λ > ⌈mean⌉ tokens, the layer is bounded again over the
 // plans whose busiest GPU routes at most λ−1 (groups capped at λ−1), giving
-// two corners: (⌈mean⌉, z_cap+1) and (λ, z+1). It returns nil when the
-// problem is not one the bound covers.
-func homeBottleneck(ctx context.Context, p Problem, backend Backend, plan *placement.Plan, deadline time.Time, workers int, seed uint64) ([][]homeCorner, error) {
-	if _, ok := homeCost(p); !ok {
-		return nil, nil
-	}
-	cls, ok := coverLayers(p)
-	if !ok {
+// two corners: (⌈mean⌉, z_cap+1) and (λ, z+1). cls are the layers'
+// bitsets (coverLayers). It returns nil when the problem is not one the
+// bound covers.
+func homeBottleneck(ctx context.Context, p Problem, cls []*coverLayer, backend Backend, plan *placement.Plan, deadline time.Time, workers int, seed uint64) ([][]homeCorner, error) {
+	if _, ok := homeCost(p); !ok || cls == nil {
 		return nil, nil
 	}
 	G := p.Cluster.GPUs()

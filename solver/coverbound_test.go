@@ -107,11 +107,7 @@ func TestHomeCostMatchesEvaluator(t *testing.T) {
 		ev, err := costmodel.NewEvaluator(p.Stats, p.Cluster, p.Model, costmodel.Options{Flow: costmodel.FlowHome, Mode: p.Mode})
 		require.NoError(t, err)
 		for range 5 {
-			row := make([]placement.GPU, E)
-			for i, e := range rng.Perm(E) {
-				row[e] = placement.GPU(i / (E / G))
-			}
-			lp := placement.FromAssignment(G, [][]placement.GPU{row}, "rand").Layers[0]
+			lp := randomBalancedPlan(rng, 1, E, G).Layers[0]
 			for l := 0; l < p.Stats.Layers; l++ {
 				mL, mD := layerMaxima(p, lp, l)
 				want := ev.LayerTime(l, lp, nil)

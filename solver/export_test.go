@@ -28,8 +28,11 @@ func CoverBottleneck(ctx context.Context, p Problem, backend Backend, plan *plac
 	return z, cl[l].maxGroupCover(part), err
 }
 
-// HomeAnneal exposes homeAnneal.
-var HomeAnneal = homeAnneal
+// HomeAnneal runs homeAnneal with the problem's bitsets.
+func HomeAnneal(ctx context.Context, p Problem, plan *placement.Plan, iters, restarts, threads int, deadline time.Time, seed uint64) (*placement.Plan, bool) {
+	cls, _ := coverLayers(p)
+	return homeAnneal(ctx, p, cls, plan, iters, restarts, threads, deadline, seed)
+}
 
 // HomeLowerBoundWith exposes homeLowerBoundWith.
 var HomeLowerBoundWith = homeLowerBoundWith
@@ -59,7 +62,8 @@ func ResultCorners(r *Result) [][][2]float64 { return cornerPairs(r.corners) }
 // HomeBottleneckPairs runs homeBottleneck and returns its corners as
 // (L, D) pairs.
 func HomeBottleneckPairs(ctx context.Context, p Problem, backend Backend, plan *placement.Plan, deadline time.Time, workers int, seed uint64) ([][][2]float64, error) {
-	c, err := homeBottleneck(ctx, p, backend, plan, deadline, workers, seed)
+	cls, _ := coverLayers(p)
+	c, err := homeBottleneck(ctx, p, cls, backend, plan, deadline, workers, seed)
 	return cornerPairs(c), err
 }
 

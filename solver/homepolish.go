@@ -3,7 +3,9 @@ package solver
 import (
 	"context"
 	"math"
+	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/moetuner/moetuner/placement"
@@ -47,9 +49,8 @@ func newAnnealLayer(c *coverLayer, load []float64, cost func(float64, int) float
 	for e := range s.toks {
 		for w, x := range c.sets[e] {
 			for x != 0 {
-				b := x & -x
-				s.toks[e] = append(s.toks[e], int32(w*64+bitIndex(b)))
-				x &^= b
+				s.toks[e] = append(s.toks[e], int32(w*64+bits.TrailingZeros64(x)))
+				x &= x - 1
 			}
 		}
 	}
@@ -63,36 +64,18 @@ func newAnnealLayer(c *coverLayer, load []float64, cost func(float64, int) float
 	for _, x := range load {
 		total += x
 	}
-	meanD := float64(popcountAll(c)) / float64(c.G)
-	s.tauD = math.Max(1, 0.008*meanD*float64(c.G)/float64(c.G))
+	all := make([]int, c.E)
+	for e := range all {
+		all[e] = e
+	}
+	meanD := float64(c.cover(all)) / float64(c.G) // every token has an expert
+	s.tauD = math.Max(1, 0.008*meanD)
 	s.tauL = math.Max(1e-9, 0.008*total/float64(c.G))
 	// Marginal prices of the two maxima from the cost function itself.
 	base := cost(total/float64(c.G), int(meanD))
 	s.wD = math.Max(1e-18, cost(total/float64(c.G), int(meanD)+10)-base) / 10
 	s.wL = math.Max(1e-18, cost(total/float64(c.G)*1.01, int(meanD))-base) / (0.01 * total / float64(c.G))
 	return s
-}
-
-func bitIndex(b uint64) int {
-	n := 0
-	for b > 1 {
-		b >>= 1
-		n++
-	}
-	return n
-}
-
-func popcountAll(c *coverLayer) int {
-	// Tokens of the layer (each token has at least one expert).
-	n := 0
-	for w := 0; w < c.W; w++ {
-		var x uint64
-		for e := range c.sets {
-			x |= c.sets[e][w]
-		}
-		n += popcount([]uint64{x})
-	}
-	return n
 }
 
 // set installs partition a.
@@ -157,7 +140,7 @@ func (s *annealLayer) smooth() float64 {
 // partition found with its exact cost.
 func (s *annealLayer) anneal(ctx context.Context, start []int, iters int, rng *rand.Rand, deadline time.Time) ([]int, float64) {
 	s.set(start)
-	best := slicesClone(s.a)
+	best := slices.Clone(s.a)
 	bestCost := s.cost(s.maxima())
 	cur := s.smooth()
 	E := len(s.a)
@@ -205,8 +188,6 @@ func (s *annealLayer) anneal(ctx context.Context, start []int, iters int, rng *r
 	return best, bestCost
 }
 
-func slicesClone(a []int) []int { return append([]int(nil), a...) }
-
 // swapDelta returns how swapping e1 (on g1) and e2 (on g2) would change
 // D[g1] and D[g2], without changing anything: a token of e1 leaves g1
 // unless another of its experts stays there or it is also e2's (which
@@ -248,16 +229,12 @@ func (s *annealLayer) swapDelta(e1, e2 int) (d1, d2 int) {
 // homeAnneal improves a single-copy plan layer by layer on the exact home
 // flow cost (homeCost), with `threads` goroutines, until deadline or iters
 // moves per restart; each layer anneals from the plan's own partition and,
-// with restarts > 1, from random balanced partitions too. It returns the
-// new plan (the old one where nothing improved) and whether the problem is
-// one homeCost covers.
-func homeAnneal(ctx context.Context, p Problem, plan *placement.Plan, iters, restarts, threads int, deadline time.Time, seed uint64) (*placement.Plan, bool) {
+// with restarts > 1, from random balanced partitions too. cls are the
+// layers' bitsets (coverLayers). It returns the new plan (the old one
+// where nothing improved) and whether the problem is one homeCost covers.
+func homeAnneal(ctx context.Context, p Problem, cls []*coverLayer, plan *placement.Plan, iters, restarts, threads int, deadline time.Time, seed uint64) (*placement.Plan, bool) {
 	cost, ok := homeCost(p)
-	if !ok {
-		return plan, false
-	}
-	cls, ok := coverLayers(p)
-	if !ok {
+	if !ok || cls == nil {
 		return plan, false
 	}
 	G, E := p.Cluster.GPUs(), p.Stats.Experts
@@ -270,7 +247,8 @@ func homeAnneal(ctx context.Context, p Problem, plan *placement.Plan, iters, res
 			start[e] = int(plan.Layers[l].SlotGPU[s])
 		}
 		lay.set(start)
-		best, bestCost := slicesClone(start), cost(lay.maxima2())
+		mL, mD := lay.maxima()
+		best, bestCost := slices.Clone(start), cost(mL, float64(mD))
 		// Each restart gets an equal share of the layer's time.
 		now := time.Now()
 		share := limit / time.Duration(max(1, restarts))
@@ -295,10 +273,4 @@ func homeAnneal(ctx context.Context, p Problem, plan *placement.Plan, iters, res
 	out := placement.FromAssignment(G, assign, plan.Strategy)
 	out.Meta = plan.Meta
 	return out, true
-}
-
-// maxima2 is maxima with D as float64.
-func (s *annealLayer) maxima2() (float64, float64) {
-	mL, mD := s.maxima()
-	return mL, float64(mD)
 }

@@ -877,7 +877,11 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	// so the ILP gets 10 %, polishing to 15 %, annealing to 30 % and the
 	// bound the rest (time its converged layers leave goes to annealing).
 	_, exactHome := homeCost(p)
-	exactHome = exactHome && !jm.chain && !opts.NoPolish
+	var cls []*coverLayer // token bitsets per layer, built once for both
+	if exactHome && !jm.chain && !opts.NoPolish {
+		cls, _ = coverLayers(p)
+	}
+	exactHome = cls != nil
 	polishEnd := start.Add(opts.TimeLimit)
 	if exactHome {
 		ilpBudget = opts.TimeLimit / 10
@@ -983,19 +987,19 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	}
 	report("polish", bestObj, math.NaN())
 	if exactHome {
-		annealed, _ := homeAnneal(ctx, p, best, 20000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit*3/10), uint64(opts.Seed))
+		annealed, _ := homeAnneal(ctx, p, cls, best, 20000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit*3/10), uint64(opts.Seed))
 		if err := keep(annealed); err != nil {
 			return nil, err
 		}
 		report("anneal", bestObj, math.NaN())
-		res.corners, err = homeBottleneck(ctx, p, backend, best, start.Add(opts.TimeLimit), opts.Parallel, uint64(opts.Seed))
+		res.corners, err = homeBottleneck(ctx, p, cls, backend, best, start.Add(opts.TimeLimit), opts.Parallel, uint64(opts.Seed))
 		if err != nil {
 			return nil, err
 		}
 		// Layers whose bound converged early leave time: anneal again
 		// from the best plan.
 		if left := time.Until(start.Add(opts.TimeLimit)); left > opts.TimeLimit/20 && ctx.Err() == nil {
-			again, _ := homeAnneal(ctx, p, best, 20000*p.Stats.Experts, 1, opts.Parallel, start.Add(opts.TimeLimit), uint64(opts.Seed)+1)
+			again, _ := homeAnneal(ctx, p, cls, best, 20000*p.Stats.Experts, 1, opts.Parallel, start.Add(opts.TimeLimit), uint64(opts.Seed)+1)
 			if err := keep(again); err != nil {
 				return nil, err
 			}
