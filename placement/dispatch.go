@@ -298,17 +298,7 @@ func LocalDispatchMap(p *Plan, gpusPerNode int) (*DispatchMap, error) {
 func (m *DispatchMap) Encode() []byte {
 	var b []byte
 	b = fmt.Appendf(b, "{\n  \"num_gpus\": %d,\n  \"gpus_per_node\": %d,\n  \"logical_to_rank_dispatch_physical_map\": [\n", m.GPUs, m.GPUsPerNode)
-	for r, layers := range m.Rank {
-		b = append(b, "    ["...)
-		for l, row := range layers {
-			if l > 0 {
-				b = append(b, ',')
-			}
-			b = appendInts(b, row)
-		}
-		b = append(b, ']')
-		b = appendRowEnd(b, r, len(m.Rank))
-	}
+	b = appendLines(b, m.Rank, appendNested)
 	return append(b, "  ]\n}\n"...)
 }
 

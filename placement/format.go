@@ -531,30 +531,35 @@ func encodeEPLB(p *Plan) ([]byte, error) {
 	var b []byte
 	b = fmt.Appendf(b, "{\n  \"num_gpus\": %d,\n", p.GPUs)
 	b = append(b, "  \"phy2log\": [\n"...)
-	for l, row := range m.Phy2Log {
-		b = append(b, "    "...)
-		b = appendInts(b, row)
-		b = appendRowEnd(b, l, len(m.Phy2Log))
-	}
+	b = appendLines(b, m.Phy2Log, appendInts[int])
 	b = append(b, "  ],\n  \"log2phy\": [\n"...)
-	for l, rows := range m.Log2Phy {
-		b = append(b, "    ["...)
-		for e, row := range rows {
-			if e > 0 {
-				b = append(b, ',')
-			}
-			b = appendInts(b, row)
-		}
-		b = append(b, ']')
-		b = appendRowEnd(b, l, len(m.Log2Phy))
-	}
+	b = appendLines(b, m.Log2Phy, appendNested)
 	b = append(b, "  ],\n  \"logcnt\": [\n"...)
-	for l, row := range m.LogCnt {
-		b = append(b, "    "...)
-		b = appendInts(b, row)
-		b = appendRowEnd(b, l, len(m.LogCnt))
-	}
+	b = appendLines(b, m.LogCnt, appendInts[int])
 	return append(b, "  ]\n}\n"...), nil
+}
+
+// appendLines writes the body of a JSON array with one indented line per
+// entry of rows, each written by line.
+func appendLines[T any](b []byte, rows []T, line func([]byte, T) []byte) []byte {
+	for i, r := range rows {
+		b = append(b, "    "...)
+		b = line(b, r)
+		b = appendRowEnd(b, i, len(rows))
+	}
+	return b
+}
+
+// appendNested writes rows as one JSON array of int arrays.
+func appendNested(b []byte, rows [][]int) []byte {
+	b = append(b, '[')
+	for i, row := range rows {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendInts(b, row)
+	}
+	return append(b, ']')
 }
 
 func appendRowEnd(b []byte, i, n int) []byte {
