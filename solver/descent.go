@@ -126,6 +126,22 @@ func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*builder, layerVar
 		if !srcFixed {
 			fixed = assign[tl] // else the destinations
 		}
+		// pairWeight is the transition weight between variable expert e
+		// and the fixed experts f with on(fixed[f]).
+		pairWeight := func(e int, on func(gpu int) bool) float64 {
+			w := 0.0
+			for f := range E {
+				if !on(fixed[f]) {
+					continue
+				}
+				if srcFixed {
+					w += R[f*E+e]
+				} else {
+					w += R[e*E+f]
+				}
+			}
+			return w
+		}
 		for g := range jm.G {
 			// Pairs whose fixed end is on g.
 			var stayIdx []int
@@ -134,17 +150,8 @@ func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*builder, layerVar
 			var outIdx, inIdx []int
 			var outVal, inVal []float64
 			for e := range E {
-				w := 0.0 // weight of variable expert e paired with fixed experts on g
-				for f := range E {
-					if fixed[f] != g {
-						continue
-					}
-					if srcFixed {
-						w += R[f*E+e]
-					} else {
-						w += R[e*E+f]
-					}
-				}
+				// weight of variable expert e paired with fixed experts on g
+				w := pairWeight(e, func(gpu int) bool { return gpu == g })
 				if srcFixed {
 					// out of g: fixed sources on g minus those staying;
 					// into g: variable destinations on g minus staying.
@@ -174,17 +181,7 @@ func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*builder, layerVar
 				var vIdx []int
 				var vVal []float64
 				for e := range E {
-					w := 0.0
-					for f := range E {
-						if jm.node(fixed[f]) != nb {
-							continue
-						}
-						if srcFixed {
-							w += R[f*E+e]
-						} else {
-							w += R[e*E+f]
-						}
-					}
+					w := pairWeight(e, func(gpu int) bool { return jm.node(gpu) == nb })
 					if srcFixed {
 						i2, v2 := nodeTerms(e, nb, jm.colSum[tl][e])
 						vIdx, vVal = append(vIdx, i2...), append(vVal, v2...)
