@@ -43,18 +43,22 @@ import (
 //
 // z is searched between max_e load_e − 1 (always certified: that expert's
 // group reaches load_e tokens) and the incumbent plan's busiest GPU (never
-// certifiable). Probes far below the LP bound certify in milliseconds and
-// those near it take most of the time, so with under 4 s for the layer the
-// first probe sits a quarter of the interval below the plan and each next
-// one climbs a third of the interval left; with more, the first probe sits
-// a tenth below the plan, where the LP bound usually lies, then bisection.
-// At a probe the LP
-// either reaches value G (a fractional partition with every group at most
-// z exists, so nothing at or above the largest group it uses can be
-// certified), or stays above G while neither the heuristic pricing nor the
-// exhaustive search finds an improving group: z is certified. Out of time
-// at a probe, the last π is tried on smaller z by bisection (a smaller z
-// only removes groups).
+// certifiable). At a probe the LP either reaches value G (a fractional
+// partition with every group at most z exists, so nothing at or above the
+// largest group it uses can be certified), or stays above G while neither
+// the heuristic pricing nor the exhaustive search finds an improving
+// group: z is certified. The exhaustive search is most of the cost, so
+// only two probes run it: the first, 5 % below the plan (on FLAME the LP
+// bound lies 3–9 % below a good plan; while the LP stays feasible there,
+// 5 % below its largest group again), and the last. The probes between
+// them bisect with heuristic pricing only, and a probe where it finds no
+// column counts as probably certified; the highest such z is then proved
+// (or, when its proof turns up columns that make the LP feasible, the
+// bisection goes on below). With under 4 s for the layer the search stops
+// within 0.5 % of the plan, since the probes nearest the LP bound cost the
+// most. Out of time at a probe, the highest probably certified z is tried
+// with its π, and the last π on smaller z by bisection (a smaller z only
+// removes groups).
 //
 // Tokens are unit weights (pattern counts must be integral), so
 // max_g D_g > z means max_g D_g ≥ z+1.
@@ -208,8 +212,14 @@ func (c *coverLayer) coverSearchAll(ctx context.Context, pi []float64, z int, th
 		}
 		return a - b
 	})
-	s := &coverDFS{ctx: ctx, c: c, pi: pi, z: z, theta: theta, order: order, deadline: deadline,
-		cov: make([]uint64, (c.m+1)*c.W), marg: make([]int, len(order)*(c.m+1)), cand: make([]int, len(order)*(c.m+1))}
+	W := c.W
+	s := &coverDFS{ctx: ctx, c: c, z: z, theta: theta, order: order, deadline: deadline, W: W, m: c.m, lcap: c.lcap,
+		cov: make([]uint64, (c.m+1)*W), marg: make([]int, len(order)*(c.m+1)), cand: make([]int, len(order)*(c.m+1)),
+		pi: make([]float64, len(order)), load: make([]int, len(order)), sets: make([]uint64, len(order)*W)}
+	for j, e := range order {
+		s.pi[j], s.load[j] = pi[e], c.load[e]
+		copy(s.sets[j*W:], c.sets[e])
+	}
 	s.limit = limit
 	all := make([]int, len(order))
 	for j := range all {
@@ -225,17 +235,24 @@ func (c *coverLayer) coverSearchAll(ctx context.Context, pi []float64, z int, th
 	return nil, searchNone
 }
 
+// coverDFS is coverSearchAll's state. Experts are addressed by their
+// position j in order (decreasing π), with π, load and token bitset
+// copied there so that the inner loop reads contiguous memory.
 type coverDFS struct {
 	c        *coverLayer
-	pi       []float64
 	z        int
 	theta    float64
 	order    []int
 	deadline time.Time
 	ctx      context.Context
-	cov      []uint64 // one bitset per depth
-	marg     []int    // candidate marginals per depth
-	cand     []int    // candidate positions per depth
+	W, m     int
+	lcap     int       // 0: none
+	pi       []float64 // by position
+	load     []int     // by position
+	sets     []uint64  // by position, W words each
+	cov      []uint64  // one bitset per depth
+	marg     []int     // candidate marginals per depth
+	cand     []int     // candidate positions per depth
 	cur      []int
 	nodes    int
 	timeout  bool
@@ -244,10 +261,10 @@ type coverDFS struct {
 	stopAt   int
 }
 
-// dfs extends cur (depth d, covering n tokens, weight val) with the
-// experts at positions in (increasing positions of order, each after the
-// last one chosen), recording groups that reach theta; true when limit
-// groups are found.
+// dfs extends cur (depth d, covering n tokens, routing ld, weight val)
+// with the experts at positions in (increasing, each after the last one
+// chosen), recording groups that reach theta; true when limit groups are
+// found.
 func (s *coverDFS) dfs(d int, in []int, n, ld int, val float64) bool {
 	if val >= s.theta {
 		s.found = append(s.found, slices.Clone(s.cur))
@@ -262,7 +279,7 @@ func (s *coverDFS) dfs(d int, in []int, n, ld int, val float64) bool {
 	if s.stopAt > 0 && s.nodes >= s.stopAt {
 		return true
 	}
-	need := s.c.m - d
+	need := s.m - d
 	if need == 0 {
 		return false
 	}
@@ -271,38 +288,60 @@ func (s *coverDFS) dfs(d int, in []int, n, ld int, val float64) bool {
 		s.timeout = true
 		return false
 	}
-	W := s.c.W
+	W := s.W
 	cov := s.cov[d*W : (d+1)*W]
 	room := s.z - n
 	base := d * len(s.order)
 	cands := s.cand[base:base]
 	margs := s.marg[base:base]
-	// Only the parent's candidates can still fit: marginals grow and the
-	// room shrinks down the tree.
+	// Only the parent's candidates can still fit: N(S ∪ {j}) only grows
+	// down the tree. They come in decreasing π, and j can complete a group
+	// only with need−1 others that fit, whose π is at most that of the
+	// heaviest fitting ones found so far (f of them, summing fsum) or of j
+	// itself: once even that falls short of theta, so does every later j.
+	fsum, f := 0.0, 0
 	for _, j := range in {
-		if !s.c.fits(ld + s.c.load[s.order[j]]) {
+		pj := s.pi[j]
+		if val+pj+fsum+float64(max(0, need-1-f))*pj < s.theta {
+			break
+		}
+		if s.lcap > 0 && ld+s.load[j] > s.lcap {
 			continue
 		}
-		if m := s.c.marginalUpTo(s.order[j], cov, room); m <= room {
+		set := s.sets[j*W : (j+1)*W]
+		m := 0
+		for w := 0; w < W; w += 4 {
+			for k := w; k < min(w+4, W); k++ {
+				m += bits.OnesCount64(set[k] &^ cov[k])
+			}
+			if m > room {
+				break
+			}
+		}
+		if m <= room {
 			cands = append(cands, j)
 			margs = append(margs, m)
+			if f < need-1 {
+				fsum += pj
+			}
+			f++
 		}
 	}
 	next := s.cov[(d+1)*W : (d+2)*W]
 	for ci, j := range cands {
 		b := val
 		for k := ci; k < len(cands) && k < ci+need; k++ {
-			b += s.pi[s.order[cands[k]]]
+			b += s.pi[cands[k]]
 		}
 		if b < s.theta {
 			return false
 		}
-		e := s.order[j]
+		set := s.sets[j*W : (j+1)*W]
 		for w := range next {
-			next[w] = cov[w] | s.c.sets[e][w]
+			next[w] = cov[w] | set[w]
 		}
-		s.cur = append(s.cur, e)
-		if s.dfs(d+1, cands[ci+1:], n+margs[ci], ld+s.c.load[e], val+s.pi[e]) {
+		s.cur = append(s.cur, s.order[j])
+		if s.dfs(d+1, cands[ci+1:], n+margs[ci], ld+s.load[j], val+s.pi[j]) {
 			return true
 		}
 		s.cur = s.cur[:len(s.cur)-1]
@@ -325,6 +364,7 @@ func (c *coverLayer) heuristicColumns(pi []float64, z int, starts int, rng *rand
 	var found []col
 	seen := map[string]bool{}
 	cov := make([]uint64, c.W)
+	kx := make([]uint64, c.W)
 	in := make([]bool, c.E)
 	for st := range starts {
 		// Half the starts weigh experts by π per newly covered token,
@@ -367,21 +407,29 @@ func (c *coverLayer) heuristicColumns(pi []float64, z int, starts int, rng *rand
 				cov[w] |= c.sets[best][w]
 			}
 		}
-		// Swaps: replace one member by a heavier outsider that still fits.
+		// Swaps: replace one member by a heavier outsider that still fits
+		// (checked against the cover of the other members, kx).
 		for improved := true; improved; {
 			improved = false
 			for i := range S {
 				out := S[i]
+				clear(kx)
+				for _, e := range S {
+					if e != out {
+						for w, x := range c.sets[e] {
+							kx[w] |= x
+						}
+					}
+				}
+				base, ldx := popcount(kx), c.groupLoad(S)-c.load[out]
 				bestE, bestGain := -1, 1e-12
 				for e := 0; e < c.E; e++ {
 					if in[e] || pi[e]-pi[out] <= bestGain {
 						continue
 					}
-					S[i] = e
-					if c.cover(S) <= z && c.fits(c.groupLoad(S)) {
+					if c.fits(ldx+c.load[e]) && base+c.marginalUpTo(e, kx, z-base) <= z {
 						bestE, bestGain = e, pi[e]-pi[out]
 					}
-					S[i] = out
 				}
 				if bestE >= 0 {
 					in[out], in[bestE] = false, true
@@ -390,8 +438,15 @@ func (c *coverLayer) heuristicColumns(pi []float64, z int, starts int, rng *rand
 				}
 			}
 			if len(S) < c.m {
+				clear(kx)
+				for _, e := range S {
+					for w, x := range c.sets[e] {
+						kx[w] |= x
+					}
+				}
+				base, ld := popcount(kx), c.groupLoad(S)
 				for e := 0; e < c.E; e++ {
-					if !in[e] && pi[e] > 0 && c.cover(append(S, e)) <= z && c.fits(c.groupLoad(S)+c.load[e]) {
+					if !in[e] && pi[e] > 0 && c.fits(ld+c.load[e]) && base+c.marginalUpTo(e, kx, z-base) <= z {
 						S = append(S, e)
 						in[e] = true
 						improved = true
@@ -552,37 +607,61 @@ func (e coverError) Error() string { return string(e) }
 
 const errNoDuals = coverError("solver: the LP backend returned no row duals")
 
+// probeResult is the outcome of column generation at one threshold z.
+type probeResult int
+
+const (
+	probeCertified probeResult = iota // max_g D_g > z for every partition
+	probeFeasible                     // a fractional partition with groups ≤ z exists
+	probeStalled                      // the heuristics found no column (no proof tried)
+	probeTimeout                      // out of time
+)
+
 // certify runs column generation at threshold z until it certifies that
-// max_g D_g > z (certified), finds a fractional partition with every group
-// at most used ≤ z (feasible), or reaches the deadline.
-func (g *coverCG) certify(ctx context.Context, z int, deadline time.Time) (certified, feasible bool, used int, err error) {
+// max_g D_g > z, finds a fractional partition whose largest group reaches
+// used ≤ z (feasible), or reaches the deadline. Pricing tries the
+// randomised greedy groups, then climbs from the LP's support columns
+// (coverswap.go), and runs the exhaustive search only when both find
+// nothing: that search either proves z or returns a column they missed.
+func (g *coverCG) certify(ctx context.Context, z int, deadline time.Time, prove bool) (res probeResult, used int, err error) {
 	c := g.c
 	for !expired(ctx, deadline) {
 		val, pi, u, err := g.master(ctx, z)
 		if err != nil {
-			return false, false, 0, err
+			return probeTimeout, 0, err
 		}
 		g.lastPi, g.lastZ = pi, z
 		if val <= float64(c.G)*(1+1e-6) {
-			return false, true, u, nil
+			return probeFeasible, u, nil
 		}
 		cols := g.heuristicColumns(pi, z, coverHeuristicStarts)
+		if len(cols) == 0 && coverHeuristicStarts > 0 && g.lp != nil {
+			seeds := make([][]int, 0, c.E)
+			for j := range g.lp.primal() {
+				seeds = append(seeds, g.cols[j])
+			}
+			slices.SortFunc(seeds, slices.Compare)
+			cols = c.swapColumns(pi, z, seeds, 8)
+		}
 		if len(cols) > 0 {
 			for _, S := range cols[:min(len(cols), 24)] {
 				g.addCol(S)
 			}
 			continue
 		}
+		if !prove {
+			return probeStalled, 0, nil
+		}
 		ok, S, st := g.proves(ctx, pi, z, deadline)
 		if ok {
-			return true, false, 0, nil
+			return probeCertified, 0, nil
 		}
 		if st == searchTimeout {
-			return false, false, 0, nil
+			return probeTimeout, 0, nil
 		}
 		g.addCol(S)
 	}
-	return false, false, 0, nil
+	return probeTimeout, 0, nil
 }
 
 func (g *coverCG) heuristicColumns(pi []float64, z int, starts int) [][]int {
@@ -616,12 +695,25 @@ func (g *coverCG) proves(ctx context.Context, pi []float64, z int, deadline time
 // partition) by the search described above, between the largest expert
 // and the incumbent partition part (at least max_e load_e − 1).
 func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]int, floor int, deadline time.Time, seed uint64) (z int, converged bool, err error) {
-	maxLoad := slices.Max(c.load)
+	return c.newCG(backend, seed).bottleneck(ctx, part, floor, deadline)
+}
+
+// newCG starts column generation on layer c with one column per expert.
+func (c *coverLayer) newCG(backend Backend, seed uint64) *coverCG {
 	rng := rand.New(rand.NewPCG(seed, 0x636f766572))
 	g := &coverCG{c: c, backend: backend, keys: map[string]bool{}, rng: rng, lp: newCoverLP(c.E, rng)}
 	for e := 0; e < c.E; e++ {
 		g.addCol([]int{e})
 	}
+	return g
+}
+
+// bottleneck is coverLayer.bottleneck on g's columns, which it keeps: a
+// second pass with a load cap (c.lcap) reuses those within the cap.
+func (g *coverCG) bottleneck(ctx context.Context, part [][]int, floor int, deadline time.Time) (z int, converged bool, err error) {
+	c := g.c
+	g.lastPi, g.lastZ = nil, 0
+	maxLoad := slices.Max(c.load)
 	for _, S := range part {
 		g.addCol(S)
 	}
@@ -641,45 +733,57 @@ func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]i
 	}
 	start := time.Now()
 	reserve := deadline.Add(-time.Duration(0.15 * float64(deadline.Sub(start))))
-	// Probes well below the LP bound certify fast and those near it slowly
-	// (on FLAME about 0.2 s against 1–2 s). With a short budget, start a
-	// quarter of the way down from the plan and climb by thirds of the open
-	// interval; with time to spare, probe a tenth below the plan, where the
-	// LP bound usually lies, and bisect.
-	short := deadline.Sub(start) < 4*time.Second
-	z = max(lo+1, hi-max(1, (hi-lo)/10))
-	if short {
-		z = max(lo+1, hi-max(1, (hi-lo)/4))
+	// See the file comment for the search; with under 4 s for the layer it
+	// stops within 0.5 % of the plan: the last steps cost the most.
+	tol := 1
+	if deadline.Sub(start) < 4*time.Second {
+		tol = max(1, hi/200)
 	}
-	lastZ := -1
-	for hi-lo > 1 {
-		certified, feasible, used, err := g.certify(ctx, z, reserve)
+	trivial := lo // nothing above it certified yet
+	step := max(1, hi*5/100)
+	// tent is the highest z where the heuristic pricing stalled (tentPi its
+	// duals): probably, not provably, below the LP bound.
+	tent, lastZ := lo, -1
+	var tentPi []float64
+	for hi-lo > tol && lastZ < 0 {
+		base := max(lo, tent)
+		z, prove := (base+hi)/2, false
+		switch {
+		case lo == trivial && tent == lo:
+			z, prove = max(lo+1, hi-step), true
+		case hi-base <= tol:
+			z, prove = tent, true
+		}
+		r, used, err := g.certify(ctx, z, reserve, prove)
 		if err != nil {
 			return -1, false, err
 		}
-		switch {
-		case certified:
-			lo = z
-		case feasible:
-			hi = min(hi, used)
+		switch r {
+		case probeCertified:
+			lo, tent = z, max(tent, z)
+		case probeFeasible:
+			if hi = min(hi, used); tent >= hi {
+				tent = lo
+			}
+		case probeStalled:
+			tent, tentPi = z, g.lastPi
 		default:
 			lastZ = z
-		}
-		if lastZ >= 0 {
-			break
-		}
-		z = (lo + hi) / 2
-		if short {
-			z = lo + max(1, (hi-lo)/3)
 		}
 	}
 	if lastZ < 0 {
 		return lo, true, nil
 	}
+	// Out of time at lastZ: try the stalled z with its duals, then bisect
+	// below lastZ with the last ones.
+	if tent > lo && tentPi != nil {
+		if ok, _, _ := g.proves(ctx, tentPi, tent, deadline); ok {
+			lo = tent
+		}
+	}
 	if g.lastPi == nil {
 		return lo, false, nil
 	}
-	// Out of time at lastZ: bisect below it with the last duals.
 	l, h := lo+1, min(lastZ, hi-1)
 	for l <= h && !expired(ctx, deadline) {
 		mid := (l + h) / 2
@@ -736,11 +840,21 @@ func homeBottleneck(ctx context.Context, p Problem, cls []*coverLayer, backend B
 	G := p.Cluster.GPUs()
 	out := make([][]homeCorner, len(cls))
 	errs := make([]error, len(cls))
-	parallelLayers(len(cls), workers, deadline, func(l int, limit time.Duration) {
+	// Layers whose plan reaches the most tokens take longest to bound; they
+	// go last, so that the time the others leave goes to them.
+	order := make([]int, len(cls))
+	reach := make([]int, len(cls))
+	for l, c := range cls {
+		order[l], reach[l] = l, c.maxGroupCover(planGroups(plan, l, G))
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return reach[a] - reach[b] })
+	parallelLayers(len(cls), workers, deadline, func(i int, limit time.Duration) {
+		l := order[i]
 		c := cls[l]
 		part := planGroups(plan, l, G)
 		end := time.Now().Add(limit)
-		z, converged, err := c.bottleneck(ctx, backend, part, -1, end, seed+uint64(l))
+		g := c.newCG(backend, seed+uint64(l))
+		z, converged, err := g.bottleneck(ctx, part, -1, end)
 		if err != nil {
 			errs[l] = err
 			return
@@ -759,7 +873,7 @@ func homeBottleneck(ctx context.Context, p Problem, cls []*coverLayer, backend B
 			return
 		}
 		c.lcap = lam - 1
-		zc, _, err := c.bottleneck(ctx, backend, part, z, end, seed+uint64(l)+1<<32)
+		zc, _, err := g.bottleneck(ctx, part, z, end)
 		c.lcap = 0
 		if err != nil {
 			errs[l] = err

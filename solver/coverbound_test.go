@@ -93,6 +93,37 @@ func layerMaxima(p Problem, lp placement.LayerPlan, l int) (float64, float64) {
 	return slices.Max(load), slices.Max(dist)
 }
 
+// tokenSets returns, for brute force, the tokens of each expert in a
+// one-layer problem (a pattern of count c stands for c tokens) and the
+// token count.
+func tokenSets(p Problem) ([]map[int]bool, int) {
+	sets := make([]map[int]bool, p.Stats.Experts)
+	for e := range sets {
+		sets[e] = map[int]bool{}
+	}
+	tok := 0
+	for _, pt := range p.Stats.Patterns {
+		for range int(pt.Count) {
+			for _, e := range pt.Experts {
+				sets[e][tok] = true
+			}
+			tok++
+		}
+	}
+	return sets, tok
+}
+
+// coverOf returns N(S), the tokens with an expert in S.
+func coverOf(sets []map[int]bool, S []int) int {
+	u := map[int]bool{}
+	for _, e := range S {
+		for x := range sets[e] {
+			u[x] = true
+		}
+	}
+	return len(u)
+}
+
 // homeCost, the layer cost as a function of the two maxima that annealing
 // and the bound rely on, equals the cost model's layer time on random
 // plans, in both modes.
@@ -133,29 +164,8 @@ func TestCoverSearchExhaustive(t *testing.T) {
 				pi[e] = rng.Float64()
 			}
 		}
-		// Token sets per expert, for brute force.
-		sets := make([]map[int]bool, E)
-		for e := range sets {
-			sets[e] = map[int]bool{}
-		}
-		tok := 0
-		for _, pt := range p.Stats.Patterns {
-			for range int(pt.Count) {
-				for _, e := range pt.Experts {
-					sets[e][tok] = true
-				}
-				tok++
-			}
-		}
-		cover := func(S []int) int {
-			u := map[int]bool{}
-			for _, e := range S {
-				for x := range sets[e] {
-					u[x] = true
-				}
-			}
-			return len(u)
-		}
+		sets, tok := tokenSets(p)
+		cover := func(S []int) int { return coverOf(sets, S) }
 		z := tok/G + rng.IntN(tok/2+1)
 		theta := 0.5 + rng.Float64()*float64(m)/2
 		want := false
@@ -302,4 +312,108 @@ func TestHomeJointHonoursCancel(t *testing.T) {
 	if err == nil {
 		verify(t, p, res)
 	}
+}
+
+// The support-column climb returns only groups that fit (|S| ≤ E/G,
+// N(S) ≤ z, routed tokens within the cap) with π(S) > 1, and from every
+// seed it reaches at least the best group that drops up to two of the
+// seed's experts and adds up to two others, found here by brute force.
+func TestSwapColumnsClimb(t *testing.T) {
+	rng := rand.New(rand.NewPCG(45, 46))
+	improving := 0
+	for it := range 80 {
+		G := 2 + rng.IntN(3)
+		E := G * (2 + rng.IntN(3))
+		p := randomHomeProblem(t, rng, E, G, 2+rng.IntN(2), 1, 20+rng.IntN(60), costmodel.Sequential)
+		m := E / G
+		sets, tok := tokenSets(p)
+		cover := func(S []int) int { return coverOf(sets, S) }
+		load := func(S []int) int {
+			n := 0
+			for _, e := range S {
+				n += len(sets[e])
+			}
+			return n
+		}
+		weight := func(pi []float64, S []int) float64 {
+			w := 0.0
+			for _, e := range S {
+				w += pi[e]
+			}
+			return w
+		}
+		z := tok/G + rng.IntN(tok/2+1)
+		lcap := 0
+		if it%2 == 1 {
+			lcap = tok*p.Stats.TopK/G + rng.IntN(tok/2+1)
+		}
+		fits := func(S []int) bool {
+			return len(S) <= m && cover(S) <= z && (lcap == 0 || load(S) <= lcap)
+		}
+		pi := make([]float64, E)
+		for e := range pi {
+			if rng.IntN(5) > 0 {
+				pi[e] = rng.Float64() * 2 / float64(m)
+			}
+		}
+		// Seeds: random groups that fit.
+		var seeds [][]int
+		for range 4 {
+			var S []int
+			for _, e := range rng.Perm(E) {
+				if len(S) < m && fits(append(slices.Clone(S), e)) {
+					S = append(S, e)
+				}
+			}
+			if len(S) > 0 {
+				seeds = append(seeds, S)
+			}
+		}
+		name := fmt.Sprintf("it %d: E %d G %d z %d lcap %d", it, E, G, z, lcap)
+		for _, S := range SwapColumns(p, 0, pi, z, seeds, lcap, 1<<30) {
+			assert.True(t, fits(S), name)
+			assert.Greater(t, weight(pi, S), 1.0, name)
+			assert.Len(t, S, len(slices.Compact(slices.Sorted(slices.Values(S)))), name)
+		}
+		for _, B := range seeds {
+			// The best neighbour: drop R (|R| ≤ 2), add A (1 ≤ |A| ≤ 2).
+			var out []int
+			for e := 0; e < E; e++ {
+				if !slices.Contains(B, e) {
+					out = append(out, e)
+				}
+			}
+			nb := weight(pi, B)
+			for rm := 0; rm < 1<<len(B); rm++ {
+				var kept []int
+				for i, e := range B {
+					if rm>>i&1 == 0 {
+						kept = append(kept, e)
+					}
+				}
+				if len(B)-len(kept) > 2 {
+					continue
+				}
+				for i := range out {
+					for j := i; j < len(out); j++ {
+						S := append(slices.Clone(kept), out[i])
+						if j > i {
+							S = append(S, out[j])
+						}
+						if fits(S) {
+							nb = math.Max(nb, weight(pi, S))
+						}
+					}
+				}
+			}
+			got := SwapColumns(p, 0, pi, z, [][]int{B}, lcap, 1)
+			if nb > 1+1e-9 {
+				improving++
+				if assert.Len(t, got, 1, "%s: seed %v", name, B) {
+					assert.GreaterOrEqual(t, weight(pi, got[0]), nb-1e-9, "%s: seed %v", name, B)
+				}
+			}
+		}
+	}
+	assert.Greater(t, improving, 20, "too few seeds had a neighbour above 1")
 }

@@ -84,3 +84,15 @@ func SetCoverHeuristicStarts(n int) func() {
 	coverHeuristicStarts = n
 	return func() { coverHeuristicStarts = old }
 }
+
+// SwapColumns runs the support-column climb (coverswap.go) of layer l with
+// routed tokens per group capped at lcap (0: none), returning at most
+// limit groups.
+func SwapColumns(p Problem, l int, pi []float64, z int, seeds [][]int, lcap, limit int) [][]int {
+	cl, ok := coverLayers(p)
+	if !ok {
+		panic("coverLayers")
+	}
+	cl[l].lcap = lcap
+	return cl[l].swapColumns(pi, z, seeds, limit)
+}
