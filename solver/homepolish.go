@@ -158,6 +158,19 @@ func (s *annealLayer) anneal(ctx context.Context, start []int, iters int, rng *r
 		}
 		temp := temp0 * (1 - progress)
 		e1, e2 := rng.IntN(E), rng.IntN(E)
+		if rng.IntN(2) == 0 {
+			// Half the moves take e1 from the GPU with the most distinct
+			// tokens: only moves there can lower the maximum.
+			gm := 0
+			for g := 1; g < s.G; g++ {
+				if s.D[g] > s.D[gm] {
+					gm = g
+				}
+			}
+			for s.a[e1] != gm {
+				e1 = rng.IntN(E)
+			}
+		}
 		g1, g2 := s.a[e1], s.a[e2]
 		if g1 == g2 {
 			continue

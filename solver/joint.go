@@ -874,7 +874,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	// Home flow on one node with per-token patterns: the layer cost depends
 	// only on the two busiest GPUs' counts, which annealing optimises
 	// directly and column generation bounds (homepolish.go, coverbound.go),
-	// so the ILP gets 10 %, polishing to 15 %, annealing to 30 % and the
+	// so the ILP gets 2 %, polishing to 3 %, annealing to 35 % and the
 	// bound the rest (time its converged layers leave goes to annealing).
 	_, exactHome := homeCost(p)
 	var cls []*coverLayer // token bitsets per layer, built once for both
@@ -884,8 +884,8 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	exactHome = cls != nil
 	polishEnd := start.Add(opts.TimeLimit)
 	if exactHome {
-		ilpBudget = opts.TimeLimit / 10
-		polishEnd = start.Add(opts.TimeLimit * 15 / 100)
+		ilpBudget = opts.TimeLimit / 50
+		polishEnd = start.Add(opts.TimeLimit * 3 / 100)
 	}
 	if opts.NoPolish {
 		ilpBudget = opts.TimeLimit
@@ -987,7 +987,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	}
 	report("polish", bestObj, math.NaN())
 	if exactHome {
-		annealed, _ := homeAnneal(ctx, p, cls, best, 20000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit*3/10), uint64(opts.Seed))
+		annealed, _ := homeAnneal(ctx, p, cls, best, 20000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit*35/100), uint64(opts.Seed))
 		if err := keep(annealed); err != nil {
 			return nil, err
 		}
