@@ -40,8 +40,11 @@ type annealLayer struct {
 	wD   float64 // seconds per unit of D_max
 	wL   float64 // seconds per unit of L_max
 
-	stamp []uint32 // per token, for swapDelta
-	tag   uint32
+	expD, expLt []float64 // exp(−k/tauD), exp(−k/tauL) for whole k
+
+	// Per GPU, W words each: tokens with at least one expert there (any)
+	// and with exactly one (once), for swapDelta.
+	any, once []uint64
 }
 
 func newAnnealLayer(c *coverLayer, load []float64, cost func(float64, int) float64) *annealLayer {
@@ -56,7 +59,8 @@ func newAnnealLayer(c *coverLayer, load []float64, cost func(float64, int) float
 	}
 	T := c.W * 64
 	s.cnt = make([]uint8, T*c.G)
-	s.stamp = make([]uint32, T)
+	s.any = make([]uint64, c.G*c.W)
+	s.once = make([]uint64, c.G*c.W)
 	s.D = make([]int, c.G)
 	s.L = make([]float64, c.G)
 	s.a = make([]int, c.E)
@@ -71,6 +75,7 @@ func newAnnealLayer(c *coverLayer, load []float64, cost func(float64, int) float
 	meanD := float64(c.cover(all)) / float64(c.G) // every token has an expert
 	s.tauD = math.Max(1, 0.008*meanD)
 	s.tauL = math.Max(1e-9, 0.008*total/float64(c.G))
+	s.expD, s.expLt = newExpTable(s.tauD), newExpTable(s.tauL)
 	// Marginal prices of the two maxima from the cost function itself.
 	base := cost(total/float64(c.G), int(meanD))
 	s.wD = math.Max(1e-18, cost(total/float64(c.G), int(meanD)+10)-base) / 10
@@ -94,6 +99,27 @@ func (s *annealLayer) set(a []int) {
 			s.cnt[i]++
 		}
 	}
+	clear(s.any)
+	clear(s.once)
+	for t := 0; t < len(s.cnt)/s.G; t++ {
+		for g := 0; g < s.G; g++ {
+			s.mark(t, g)
+		}
+	}
+}
+
+// mark sets token t's any and once bits on GPU g from its count.
+func (s *annealLayer) mark(t, g int) {
+	w, bit := g*s.c.W+t>>6, uint64(1)<<(t&63)
+	n := s.cnt[t*s.G+g]
+	s.any[w] &^= bit
+	s.once[w] &^= bit
+	if n > 0 {
+		s.any[w] |= bit
+	}
+	if n == 1 {
+		s.once[w] |= bit
+	}
 }
 
 // move moves expert e to GPU to.
@@ -110,6 +136,8 @@ func (s *annealLayer) move(e, to int) {
 			s.D[to]++
 		}
 		s.cnt[i+to]++
+		s.mark(int(t), from)
+		s.mark(int(t), to)
 	}
 	s.L[from] -= s.load[e]
 	s.L[to] += s.load[e]
@@ -130,10 +158,44 @@ func (s *annealLayer) smooth() float64 {
 	mL, mD := s.maxima()
 	sl, sd := 0.0, 0.0
 	for g := 0; g < s.G; g++ {
-		sl += math.Exp((s.L[g] - mL) / s.tauL)
-		sd += math.Exp(float64(s.D[g]-mD) / s.tauD)
+		sl += s.expL(mL - s.L[g])
+		sd += expTable(s.expD, mD-s.D[g], s.tauD)
 	}
 	return s.wL*(mL+s.tauL*math.Log(sl)) + s.wD*(float64(mD)+s.tauD*math.Log(sd))
+}
+
+// expL returns exp(−d/tauL), from the table when d is a whole number.
+func (s *annealLayer) expL(d float64) float64 {
+	if k := int(d); float64(k) == d {
+		return expTable(s.expLt, k, s.tauL)
+	}
+	return math.Exp(-d / s.tauL)
+}
+
+// expTable returns exp(−k/tau) for k ≥ 0 from tab (tab[k] holds exactly
+// that value; past its end the term is below 1e-17 of the sum's leading 1
+// and counts 0), or computes it when there is no table.
+func expTable(tab []float64, k int, tau float64) float64 {
+	switch {
+	case tab == nil:
+		return math.Exp(float64(-k) / tau)
+	case k < len(tab):
+		return tab[k]
+	}
+	return 0
+}
+
+// newExpTable tabulates exp(−k/tau) up to exp(−40); nil when that would
+// take more than 64 Ki entries.
+func newExpTable(tau float64) []float64 {
+	if 40*tau >= 1<<16 {
+		return nil
+	}
+	tab := make([]float64, int(40*tau)+1)
+	for k := range tab {
+		tab[k] = math.Exp(float64(-k) / tau)
+	}
+	return tab
 }
 
 // anneal runs iters swap moves from partition start and returns the best
@@ -202,39 +264,20 @@ func (s *annealLayer) anneal(ctx context.Context, start []int, iters int, rng *r
 }
 
 // swapDelta returns how swapping e1 (on g1) and e2 (on g2) would change
-// D[g1] and D[g2], without changing anything: a token of e1 leaves g1
-// unless another of its experts stays there or it is also e2's (which
-// arrives), and joins g2 unless it is there already; likewise for e2.
+// D[g1] and D[g2], without changing anything: g1 loses the tokens that e1
+// alone brings there, unless e2 (arriving) has them too, and gains e2's
+// tokens not there yet; likewise for g2. Counted on bitsets, a few dozen
+// words per swap.
 func (s *annealLayer) swapDelta(e1, e2 int) (d1, d2 int) {
-	G := s.G
+	W := s.c.W
 	g1, g2 := s.a[e1], s.a[e2]
-	s.tag += 2
-	if s.tag < 2 { // wrapped: clear the stamps
-		clear(s.stamp)
-		s.tag = 2
-	}
-	t1, t2 := s.tag-1, s.tag
-	for _, t := range s.toks[e2] {
-		s.stamp[t] = t1
-	}
-	for _, t := range s.toks[e1] {
-		i := int(t) * G
-		if s.cnt[i+g1] == 1 && s.stamp[t] != t1 {
-			d1--
-		}
-		if s.cnt[i+g2] == 0 {
-			d2++
-		}
-		s.stamp[t] = t2
-	}
-	for _, t := range s.toks[e2] {
-		i := int(t) * G
-		if s.cnt[i+g2] == 1 && s.stamp[t] != t2 {
-			d2--
-		}
-		if s.cnt[i+g1] == 0 {
-			d1++
-		}
+	t1, t2 := s.c.sets[e1], s.c.sets[e2]
+	any1, once1 := s.any[g1*W:(g1+1)*W], s.once[g1*W:(g1+1)*W]
+	any2, once2 := s.any[g2*W:(g2+1)*W], s.once[g2*W:(g2+1)*W]
+	for w := 0; w < W; w++ {
+		a, b := t1[w], t2[w]
+		d1 += bits.OnesCount64(b&^any1[w]) - bits.OnesCount64(a&once1[w]&^b)
+		d2 += bits.OnesCount64(a&^any2[w]) - bits.OnesCount64(b&once2[w]&^a)
 	}
 	return d1, d2
 }

@@ -874,7 +874,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	// Home flow on one node with per-token patterns: the layer cost depends
 	// only on the two busiest GPUs' counts, which annealing optimises
 	// directly and column generation bounds (homepolish.go, coverbound.go),
-	// so the ILP gets 2 %, polishing to 3 %, annealing to 35 % and the
+	// so the ILP gets 2 %, polishing to 3 %, annealing to 25 % and the
 	// bound the rest (time its converged layers leave goes to annealing).
 	_, exactHome := homeCost(p)
 	var cls []*coverLayer // token bitsets per layer, built once for both
@@ -987,7 +987,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	}
 	report("polish", bestObj, math.NaN())
 	if exactHome {
-		annealed, _ := homeAnneal(ctx, p, cls, best, 20000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit*35/100), uint64(opts.Seed))
+		annealed, _ := homeAnneal(ctx, p, cls, best, 100000*p.Stats.Experts, 2, opts.Parallel, start.Add(opts.TimeLimit*25/100), uint64(opts.Seed))
 		if err := keep(annealed); err != nil {
 			return nil, err
 		}
@@ -999,7 +999,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 		// Layers whose bound converged early leave time: anneal again
 		// from the best plan.
 		if left := time.Until(start.Add(opts.TimeLimit)); left > opts.TimeLimit/20 && ctx.Err() == nil {
-			again, _ := homeAnneal(ctx, p, cls, best, 20000*p.Stats.Experts, 1, opts.Parallel, start.Add(opts.TimeLimit), uint64(opts.Seed)+1)
+			again, _ := homeAnneal(ctx, p, cls, best, 100000*p.Stats.Experts, 1, opts.Parallel, start.Add(opts.TimeLimit), uint64(opts.Seed)+1)
 			if err := keep(again); err != nil {
 				return nil, err
 			}
