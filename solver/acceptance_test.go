@@ -202,9 +202,10 @@ func TestFLAMEJointBeatsBaselines(t *testing.T) {
 				if nodes == 1 && flow == costmodel.FlowHome {
 					// The exact-cost bound with the certified busiest-GPU
 					// counts (coverbound.go); the counting bound alone left
-					// 15 % here.
+					// 15 % here, and about 0.8 % is typical at 8 s (3 % leaves
+					// room for CI machines running other tests alongside).
 					t.Logf("joint %.4g s, %.2f%% above the exact-cost bound %.4g s", res.Objective, 100*res.CostGap, res.CostBound)
-					assert.Less(t, res.CostGap, 0.08)
+					assert.Less(t, res.CostGap, 0.03)
 				}
 			})
 		}

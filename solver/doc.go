@@ -100,14 +100,17 @@
 // One node, home flow, per-token patterns (homes unknown, equal speeds,
 // single copies): a layer's exact modeled time is then a function of two
 // numbers only, the busiest GPU's routed tokens and the busiest GPU's
-// distinct tokens max_g D_g (homeCost). Joint gives the ILP 10 % of the
-// time and the swap polish to 15 %, then anneals each layer's partition on
-// that exact cost to 30 % (homepolish.go), and certifies per layer a lower
-// bound z+1 ≤ max_g D_g over every partition with the rest
-// (coverbound.go): column generation on the set-partitioning LP whose
-// columns are the groups reaching at most z tokens, master LP by a small
-// warm-started simplex (coverlp.go), and a certificate π with π(S) <
-// Σπ/G for every such group, checked by exhaustive branch and bound in Go.
+// distinct tokens max_g D_g (homeCost). Joint gives the ILP 2 % of the
+// time and the swap polish to 3 %, then anneals each layer's partition on
+// that exact cost to 25 % (homepolish.go: swaps scored by popcounts over
+// per-GPU token bitsets, half of them from the GPU with the most distinct
+// tokens), and certifies per layer a lower bound z+1 ≤ max_g D_g over
+// every partition with the rest (coverbound.go): column generation on the
+// set-partitioning LP whose columns are the groups reaching at most z
+// tokens, priced by randomised greedy groups and by climbs from the LP's
+// support columns (coverswap.go), master LP by a small warm-started
+// simplex (coverlp.go), and a certificate π with π(S) < Σπ/G for every
+// such group, checked by exhaustive branch and bound in Go.
 // A layer whose bound converges early is bounded again with groups capped
 // at λ−1 routed tokens (λ: the plan's busiest GPU), so every plan lies in
 // one of two corners, (mean, z_cap+1) or (λ, z+1), and costs at least the
