@@ -202,10 +202,11 @@ func TestFLAMEJointBeatsBaselines(t *testing.T) {
 				if nodes == 1 && flow == costmodel.FlowHome {
 					// The exact-cost bound with the certified busiest-GPU
 					// counts (coverbound.go); the counting bound alone left
-					// 15 % here, and about 0.8 % is typical at 8 s (3 % leaves
-					// room for CI machines running other tests alongside).
+					// 15 % here. About 0.8 % is typical at 8 s; the time limit
+					// makes the gap depend on the machine's speed (3.6 % under
+					// the race detector), so 5 % leaves room for slow CI.
 					t.Logf("joint %.4g s, %.2f%% above the exact-cost bound %.4g s", res.Objective, 100*res.CostGap, res.CostBound)
-					assert.Less(t, res.CostGap, 0.03)
+					assert.Less(t, res.CostGap, 0.05)
 				}
 			})
 		}
