@@ -213,7 +213,7 @@ func (c *coverLayer) coverSearchAll(ctx context.Context, pi []float64, z int, th
 		return a - b
 	})
 	W := c.W
-	s := &coverDFS{ctx: ctx, c: c, z: z, theta: theta, order: order, deadline: deadline, W: W, m: c.m, lcap: c.lcap,
+	s := &coverDFS{ctx: ctx, z: z, theta: theta, order: order, deadline: deadline, W: W, m: c.m, lcap: c.lcap,
 		cov: make([]uint64, (c.m+1)*W), marg: make([]int, len(order)*(c.m+1)), cand: make([]int, len(order)*(c.m+1)),
 		pi: make([]float64, len(order)), load: make([]int, len(order)), sets: make([]uint64, len(order)*W)}
 	for j, e := range order {
@@ -239,7 +239,6 @@ func (c *coverLayer) coverSearchAll(ctx context.Context, pi []float64, z int, th
 // position j in order (decreasing π), with π, load and token bitset
 // copied there so that the inner loop reads contiguous memory.
 type coverDFS struct {
-	c        *coverLayer
 	z        int
 	theta    float64
 	order    []int
@@ -509,9 +508,8 @@ type coverCG struct {
 	nload   []int
 	keys    map[string]bool
 	rng     *rand.Rand
-	lastPi  []float64
-	lastZ   int
-	lp      *coverLP // nil: HiGHS solves the master
+	lastPi  []float64 // the duals of the last master solved
+	lp      *coverLP  // nil: HiGHS solves the master
 }
 
 // addCol adds group S (if new).
@@ -630,7 +628,7 @@ func (g *coverCG) certify(ctx context.Context, z int, deadline time.Time, prove 
 		if err != nil {
 			return probeTimeout, 0, err
 		}
-		g.lastPi, g.lastZ = pi, z
+		g.lastPi = pi
 		if val <= float64(c.G)*(1+1e-6) {
 			return probeFeasible, u, nil
 		}
@@ -691,13 +689,6 @@ func (g *coverCG) proves(ctx context.Context, pi []float64, z int, deadline time
 	return st == searchNone, S, st
 }
 
-// bottleneck returns the largest z it certifies (max_g D_g > z for every
-// partition) by the search described above, between the largest expert
-// and the incumbent partition part (at least max_e load_e − 1).
-func (c *coverLayer) bottleneck(ctx context.Context, backend Backend, part [][]int, floor int, deadline time.Time, seed uint64) (z int, converged bool, err error) {
-	return c.newCG(backend, seed).bottleneck(ctx, part, floor, deadline)
-}
-
 // newCG starts column generation on layer c with one column per expert.
 func (c *coverLayer) newCG(backend Backend, seed uint64) *coverCG {
 	rng := rand.New(rand.NewPCG(seed, 0x636f766572))
@@ -708,11 +699,14 @@ func (c *coverLayer) newCG(backend Backend, seed uint64) *coverCG {
 	return g
 }
 
-// bottleneck is coverLayer.bottleneck on g's columns, which it keeps: a
+// bottleneck returns the largest z it certifies (max_g D_g > z for every
+// partition) by the search described above, between the largest expert
+// (or floor, certified by the caller) and the incumbent partition part,
+// and whether the search closed the interval. It keeps g's columns: a
 // second pass with a load cap (c.lcap) reuses those within the cap.
 func (g *coverCG) bottleneck(ctx context.Context, part [][]int, floor int, deadline time.Time) (z int, converged bool, err error) {
 	c := g.c
-	g.lastPi, g.lastZ = nil, 0
+	g.lastPi = nil
 	maxLoad := slices.Max(c.load)
 	for _, S := range part {
 		g.addCol(S)
@@ -844,14 +838,15 @@ func homeBottleneck(ctx context.Context, p Problem, cls []*coverLayer, backend B
 	// go last, so that the time the others leave goes to them.
 	order := make([]int, len(cls))
 	reach := make([]int, len(cls))
+	parts := make([][][]int, len(cls))
 	for l, c := range cls {
-		order[l], reach[l] = l, c.maxGroupCover(planGroups(plan, l, G))
+		parts[l] = planGroups(plan, l, G)
+		order[l], reach[l] = l, c.maxGroupCover(parts[l])
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return reach[a] - reach[b] })
 	parallelLayers(len(cls), workers, deadline, func(i int, limit time.Duration) {
 		l := order[i]
-		c := cls[l]
-		part := planGroups(plan, l, G)
+		c, part := cls[l], parts[l]
 		end := time.Now().Add(limit)
 		g := c.newCG(backend, seed+uint64(l))
 		z, converged, err := g.bottleneck(ctx, part, -1, end)

@@ -24,7 +24,7 @@ func CoverBottleneck(ctx context.Context, p Problem, backend Backend, plan *plac
 		return -1, -1, errNoDuals
 	}
 	part := planGroups(plan, l, p.Cluster.GPUs())
-	z, _, err := cl[l].bottleneck(ctx, backend, part, -1, deadline, uint64(l))
+	z, _, err := cl[l].newCG(backend, uint64(l)).bottleneck(ctx, part, -1, deadline)
 	return z, cl[l].maxGroupCover(part), err
 }
 
