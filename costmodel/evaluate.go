@@ -71,8 +71,9 @@ type Report struct {
 }
 
 // Evaluate models the cost of plan on cluster c for model m under the
-// routing stats (see the package doc for every formula). It returns an
-// error, never panics, when the inputs disagree.
+// routing stats (see the package doc for every formula); it is
+// Scenario.Evaluate with the scenario spelled out. It returns an error,
+// never panics, when the inputs disagree.
 func Evaluate(plan *placement.Plan, stats *routing.Stats, c Cluster, m Model, opts Options) (*Report, error) {
 	ev, err := NewEvaluator(stats, c, m, opts)
 	if err != nil {

@@ -309,5 +309,5 @@ func WriteDispatchMap(path string, p *Plan, gpusPerNode int) error {
 	if err != nil {
 		return err
 	}
-	return writeAtomic(path, m.Encode())
+	return WriteFileAtomic(path, m.Encode())
 }

@@ -1,7 +1,9 @@
 // Package placement holds expert placement plans for Mixture-of-Experts
 // models: which GPU holds which expert in every MoE layer, how plans are
-// checked, how they are read and written, and the baselines that need no
-// solver (Contiguous, RoundRobin, Greedy, EPLB).
+// checked, how they are read and written (atomically), and how a serving
+// stack dispatches tokens among an expert's copies. It holds no placement
+// algorithm: the baselines are in package baseline, the solvers in
+// package solver.
 //
 // # Slots
 //
@@ -15,7 +17,7 @@
 // change. Layers may have different slot counts.
 //
 // Slot order carries no meaning in a Plan, but FromAssignment,
-// FromReplicas, GPUMajor and the baselines lay slots out GPU-major: all
+// FromReplicas and GPUMajor lay slots out GPU-major: all
 // slots of GPU 0 first (by ascending expert id), then GPU 1, and so on.
 // When every GPU holds S slots, slot s therefore lives on GPU s/S, which is
 // SGLang's and EPLB's convention (slot p on GPU p/(P/ep_size)).
@@ -144,23 +146,8 @@
 // to use FormatSGLang or FormatEPLB instead; ReadVLLM(r, gpus, layers)
 // repeats the map for every layer.
 //
-// # EPLB
-//
-// RebalanceExperts is a bit-exact port of DeepSeek's rebalance_experts
-// (deepseek-ai/EPLB), hierarchical when the expert groups split evenly over
-// the nodes and global otherwise, returning its phy2log, log2phy and
-// logcnt (EPLBResult). EPLB runs it on routing statistics and returns a
-// Plan whose slot p is EPLB's physical slot p. EPLB's packing can put two
-// copies of one expert on one GPU (deepseek-ai/EPLB#22: the README example
-// under the global policy, and 20 of 58 layers with the global and 48 with
-// the hierarchical policy on SGLang's DeepSeek-V3 prefill statistics on 32
-// GPUs), which Validate rejects: EPLB then fails with an error naming the
-// copies, or with EPLBOptions.FixDuplicates swaps slots between GPUs of the
-// same node until no GPU holds two copies.
-//
 // # Determinism
 //
-// Everything here is deterministic: the baselines break ties by lower
-// expert and GPU index, writers emit fixed formatting and sorted keys, so
+// Everything here is deterministic: writers emit fixed formatting and sorted keys, so
 // the same plan always gives the same bytes.
 package placement

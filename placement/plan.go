@@ -208,3 +208,12 @@ func FromReplicas(gpus int, copies [][][]GPU, strategy string) *Plan {
 	}
 	return p
 }
+
+// sameEveryLayer repeats one layer's assignment for every layer.
+func sameEveryLayer(layers int, row []GPU) [][]GPU {
+	assign := make([][]GPU, layers)
+	for l := range assign {
+		assign[l] = slices.Clone(row)
+	}
+	return assign
+}

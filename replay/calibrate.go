@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"time"
 
 	"gonum.org/v1/gonum/mat"
 
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
 )
 
 // Observation is one measured GPU share of one layer: Tokens routed tokens
@@ -243,27 +242,5 @@ func WriteCluster(path string, c costmodel.Cluster) error {
 	if err := costmodel.WriteClusterYAML(&buf, c); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".cluster-*.yaml")
-	if err != nil {
-		return err
-	}
-	name := tmp.Name()
-	_, err = tmp.Write(buf.Bytes())
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(name, 0o644)
-	}
-	if err == nil {
-		err = os.Rename(name, path)
-	}
-	if err != nil {
-		os.Remove(name)
-		return fmt.Errorf("replay: write %s: %w", path, err)
-	}
-	return nil
+	return placement.WriteFileAtomic(path, buf.Bytes())
 }

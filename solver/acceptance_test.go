@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
@@ -227,7 +228,7 @@ func TestFLAMEHoldout(t *testing.T) {
 		p.Stats = train
 		res, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{TimeLimit: 6 * time.Second})
 		require.NoError(t, err)
-		cont, err := placement.Contiguous(8, 64, 8)
+		cont, err := baseline.Contiguous(8, 64, 8)
 		require.NoError(t, err)
 		p.Stats = test
 		_, jointT, err := Score(p, res.Plan)

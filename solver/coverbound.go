@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moetuner/moetuner/mip"
+
 	"github.com/moetuner/moetuner/placement"
 )
 
@@ -502,7 +504,7 @@ var coverHeuristicStarts = 32
 // coverCG is the column generation state of one layer.
 type coverCG struct {
 	c       *coverLayer
-	backend Backend
+	backend mip.Backend
 	cols    [][]int
 	ncov    []int
 	nload   []int
@@ -557,7 +559,7 @@ func (g *coverCG) master(ctx context.Context, z int) (float64, []float64, int, e
 			use = append(use, i)
 		}
 	}
-	m := &MIP{Cost: make([]float64, len(use)), Lower: make([]float64, len(use)), Upper: make([]float64, len(use)), Integer: make([]bool, len(use))}
+	m := &mip.Model{Cost: make([]float64, len(use)), Lower: make([]float64, len(use)), Upper: make([]float64, len(use)), Integer: make([]bool, len(use))}
 	for j := range use {
 		m.Cost[j] = 1
 		m.Upper[j] = math.Inf(1)
@@ -579,11 +581,11 @@ func (g *coverCG) master(ctx context.Context, z int) (float64, []float64, int, e
 		m.RowUpper = append(m.RowUpper, math.Inf(1))
 		m.RowStart = append(m.RowStart, len(m.RowIndex))
 	}
-	sol, err := g.backend.SolveMIP(ctx, m, MIPOptions{NoPresolve: true})
+	sol, err := g.backend.Solve(ctx, m, mip.Options{NoPresolve: true})
 	if err != nil {
 		return 0, nil, 0, err
 	}
-	if sol.Status != MIPOptimal || len(sol.RowDual) != c.E {
+	if sol.Status != mip.Optimal || len(sol.RowDual) != c.E {
 		return 0, nil, 0, errNoDuals
 	}
 	pi := make([]float64, c.E)
@@ -690,7 +692,7 @@ func (g *coverCG) proves(ctx context.Context, pi []float64, z int, deadline time
 }
 
 // newCG starts column generation on layer c with one column per expert.
-func (c *coverLayer) newCG(backend Backend, seed uint64) *coverCG {
+func (c *coverLayer) newCG(backend mip.Backend, seed uint64) *coverCG {
 	rng := rand.New(rand.NewPCG(seed, 0x636f766572))
 	g := &coverCG{c: c, backend: backend, keys: map[string]bool{}, rng: rng, lp: newCoverLP(c.E, rng)}
 	for e := 0; e < c.E; e++ {
@@ -827,7 +829,7 @@ type homeCorner struct{ L, D float64 }
 // two corners: (⌈mean⌉, z_cap+1) and (λ, z+1). cls are the layers'
 // bitsets (coverLayers). It returns nil when the problem is not one the
 // bound covers.
-func homeBottleneck(ctx context.Context, p Problem, cls []*coverLayer, backend Backend, plan *placement.Plan, deadline time.Time, workers int, seed uint64) ([][]homeCorner, error) {
+func homeBottleneck(ctx context.Context, p Problem, cls []*coverLayer, backend mip.Backend, plan *placement.Plan, deadline time.Time, workers int, seed uint64) ([][]homeCorner, error) {
 	if _, ok := homeCost(p); !ok || cls == nil {
 		return nil, nil
 	}

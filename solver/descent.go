@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/moetuner/moetuner/mip"
 )
 
 // chainDescent improves a chain-flow assignment layer by layer with its
@@ -14,7 +16,7 @@ import (
 // transition pair, so each step is a small exact ILP (no pair variables).
 // A step is kept only if the exact cost model (Score) says the whole plan
 // got faster, so the result is never worse than the input.
-func chainDescent(ctx context.Context, p Problem, jm *jointModel, backend Backend, opts Options, assign [][]int, deadline time.Time) ([][]int, error) {
+func chainDescent(ctx context.Context, p Problem, jm *jointModel, backend mip.Backend, opts Options, assign [][]int, deadline time.Time) ([][]int, error) {
 	cur := make([][]int, len(assign))
 	for l := range assign {
 		cur[l] = append([]int(nil), assign[l]...)
@@ -31,7 +33,7 @@ func chainDescent(ctx context.Context, p Problem, jm *jointModel, backend Backen
 				return cur, nil
 			}
 			b, lv := jm.buildChainLayer(l, cur)
-			m := b.mip()
+			m := b.Model()
 			start := make([]float64, len(m.Cost))
 			for j := range start {
 				if m.Lower[j] == m.Upper[j] {
@@ -72,7 +74,7 @@ func chainDescent(ctx context.Context, p Problem, jm *jointModel, backend Backen
 // start vector to the least value its ≤ rows allow, found by evaluating
 // each row's activity without it; three passes let epigraphs that feed
 // other epigraphs (Tc into T) settle.
-func fillEpigraphs(m *MIP, x []float64) {
+func fillEpigraphs(m *mip.Model, x []float64) {
 	for pass := 0; pass < 3; pass++ {
 		for i := range m.RowLower {
 			if !math.IsInf(m.RowLower[i], -1) {
@@ -101,8 +103,8 @@ func fillEpigraphs(m *MIP, x []float64) {
 // l−1 (or the home dispatch for l = 0), the transition into layer l+1 and,
 // for the last layer, the home combine; layer l+1's compute tail is a
 // constant.
-func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*builder, layerVars) {
-	b := &builder{}
+func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*mip.Builder, layerVars) {
+	b := &mip.Builder{}
 	lv := jm.addLayer(b, l, false)
 	nvs := jm.tb / jm.nv
 	nics := jm.tb / jm.nic / float64(jm.n)
@@ -168,10 +170,10 @@ func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*builder, layerVar
 			// out_g = (const or Σ rowsum·x) − stay; in_g likewise.
 			oi := append(append(append([]int{}, outIdx...), stayIdx...), td)
 			ov := append(append(append([]float64{}, scaledVals(outVal, nvs)...), scaledVals(stayVal, nvs)...), -1)
-			b.row(fmt.Sprintf("dout_%d_%d_%d", tl, td, g), -inf, -constOut*nvs, oi, ov)
+			b.Row(fmt.Sprintf("dout_%d_%d_%d", tl, td, g), -inf, -constOut*nvs, oi, ov)
 			ii := append(append(append([]int{}, inIdx...), stayIdx...), td)
 			iv := append(append(append([]float64{}, scaledVals(inVal, nvs)...), scaledVals(stayVal, nvs)...), -1)
-			b.row(fmt.Sprintf("din_%d_%d_%d", tl, td, g), -inf, -constIn*nvs, ii, iv)
+			b.Row(fmt.Sprintf("din_%d_%d_%d", tl, td, g), -inf, -constIn*nvs, ii, iv)
 		}
 		if jm.N > 1 {
 			for nb := range jm.N {
@@ -197,11 +199,11 @@ func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*builder, layerVar
 					}
 				}
 				if srcFixed {
-					b.row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -inf, -constOut*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
-					b.row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -inf, -constIn*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
+					b.Row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -inf, -constOut*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
+					b.Row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -inf, -constIn*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
 				} else {
-					b.row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -inf, -constOut*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
-					b.row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -inf, -constIn*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
+					b.Row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -inf, -constOut*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
+					b.Row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -inf, -constIn*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
 				}
 			}
 		}
@@ -214,14 +216,14 @@ func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*builder, layerVar
 	}
 	phases, mult, nlat := []int{lv.td}, []float64{1}, 1
 	if l == jm.L-1 {
-		lv.tb = b.col(fmt.Sprintf("Tb_%d", l), 0, inf, 0, false)
+		lv.tb = b.Col(fmt.Sprintf("Tb_%d", l), 0, inf, 0, false)
 		jm.addHomeComm(b, l, lv, lv.tb, nil)
 		phases, mult, nlat = append(phases, lv.tb), append(mult, 1), 2
 	}
 	jm.addObjective(b, l, &lv, phases, mult, nlat)
 	// Out of layer l into the fixed layer l+1, whose compute is constant.
 	if l+1 < jm.L {
-		td2 := b.col(fmt.Sprintf("Td_%d", l+1), 0, inf, 0, false)
+		td2 := b.Col(fmt.Sprintf("Td_%d", l+1), 0, inf, 0, false)
 		transition(td2, l+1, false)
 		tc2 := 0.0
 		load := make([]float64, jm.G)
@@ -231,12 +233,12 @@ func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*builder, layerVar
 		for g := range jm.G {
 			tc2 = max(tc2, (jm.alpha*load[g]+jm.beta*float64(jm.slots[g]))/jm.speed[g])
 		}
-		tcCol := b.col(fmt.Sprintf("Tc_%d", l+1), tc2, tc2, 0, false)
+		tcCol := b.Col(fmt.Sprintf("Tc_%d", l+1), tc2, tc2, 0, false)
 		nl := layerVars{tc: tcCol, td: td2, tb: -1, t: -1}
 		ph, mu, nlt := []int{td2}, []float64{1}, 1
 		if l+1 == jm.L-1 {
 			// The last layer's combine depends only on layer l+1: constant.
-			tb := b.col(fmt.Sprintf("Tb_%d", l+1), 0, inf, 0, false)
+			tb := b.Col(fmt.Sprintf("Tb_%d", l+1), 0, inf, 0, false)
 			ng := make([]float64, jm.G)
 			mb := make([]float64, jm.N)
 			for e, g := range assign[l+1] {
@@ -244,7 +246,7 @@ func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*builder, layerVar
 				mb[jm.node(g)] += s.Load[l+1][e]
 			}
 			v := jm.homeDispatch(ng, mb)
-			b.m.Lower[tb], b.m.Upper[tb] = v, v
+			b.SetBounds(tb, v, v)
 			ph, mu, nlt = append(ph, tb), append(mu, 1), 2
 		}
 		jm.addObjective(b, l+1, &nl, ph, mu, nlt)

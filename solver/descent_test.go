@@ -40,7 +40,7 @@ func TestChainLayerILPMatchesModel(t *testing.T) {
 		base := [][]int{{0, 0, 1, 1, 2, 2}, {2, 1, 0, 2, 1, 0}, {1, 2, 2, 0, 0, 1}}
 		for l := range L {
 			b, lv := jm.buildChainLayer(l, base)
-			m := b.mip()
+			m := b.Model()
 			diff := math.NaN()
 			var all [][]int
 			var rec func(e int, cur []int, cnt []int)

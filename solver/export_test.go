@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/moetuner/moetuner/mip"
+
 	"github.com/moetuner/moetuner/placement"
 )
 
@@ -18,7 +20,7 @@ var PairFeasible = pairFeasible
 
 // CoverBottleneck runs the bottleneck bound of one layer from plan's
 // partition; it returns the certified z and the plan's busiest D_g.
-func CoverBottleneck(ctx context.Context, p Problem, backend Backend, plan *placement.Plan, l int, deadline time.Time) (int, int, error) {
+func CoverBottleneck(ctx context.Context, p Problem, backend mip.Backend, plan *placement.Plan, l int, deadline time.Time) (int, int, error) {
 	cl, ok := coverLayers(p)
 	if !ok {
 		return -1, -1, errNoDuals
@@ -61,7 +63,7 @@ func ResultCorners(r *Result) [][][2]float64 { return cornerPairs(r.corners) }
 
 // HomeBottleneckPairs runs homeBottleneck and returns its corners as
 // (L, D) pairs.
-func HomeBottleneckPairs(ctx context.Context, p Problem, backend Backend, plan *placement.Plan, deadline time.Time, workers int, seed uint64) ([][][2]float64, error) {
+func HomeBottleneckPairs(ctx context.Context, p Problem, backend mip.Backend, plan *placement.Plan, deadline time.Time, workers int, seed uint64) ([][][2]float64, error) {
 	cls, _ := coverLayers(p)
 	c, err := homeBottleneck(ctx, p, cls, backend, plan, deadline, workers, seed)
 	return cornerPairs(c), err

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moetuner/moetuner/mip"
+
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 )
@@ -356,14 +358,14 @@ type layerVars struct {
 
 // addLayer adds x, Tc, Td (and T) and the assignment, capacity and compute
 // rows of layer l; the caller adds the communication rows.
-func (jm *jointModel) addLayer(b *builder, l int, breakSymmetry bool) layerVars {
+func (jm *jointModel) addLayer(b *mip.Builder, l int, breakSymmetry bool) layerVars {
 	s := jm.p.Stats
 	lv := layerVars{tb: -1, t: -1}
 	lv.x = make([][]int, jm.E)
 	for e := range jm.E {
 		lv.x[e] = make([]int, jm.G)
 		for g := range jm.G {
-			lv.x[e][g] = b.binary(fmt.Sprintf("x_%d_%d_%d", l, e, g))
+			lv.x[e][g] = b.Binary(fmt.Sprintf("x_%d_%d_%d", l, e, g))
 		}
 	}
 	if breakSymmetry && jm.symmetric() {
@@ -375,7 +377,7 @@ func (jm *jointModel) addLayer(b *builder, l int, breakSymmetry bool) layerVars 
 		for k, e := range order {
 			for g := range jm.G {
 				if (jm.N == 1 && g > k) || (jm.N > 1 && k == 0 && g != 0) {
-					b.m.Upper[lv.x[e][g]] = 0
+					b.SetUpper(lv.x[e][g], 0)
 				}
 			}
 			if k >= jm.G {
@@ -383,10 +385,10 @@ func (jm *jointModel) addLayer(b *builder, l int, breakSymmetry bool) layerVars 
 			}
 		}
 	}
-	lv.tc = b.col(fmt.Sprintf("Tc_%d", l), 0, inf, 0, false)
-	lv.td = b.col(fmt.Sprintf("Td_%d", l), 0, inf, 0, false)
+	lv.tc = b.Col(fmt.Sprintf("Tc_%d", l), 0, inf, 0, false)
+	lv.td = b.Col(fmt.Sprintf("Td_%d", l), 0, inf, 0, false)
 	for e := range jm.E {
-		b.row(fmt.Sprintf("assign_%d_%d", l, e), 1, 1, lv.x[e], ones(jm.G))
+		b.Row(fmt.Sprintf("assign_%d_%d", l, e), 1, 1, lv.x[e], ones(jm.G))
 	}
 	for g := range jm.G {
 		idx := make([]int, 0, jm.E+1)
@@ -396,7 +398,7 @@ func (jm *jointModel) addLayer(b *builder, l int, breakSymmetry bool) layerVars 
 			val = append(val, 1)
 		}
 		sl := float64(jm.slots[g])
-		b.row(fmt.Sprintf("slots_%d_%d", l, g), sl, sl, idx, val)
+		b.Row(fmt.Sprintf("slots_%d_%d", l, g), sl, sl, idx, val)
 		idx, val = idx[:0], val[:0]
 		for e := range jm.E {
 			idx = append(idx, lv.x[e][g])
@@ -404,14 +406,14 @@ func (jm *jointModel) addLayer(b *builder, l int, breakSymmetry bool) layerVars 
 		}
 		idx = append(idx, lv.tc)
 		val = append(val, -1)
-		b.row(fmt.Sprintf("compute_%d_%d", l, g), -inf, -jm.beta*sl/jm.speed[g], idx, val)
+		b.Row(fmt.Sprintf("compute_%d_%d", l, g), -inf, -jm.beta*sl/jm.speed[g], idx, val)
 	}
 	return lv
 }
 
 // addHomeComm adds rows making td ≥ the home-flow dispatch bottleneck of
 // layer l, with pair savings when pairs is non-nil.
-func (jm *jointModel) addHomeComm(b *builder, l int, lv layerVars, td int, pairs []pair) {
+func (jm *jointModel) addHomeComm(b *mip.Builder, l int, lv layerVars, td int, pairs []pair) {
 	s := jm.p.Stats
 	name := func(k string, i int) string { return fmt.Sprintf("%s_%d_%d_%d", k, l, td, i) }
 	// Distinct-token expressions N_g and M_B as (idx, val) lists.
@@ -431,9 +433,9 @@ func (jm *jointModel) addHomeComm(b *builder, l int, lv layerVars, td int, pairs
 	star := make(map[[2]int][]int)
 	for k, pr := range pairs {
 		for g := range jm.G {
-			y := b.col(fmt.Sprintf("y_%d_%d_%d", l, k, g), 0, 1, 0, false)
-			b.row(name("ya", k*jm.G+g), -inf, 0, []int{y, lv.x[pr.A][g]}, []float64{1, -1})
-			b.row(name("yb", k*jm.G+g), -inf, 0, []int{y, lv.x[pr.B][g]}, []float64{1, -1})
+			y := b.Col(fmt.Sprintf("y_%d_%d_%d", l, k, g), 0, 1, 0, false)
+			b.Row(name("ya", k*jm.G+g), -inf, 0, []int{y, lv.x[pr.A][g]}, []float64{1, -1})
+			b.Row(name("yb", k*jm.G+g), -inf, 0, []int{y, lv.x[pr.B][g]}, []float64{1, -1})
 			ng[g] = append(ng[g], y)
 			ngv[g] = append(ngv[g], -pr.W)
 			star[[2]int{pr.A, g}] = append(star[[2]int{pr.A, g}], y)
@@ -441,15 +443,15 @@ func (jm *jointModel) addHomeComm(b *builder, l int, lv layerVars, td int, pairs
 		}
 		if jm.N > 1 {
 			for nb := range jm.N {
-				y := b.col(fmt.Sprintf("yn_%d_%d_%d", l, k, nb), 0, 1, 0, false)
+				y := b.Col(fmt.Sprintf("yn_%d_%d_%d", l, k, nb), 0, 1, 0, false)
 				ia, va := []int{y}, []float64{1}
 				ib, vb := []int{y}, []float64{1}
 				for g := nb * jm.n; g < (nb+1)*jm.n; g++ {
 					ia, va = append(ia, lv.x[pr.A][g]), append(va, -1)
 					ib, vb = append(ib, lv.x[pr.B][g]), append(vb, -1)
 				}
-				b.row(name("yna", k*jm.N+nb), -inf, 0, ia, va)
-				b.row(name("ynb", k*jm.N+nb), -inf, 0, ib, vb)
+				b.Row(name("yna", k*jm.N+nb), -inf, 0, ia, va)
+				b.Row(name("ynb", k*jm.N+nb), -inf, 0, ib, vb)
 				mb[nb] = append(mb[nb], y)
 				mbv[nb] = append(mbv[nb], -pr.W)
 			}
@@ -466,7 +468,7 @@ func (jm *jointModel) addHomeComm(b *builder, l int, lv layerVars, td int, pairs
 			}
 			idx := append(append([]int{}, ys...), lv.x[a][g])
 			val := append(ones(len(ys)), -float64(jm.slots[g]-1))
-			b.row(name("star", a*jm.G+g), -inf, 0, idx, val)
+			b.Row(name("star", a*jm.G+g), -inf, 0, idx, val)
 		}
 	}
 	fn := float64(jm.n)
@@ -474,7 +476,7 @@ func (jm *jointModel) addHomeComm(b *builder, l int, lv layerVars, td int, pairs
 	for g := range jm.G {
 		// In: (n−1)/n · N_g.
 		idx, val := scaled(ng[g], ngv[g], (fn-1)/fn*nvs)
-		b.row(name("nvin", g), -inf, 0, append(idx, td), append(val, -1))
+		b.Row(name("nvin", g), -inf, 0, append(idx, td), append(val, -1))
 		// Out: (Σ_{g'∈node, g'≠g} N_g')/n.
 		idx, val = nil, nil
 		nb := jm.node(g)
@@ -486,14 +488,14 @@ func (jm *jointModel) addHomeComm(b *builder, l int, lv layerVars, td int, pairs
 			idx, val = append(idx, i2...), append(val, v2...)
 		}
 		if len(idx) > 0 {
-			b.row(name("nvout", g), -inf, 0, append(idx, td), append(val, -1))
+			b.Row(name("nvout", g), -inf, 0, append(idx, td), append(val, -1))
 		}
 	}
 	if jm.N > 1 {
 		nics := jm.tb / jm.nic
 		for nb := range jm.N {
 			idx, val := scaled(mb[nb], mbv[nb], float64(jm.N-1)/float64(jm.G)*nics)
-			b.row(name("nicin", nb), -inf, 0, append(idx, td), append(val, -1))
+			b.Row(name("nicin", nb), -inf, 0, append(idx, td), append(val, -1))
 			idx, val = nil, nil
 			for o := range jm.N {
 				if o != nb {
@@ -501,14 +503,14 @@ func (jm *jointModel) addHomeComm(b *builder, l int, lv layerVars, td int, pairs
 					idx, val = append(idx, i2...), append(val, v2...)
 				}
 			}
-			b.row(name("nicout", nb), -inf, 0, append(idx, td), append(val, -1))
+			b.Row(name("nicout", nb), -inf, 0, append(idx, td), append(val, -1))
 		}
 	}
 }
 
 // addChainComm adds rows making lv.td ≥ the transition bottleneck from
 // layer l−1 (prev) into layer l (lv).
-func (jm *jointModel) addChainComm(b *builder, l int, prev, lv layerVars) {
+func (jm *jointModel) addChainComm(b *mip.Builder, l int, prev, lv layerVars) {
 	out := make([][]int, jm.G)
 	outv := make([][]float64, jm.G)
 	in := make([][]int, jm.G)
@@ -532,23 +534,23 @@ func (jm *jointModel) addChainComm(b *builder, l int, prev, lv layerVars) {
 	}
 	for k, pr := range jm.trans[l] {
 		for g := range jm.G {
-			v := b.col(fmt.Sprintf("v_%d_%d_%d", l, k, g), 0, 1, 0, false)
-			b.row(fmt.Sprintf("va_%d_%d_%d", l, k, g), -inf, 0, []int{v, prev.x[pr.A][g]}, []float64{1, -1})
-			b.row(fmt.Sprintf("vb_%d_%d_%d", l, k, g), -inf, 0, []int{v, lv.x[pr.B][g]}, []float64{1, -1})
+			v := b.Col(fmt.Sprintf("v_%d_%d_%d", l, k, g), 0, 1, 0, false)
+			b.Row(fmt.Sprintf("va_%d_%d_%d", l, k, g), -inf, 0, []int{v, prev.x[pr.A][g]}, []float64{1, -1})
+			b.Row(fmt.Sprintf("vb_%d_%d_%d", l, k, g), -inf, 0, []int{v, lv.x[pr.B][g]}, []float64{1, -1})
 			out[g], outv[g] = append(out[g], v), append(outv[g], -pr.W)
 			in[g], inv[g] = append(in[g], v), append(inv[g], -pr.W)
 		}
 		if jm.N > 1 {
 			for nb := range jm.N {
-				v := b.col(fmt.Sprintf("vn_%d_%d_%d", l, k, nb), 0, 1, 0, false)
+				v := b.Col(fmt.Sprintf("vn_%d_%d_%d", l, k, nb), 0, 1, 0, false)
 				ia, va := []int{v}, []float64{1}
 				ib, vb := []int{v}, []float64{1}
 				for g := nb * jm.n; g < (nb+1)*jm.n; g++ {
 					ia, va = append(ia, prev.x[pr.A][g]), append(va, -1)
 					ib, vb = append(ib, lv.x[pr.B][g]), append(vb, -1)
 				}
-				b.row(fmt.Sprintf("vna_%d_%d_%d", l, k, nb), -inf, 0, ia, va)
-				b.row(fmt.Sprintf("vnb_%d_%d_%d", l, k, nb), -inf, 0, ib, vb)
+				b.Row(fmt.Sprintf("vna_%d_%d_%d", l, k, nb), -inf, 0, ia, va)
+				b.Row(fmt.Sprintf("vnb_%d_%d_%d", l, k, nb), -inf, 0, ib, vb)
 				nout[nb], noutv[nb] = append(nout[nb], v), append(noutv[nb], -pr.W)
 				nin[nb], ninv[nb] = append(nin[nb], v), append(ninv[nb], -pr.W)
 			}
@@ -557,17 +559,17 @@ func (jm *jointModel) addChainComm(b *builder, l int, prev, lv layerVars) {
 	nvs := jm.tb / jm.nv
 	for g := range jm.G {
 		idx, val := scaled(out[g], outv[g], nvs)
-		b.row(fmt.Sprintf("chout_%d_%d", l, g), -inf, 0, append(idx, lv.td), append(val, -1))
+		b.Row(fmt.Sprintf("chout_%d_%d", l, g), -inf, 0, append(idx, lv.td), append(val, -1))
 		idx, val = scaled(in[g], inv[g], nvs)
-		b.row(fmt.Sprintf("chin_%d_%d", l, g), -inf, 0, append(idx, lv.td), append(val, -1))
+		b.Row(fmt.Sprintf("chin_%d_%d", l, g), -inf, 0, append(idx, lv.td), append(val, -1))
 	}
 	if jm.N > 1 {
 		nics := jm.tb / jm.nic / float64(jm.n)
 		for nb := range jm.N {
 			idx, val := scaled(nout[nb], noutv[nb], nics)
-			b.row(fmt.Sprintf("chnout_%d_%d", l, nb), -inf, 0, append(idx, lv.td), append(val, -1))
+			b.Row(fmt.Sprintf("chnout_%d_%d", l, nb), -inf, 0, append(idx, lv.td), append(val, -1))
 			idx, val = scaled(nin[nb], ninv[nb], nics)
-			b.row(fmt.Sprintf("chnin_%d_%d", l, nb), -inf, 0, append(idx, lv.td), append(val, -1))
+			b.Row(fmt.Sprintf("chnin_%d_%d", l, nb), -inf, 0, append(idx, lv.td), append(val, -1))
 		}
 	}
 }
@@ -592,31 +594,31 @@ func ones(n int) []float64 {
 // addObjective sets the cost of one layer: Tc + comm (sequential) or
 // T + comm/chunks with T ≥ (1+σ)Tc, T ≥ comm (overlapped), where comm is
 // the sum of the given phase columns times mult. Latency is an offset.
-func (jm *jointModel) addObjective(b *builder, l int, lv *layerVars, phases []int, mult []float64, phasesLat int) {
+func (jm *jointModel) addObjective(b *mip.Builder, l int, lv *layerVars, phases []int, mult []float64, phasesLat int) {
 	lat := float64(phasesLat) * jm.lat
 	if !jm.overlap {
-		b.m.Cost[lv.tc] += 1
+		b.AddCost(lv.tc, 1)
 		for i, ph := range phases {
-			b.m.Cost[ph] += mult[i]
+			b.AddCost(ph, mult[i])
 		}
-		b.m.Offset += lat
+		b.AddOffset(lat)
 		return
 	}
-	lv.t = b.col(fmt.Sprintf("T_%d", l), 0, inf, 1, false)
-	b.row(fmt.Sprintf("ovc_%d", l), -inf, 0, []int{lv.tc, lv.t}, []float64{1 + jm.sigma, -1})
+	lv.t = b.Col(fmt.Sprintf("T_%d", l), 0, inf, 1, false)
+	b.Row(fmt.Sprintf("ovc_%d", l), -inf, 0, []int{lv.tc, lv.t}, []float64{1 + jm.sigma, -1})
 	idx := append([]int{lv.t}, phases...)
 	val := []float64{-1}
 	for i := range phases {
 		val = append(val, mult[i])
-		b.m.Cost[phases[i]] += mult[i] / jm.chunks
+		b.AddCost(phases[i], mult[i]/jm.chunks)
 	}
-	b.row(fmt.Sprintf("ovm_%d", l), -inf, -lat, idx, val)
-	b.m.Offset += lat / jm.chunks
+	b.Row(fmt.Sprintf("ovm_%d", l), -inf, -lat, idx, val)
+	b.AddOffset(lat / jm.chunks)
 }
 
 // buildHomeLayer builds the independent ILP of one layer in the home flow.
-func (jm *jointModel) buildHomeLayer(l int) (*builder, layerVars) {
-	b := &builder{}
+func (jm *jointModel) buildHomeLayer(l int) (*mip.Builder, layerVars) {
+	b := &mip.Builder{}
 	lv := jm.addLayer(b, l, true)
 	var pairs []pair
 	if jm.pairs != nil {
@@ -629,8 +631,8 @@ func (jm *jointModel) buildHomeLayer(l int) (*builder, layerVars) {
 }
 
 // buildChain builds the coupled ILP over all layers in the chain flow.
-func (jm *jointModel) buildChain() (*builder, []layerVars) {
-	b := &builder{}
+func (jm *jointModel) buildChain() (*mip.Builder, []layerVars) {
+	b := &mip.Builder{}
 	lvs := make([]layerVars, jm.L)
 	for l := range jm.L {
 		lvs[l] = jm.addLayer(b, l, l == 0)
@@ -644,7 +646,7 @@ func (jm *jointModel) buildChain() (*builder, []layerVars) {
 		}
 		phases, mult, nlat := []int{lv.td}, []float64{1}, 1
 		if l == jm.L-1 {
-			lv.tb = b.col(fmt.Sprintf("Tb_%d", l), 0, inf, 0, false)
+			lv.tb = b.Col(fmt.Sprintf("Tb_%d", l), 0, inf, 0, false)
 			jm.addHomeComm(b, l, *lv, lv.tb, nil)
 			phases, mult, nlat = append(phases, lv.tb), append(mult, 1), 2
 		}
@@ -655,7 +657,7 @@ func (jm *jointModel) buildChain() (*builder, []layerVars) {
 
 // startVector builds a feasible MIP start from an assignment by setting
 // every auxiliary column to the value the formulas give.
-func (jm *jointModel) startVector(m *MIP, assign [][]int, layers []int, lvs []layerVars) []float64 {
+func (jm *jointModel) startVector(m *mip.Model, assign [][]int, layers []int, lvs []layerVars) []float64 {
 	x := make([]float64, len(m.Cost))
 	idx := make(map[string]int, len(m.Names))
 	for j, n := range m.Names {
@@ -753,7 +755,7 @@ func assignPlan(gpus int, assign [][]int) *placement.Plan {
 
 // subSolve is one MIP solve with its bookkeeping.
 type subSolve struct {
-	sol                   *MIPSolution
+	sol                   *mip.Solution
 	cols, ints, rows, nnz int
 	err                   error
 }
@@ -801,7 +803,7 @@ func mipStatus(allOptimal, timedOut bool) Status {
 
 // absorb checks a finished sub-solve and adds its size and status to res;
 // it returns the solution.
-func (res *Result) absorb(ss subSolve, allOptimal, timedOut *bool) (*MIPSolution, error) {
+func (res *Result) absorb(ss subSolve, allOptimal, timedOut *bool) (*mip.Solution, error) {
 	if ss.err != nil {
 		return nil, ss.err
 	}
@@ -812,33 +814,33 @@ func (res *Result) absorb(ss subSolve, allOptimal, timedOut *bool) (*MIPSolution
 	res.IntCols += ss.ints
 	res.Rows += ss.rows
 	res.Nonzeros += ss.nnz
-	*allOptimal = *allOptimal && ss.sol.Status == MIPOptimal
+	*allOptimal = *allOptimal && ss.sol.Status == mip.Optimal
 	*timedOut = *timedOut || ss.sol.TimedOut
 	return ss.sol, nil
 }
 
-func runMIP(ctx context.Context, backend Backend, m *MIP, start []float64, opts Options, limit time.Duration) subSolve {
+func runMIP(ctx context.Context, backend mip.Backend, m *mip.Model, start []float64, opts Options, limit time.Duration) subSolve {
 	var ss subSolve
 	ss.cols, ss.ints, ss.rows, ss.nnz = m.Size()
 	gap := opts.RelGap
 	if gap == 0 {
 		gap = 1e-12 // exact: the backend's 0 means its own default
 	}
-	mo := MIPOptions{TimeLimitSec: limit.Seconds(), RelGap: gap, Threads: opts.Threads, Seed: opts.Seed, Start: start}
+	mo := mip.Options{TimeLimitSec: limit.Seconds(), RelGap: gap, Threads: opts.Threads, Seed: opts.Seed, Start: start}
 	if start != nil {
 		if err := m.Check(start, 1e-6); err != nil {
 			ss.err = fmt.Errorf("solver: internal error: warm start infeasible: %w", err)
 			return ss
 		}
 	}
-	ss.sol, ss.err = backend.SolveMIP(ctx, m, mo)
+	ss.sol, ss.err = backend.Solve(ctx, m, mo)
 	if ss.err != nil && errors.Is(ss.err, context.DeadlineExceeded) && ss.sol != nil && ss.sol.X != nil {
 		// The watchdog stopped a solve that had an incumbent: a result
 		// with a gap, not an error.
 		ss.err = nil
 		ss.sol.TimedOut = true
-		if ss.sol.Status == MIPOptimal {
-			ss.sol.Status = MIPFeasible
+		if ss.sol.Status == mip.Optimal {
+			ss.sol.Status = mip.Feasible
 		}
 	}
 	if ss.err == nil && ss.sol.X != nil {
@@ -849,7 +851,7 @@ func runMIP(ctx context.Context, backend Backend, m *MIP, start []float64, opts 
 	return ss
 }
 
-func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, start time.Time) (*Result, error) {
+func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Options, start time.Time) (*Result, error) {
 	jm, err := newJointModel(p, opts.MaxPairs)
 	if err != nil {
 		return nil, err
@@ -895,7 +897,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	allOptimal, timedOut := true, false
 	if jm.chain {
 		b, lvs := jm.buildChain()
-		m := b.mip()
+		m := b.Model()
 		layers := make([]int, jm.L)
 		for l := range layers {
 			layers[l] = l
@@ -911,7 +913,7 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 		lvsAll := make([]layerVars, jm.L)
 		parallelLayers(jm.L, opts.Parallel, time.Now().Add(ilpBudget), func(l int, limit time.Duration) {
 			b, lv := jm.buildHomeLayer(l)
-			m := b.mip()
+			m := b.Model()
 			lvsAll[l] = lv
 			results[l] = runMIP(ctx, backend, m, jm.startVector(m, warm, []int{l}, []layerVars{lv}), opts, limit)
 		})
@@ -1019,13 +1021,13 @@ func solveJoint(ctx context.Context, p Problem, backend Backend, opts Options, s
 	return res, nil
 }
 
-func mipVerdict(sol *MIPSolution) error {
+func mipVerdict(sol *mip.Solution) error {
 	switch sol.Status {
-	case MIPInfeasible:
+	case mip.Infeasible:
 		return &InfeasibleError{Constraint: "joint ILP", Detail: "no assignment meets the slot and capacity constraints; check experts per GPU"}
-	case MIPNoSolution:
+	case mip.NoSolution:
 		return fmt.Errorf("solver: the MIP stopped at its time limit without a feasible solution; raise the time limit")
-	case MIPError:
+	case mip.Error:
 		return fmt.Errorf("solver: the MIP backend failed")
 	}
 	if sol.X == nil {
@@ -1037,7 +1039,7 @@ func mipVerdict(sol *MIPSolution) error {
 // JointMIPs builds the joint strategy's ILP(s) for p without solving them:
 // one per layer in the home flow, one for all layers in the chain flow. It
 // is meant for debugging (write them with MIP.WriteLP).
-func JointMIPs(p Problem, opts Options) ([]*MIP, error) {
+func JointMIPs(p Problem, opts Options) ([]*mip.Model, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
@@ -1047,12 +1049,12 @@ func JointMIPs(p Problem, opts Options) ([]*MIP, error) {
 	}
 	if jm.chain {
 		b, _ := jm.buildChain()
-		return []*MIP{b.mip()}, nil
+		return []*mip.Model{b.Model()}, nil
 	}
-	var out []*MIP
+	var out []*mip.Model
 	for l := range jm.L {
 		b, _ := jm.buildHomeLayer(l)
-		out = append(out, b.mip())
+		out = append(out, b.Model())
 	}
 	return out, nil
 }

@@ -11,10 +11,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/mip"
+	"github.com/moetuner/moetuner/mip/highs"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	. "github.com/moetuner/moetuner/solver"
-	"github.com/moetuner/moetuner/solver/highs"
 )
 
 // randomTrace makes a trace with skewed experts and sticky transitions.
@@ -201,7 +202,7 @@ func planOf(gpus int, layers ...[]int) *placement.Plan {
 	return placement.FromAssignment(gpus, a, "test")
 }
 
-func testBackend(t testing.TB) Backend {
+func testBackend(t testing.TB) mip.Backend {
 	t.Helper()
 	return highs.Backend{}
 }

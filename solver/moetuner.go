@@ -7,13 +7,15 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/moetuner/moetuner/mip"
 )
 
 // solveMoETuner runs the paper's two stages with errata E1–E6 fixed (see
 // doc.go): ILP 1 clusters each layer's experts into G non-empty clusters
 // minimising Σ_c |T_c − T̄|; ILP 2 maps clusters to GPUs per layer
 // minimising Σ_l max_{g1≠g2} V_{g1,g2,l}/B_{g1,g2} under Eq. 13.
-func solveMoETuner(ctx context.Context, p Problem, backend Backend, opts Options) (*Result, error) {
+func solveMoETuner(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*Result, error) {
 	s := p.Stats
 	L, E, G := s.Layers, s.Experts, p.Cluster.GPUs()
 	if (E*L)%G != 0 {
@@ -65,10 +67,10 @@ func solveMoETuner(ctx context.Context, p Problem, backend Backend, opts Options
 	if ss.err != nil {
 		return nil, ss.err
 	}
-	if ss.sol.Status == MIPInfeasible {
+	if ss.sol.Status == mip.Infeasible {
 		return nil, &InfeasibleError{Constraint: "Eq. 13 (memory balance)", Detail: fmt.Sprintf("no cluster-to-GPU mapping gives every GPU %d experts over the model with ILP 1's cluster sizes; the paper has no fallback (MOETUNER.md E10): use the joint strategy or another GPU count", E*L/G)}
 	}
-	if ss.sol.Status == MIPNoSolution {
+	if ss.sol.Status == mip.NoSolution {
 		return nil, fmt.Errorf("solver: ILP 2 found no mapping that meets Eq. 13 (every GPU %d experts over the model) with ILP 1's unequal cluster sizes before the time limit: %w; raise the time limit or use equal cluster sizes", E*L/G, ErrNoSolution)
 	}
 	if _, err := res.absorb(ss, &allOptimal, &timedOut); err != nil {
@@ -105,9 +107,9 @@ func solveMoETuner(ctx context.Context, p Problem, backend Backend, opts Options
 
 // buildILP1 returns the corrected ILP 1 of one layer, its x[c][e] columns
 // and a feasible start (contiguous clusters).
-func buildILP1(load []float64, G, l int, equalSizes bool) (*MIP, [][]int, []float64) {
+func buildILP1(load []float64, G, l int, equalSizes bool) (*mip.Model, [][]int, []float64) {
 	E := len(load)
-	b := &builder{}
+	b := &mip.Builder{}
 	mean := 0.0
 	for _, v := range load {
 		mean += v
@@ -118,36 +120,36 @@ func buildILP1(load []float64, G, l int, equalSizes bool) (*MIP, [][]int, []floa
 	for c := range G {
 		xs[c] = make([]int, E)
 		for e := range E {
-			xs[c][e] = b.binary(fmt.Sprintf("x_%d_%d_%d", l, c, e))
+			xs[c][e] = b.Binary(fmt.Sprintf("x_%d_%d_%d", l, c, e))
 		}
-		d[c] = b.col(fmt.Sprintf("d_%d_%d", l, c), 0, inf, 1, false)
+		d[c] = b.Col(fmt.Sprintf("d_%d_%d", l, c), 0, inf, 1, false)
 	}
 	for e := range E {
 		idx := make([]int, G)
 		for c := range G {
 			idx[c] = xs[c][e]
 		}
-		b.row(fmt.Sprintf("one_%d", e), 1, 1, idx, ones(G)) // E1
+		b.Row(fmt.Sprintf("one_%d", e), 1, 1, idx, ones(G)) // E1
 	}
 	for c := range G {
 		if equalSizes && E%G == 0 {
 			// Optional (not the paper's design): E/G experts per cluster,
 			// which always satisfies Eq. 13.
-			b.row(fmt.Sprintf("size_%d", c), float64(E/G), float64(E/G), xs[c], ones(E))
+			b.Row(fmt.Sprintf("size_%d", c), float64(E/G), float64(E/G), xs[c], ones(E))
 		} else {
-			b.row(fmt.Sprintf("nonempty_%d", c), 1, inf, xs[c], ones(E)) // Eq. 7
+			b.Row(fmt.Sprintf("nonempty_%d", c), 1, inf, xs[c], ones(E)) // Eq. 7
 		}
 		idx := append([]int{d[c]}, xs[c]...)
 		pos := append([]float64{1}, negate(load)...)
-		b.row(fmt.Sprintf("dev_pos_%d", c), -mean, inf, idx, pos)
-		b.row(fmt.Sprintf("dev_neg_%d", c), mean, inf, idx, append([]float64{1}, load...))
+		b.Row(fmt.Sprintf("dev_pos_%d", c), -mean, inf, idx, pos)
+		b.Row(fmt.Sprintf("dev_neg_%d", c), mean, inf, idx, append([]float64{1}, load...))
 		if c+1 < G { // symmetry breaking: T_0 ≥ T_1 ≥ …
 			idx := append(append([]int{}, xs[c]...), xs[c+1]...)
 			val := append(append([]float64{}, load...), negate(load)...)
-			b.row(fmt.Sprintf("order_%d", c), 0, inf, idx, val)
+			b.Row(fmt.Sprintf("order_%d", c), 0, inf, idx, val)
 		}
 	}
-	m := b.mip()
+	m := b.Model()
 	// Start: contiguous blocks sorted by load to respect the ordering rows.
 	per := E / G
 	block := make([]int, E)
@@ -262,26 +264,26 @@ func pairSeconds(p Problem) [][]float64 {
 
 // buildILP2 returns the corrected ILP 2 (McCormick with the RLT equalities)
 // and its y[l][c][g] columns. Times are in µs inside the MIP.
-func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*MIP, [][][]int) {
+func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*mip.Model, [][][]int) {
 	L := len(sizes)
 	G := len(B)
-	b := &builder{}
+	b := &mip.Builder{}
 	ys := make([][][]int, L)
 	for l := range L {
 		ys[l] = make([][]int, G)
 		for c := range G {
 			ys[l][c] = make([]int, G)
 			for g := range G {
-				ys[l][c][g] = b.binary(fmt.Sprintf("y_%d_%d_%d", l, c, g))
+				ys[l][c][g] = b.Binary(fmt.Sprintf("y_%d_%d_%d", l, c, g))
 			}
-			b.row(fmt.Sprintf("cl_%d_%d", l, c), 1, 1, ys[l][c], ones(G)) // Eq. 14
+			b.Row(fmt.Sprintf("cl_%d_%d", l, c), 1, 1, ys[l][c], ones(G)) // Eq. 14
 		}
 		for g := range G {
 			idx := make([]int, G)
 			for c := range G {
 				idx[c] = ys[l][c][g]
 			}
-			b.row(fmt.Sprintf("gpu_%d_%d", l, g), 1, 1, idx, ones(G)) // Eq. 15
+			b.Row(fmt.Sprintf("gpu_%d_%d", l, g), 1, 1, idx, ones(G)) // Eq. 15
 		}
 	}
 	for g := range G { // Eq. 13
@@ -293,10 +295,10 @@ func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*MIP, [
 				val = append(val, float64(sizes[l][c]))
 			}
 		}
-		b.row(fmt.Sprintf("mem_%d", g), float64(perGPU), float64(perGPU), idx, val)
+		b.Row(fmt.Sprintf("mem_%d", g), float64(perGPU), float64(perGPU), idx, val)
 	}
 	if C == nil {
-		return b.mip(), ys
+		return b.Model(), ys
 	}
 	for l := 0; l+1 < L; l++ {
 		z := make([][][][]int, G) // [c1][g1][c2][g2]
@@ -307,7 +309,7 @@ func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*MIP, [
 				for c2 := range G {
 					z[c1][g1][c2] = make([]int, G)
 					for g2 := range G {
-						z[c1][g1][c2][g2] = b.col(fmt.Sprintf("z_%d_%d_%d_%d_%d", l, c1, g1, c2, g2), 0, 1, 0, false)
+						z[c1][g1][c2][g2] = b.Col(fmt.Sprintf("z_%d_%d_%d_%d_%d", l, c1, g1, c2, g2), 0, 1, 0, false)
 					}
 				}
 			}
@@ -322,7 +324,7 @@ func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*MIP, [
 						idx = append(idx, z[c1][g1][c2][g2])
 						val = append(val, 1)
 					}
-					b.row(fmt.Sprintf("rlt1_%d_%d_%d_%d", l, c1, g1, g2), 0, 0, idx, val)
+					b.Row(fmt.Sprintf("rlt1_%d_%d_%d_%d", l, c1, g1, g2), 0, 0, idx, val)
 				}
 			}
 		}
@@ -335,11 +337,11 @@ func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*MIP, [
 						idx = append(idx, z[c1][g1][c2][g2])
 						val = append(val, 1)
 					}
-					b.row(fmt.Sprintf("rlt2_%d_%d_%d_%d", l, c2, g2, g1), 0, 0, idx, val)
+					b.Row(fmt.Sprintf("rlt2_%d_%d_%d_%d", l, c2, g2, g1), 0, 0, idx, val)
 				}
 			}
 		}
-		M := b.col(fmt.Sprintf("M_%d", l), 0, inf, 1, false)
+		M := b.Col(fmt.Sprintf("M_%d", l), 0, inf, 1, false)
 		for g1 := range G {
 			for g2 := range G {
 				if g1 == g2 {
@@ -355,11 +357,11 @@ func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*MIP, [
 						}
 					}
 				}
-				b.row(fmt.Sprintf("bott_%d_%d_%d", l, g1, g2), -inf, 0, idx, val)
+				b.Row(fmt.Sprintf("bott_%d_%d_%d", l, g1, g2), -inf, 0, idx, val)
 			}
 		}
 	}
-	return b.mip(), ys
+	return b.Model(), ys
 }
 
 // stage2Objective recomputes Σ_l max_{g1≠g2} V_{g1,g2,l}·B in µs.
@@ -392,7 +394,7 @@ func stage2Objective(C [][]float64, B [][]float64, gpuOf [][]int, G int) float64
 // largest clusters to the GPUs with the fewest experts so far) and returns
 // it as a MIP start with every z and M at their implied values, or nil
 // when the greedy mapping misses Eq. 13.
-func startILP2(m *MIP, sizes [][]int, perGPU int) []float64 {
+func startILP2(m *mip.Model, sizes [][]int, perGPU int) []float64 {
 	L, G := len(sizes), len(sizes[0])
 	count := make([]int, G)
 	gpuOf := make([][]int, L)

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/moetuner/moetuner/mip"
+
 	"github.com/moetuner/moetuner/placement"
 )
 
@@ -42,7 +44,7 @@ type pairItem struct {
 // pairFeasible reports whether threshold T is reachable and returns the
 // copy counts when it is; proven is false when the backend stopped
 // without a verdict.
-func pairFeasible(ctx context.Context, backend Backend, load []float64, G1, G2 int, T float64, deadline time.Time) (cnt []int, feasible, proven bool, err error) {
+func pairFeasible(ctx context.Context, backend mip.Backend, load []float64, G1, G2 int, T float64, deadline time.Time) (cnt []int, feasible, proven bool, err error) {
 	E, G, S := len(load), G1+G2, G1+2*G2
 	if !(T > 0) {
 		return nil, false, true, nil // every expert has some load or T is nonsense
@@ -84,34 +86,34 @@ func pairFeasible(ctx context.Context, backend Backend, load []float64, G1, G2 i
 		return items[a].c < items[b].c
 	})
 	M := len(items)
-	var bd builder
+	var bd mip.Builder
 	z := make([]int, M)
 	q := make([]int, M)
 	for i, it := range items {
 		// Minimising the copies used guides the search; spare slots go to
 		// small experts afterwards, which never hurts (their copies only
 		// shrink), so Σ ≤ S is exact.
-		z[i] = bd.col(fmt.Sprintf("z_%d_%d", it.e, it.c), 0, 1, float64(it.c), true)
+		z[i] = bd.Col(fmt.Sprintf("z_%d_%d", it.e, it.c), 0, 1, float64(it.c), true)
 	}
 	for i := range items {
-		q[i] = bd.col(fmt.Sprintf("q_%d", i), 0, float64(S), 0, false)
+		q[i] = bd.Col(fmt.Sprintf("q_%d", i), 0, float64(S), 0, false)
 	}
 	perExpert := make([][]int, E)
 	for i, it := range items {
 		perExpert[it.e] = append(perExpert[it.e], z[i])
 	}
 	for e, cols := range perExpert {
-		bd.row(fmt.Sprintf("one_%d", e), 1, 1, cols, ones(len(cols)))
+		bd.Row(fmt.Sprintf("one_%d", e), 1, 1, cols, ones(len(cols)))
 	}
 	// Prefix sums.
 	for i, it := range items {
 		if i == 0 {
-			bd.row("q_0", 0, 0, []int{q[0], z[0]}, []float64{1, -float64(it.c)})
+			bd.Row("q_0", 0, 0, []int{q[0], z[0]}, []float64{1, -float64(it.c)})
 			continue
 		}
-		bd.row(fmt.Sprintf("q_%d", i), 0, 0, []int{q[i], q[i-1], z[i]}, []float64{1, -1, -float64(it.c)})
+		bd.Row(fmt.Sprintf("q_%d", i), 0, 0, []int{q[i], q[i-1], z[i]}, []float64{1, -1, -float64(it.c)})
 	}
-	bd.row("total", math.Inf(-1), float64(S), []int{q[M-1]}, []float64{1})
+	bd.Row("total", math.Inf(-1), float64(S), []int{q[M-1]}, []float64{1})
 	// The spare slots must fit on small experts (copies ≤ T/2, at most one
 	// per GPU): Σ c·z + Σ_small (G − c)·z ≥ S. With it, Σ ≤ S is exact.
 	absorbIdx := []int{q[M-1]}
@@ -122,7 +124,7 @@ func pairFeasible(ctx context.Context, backend Backend, load []float64, G1, G2 i
 			absorbVal = append(absorbVal, float64(G-it.c))
 		}
 	}
-	bd.row("absorb", float64(S), math.Inf(1), absorbIdx, absorbVal)
+	bd.Row("absorb", float64(S), math.Inf(1), absorbIdx, absorbVal)
 	// Hall rows at the last item of every distinct size above T/2.
 	for k := 0; k < M; k++ {
 		u := items[k].size
@@ -132,9 +134,9 @@ func pairFeasible(ctx context.Context, backend Backend, load []float64, G1, G2 i
 		// j = items with size > T − u.
 		j := sort.Search(M, func(i int) bool { return items[i].size <= T-u })
 		if j == 0 {
-			bd.row(fmt.Sprintf("hall_%d", k), math.Inf(-1), float64(S+G1), []int{q[k]}, []float64{1})
+			bd.Row(fmt.Sprintf("hall_%d", k), math.Inf(-1), float64(S+G1), []int{q[k]}, []float64{1})
 		} else {
-			bd.row(fmt.Sprintf("hall_%d", k), math.Inf(-1), float64(S+G1), []int{q[k], q[j-1]}, []float64{1, 1})
+			bd.Row(fmt.Sprintf("hall_%d", k), math.Inf(-1), float64(S+G1), []int{q[k], q[j-1]}, []float64{1, 1})
 		}
 	}
 	limit := time.Until(deadline).Seconds()
@@ -142,14 +144,14 @@ func pairFeasible(ctx context.Context, backend Backend, load []float64, G1, G2 i
 		return nil, false, false, nil
 	}
 	// Any solution will do: stop at the first (gap 100 %).
-	sol, err := backend.SolveMIP(ctx, bd.mip(), MIPOptions{TimeLimitSec: limit, RelGap: 1})
+	sol, err := backend.Solve(ctx, bd.Model(), mip.Options{TimeLimitSec: limit, RelGap: 1})
 	if err != nil {
 		return nil, false, false, err
 	}
 	switch sol.Status {
-	case MIPInfeasible:
+	case mip.Infeasible:
 		return nil, false, true, nil
-	case MIPOptimal, MIPFeasible:
+	case mip.Optimal, mip.Feasible:
 		if sol.X == nil {
 			return nil, false, false, nil
 		}
@@ -281,7 +283,7 @@ func pairPack(load []float64, cnt []int, single, double []int, T float64) [][]pl
 // busiest load hi of the current copies, on loads divided by the common
 // speed. It returns a better valid bound and, when it found counts that
 // pack below hi, their copies (nil otherwise).
-func pairRefine(ctx context.Context, backend Backend, load []float64, single, double []int, lo, hi float64, deadline time.Time) (bound float64, copies [][]placement.GPU, busiest float64) {
+func pairRefine(ctx context.Context, backend mip.Backend, load []float64, single, double []int, lo, hi float64, deadline time.Time) (bound float64, copies [][]placement.GPU, busiest float64) {
 	bound, busiest = lo, hi
 	probe := func(T float64) (cnt []int, feasible, proven bool) {
 		// Each probe gets a share of the time left, so one hard probe

@@ -8,6 +8,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/moetuner/moetuner/mip"
+
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 )
@@ -740,7 +742,7 @@ func (p Problem) scenarioLoads(l int) [][]float64 {
 // largest first, then improved by swaps; every layer's busiest load is
 // certified against the bound max(mean, largest replica under the best
 // apportionment). Layers run in parallel.
-func solveReplicated(ctx context.Context, p Problem, backend Backend, opts Options, start time.Time) (*Result, error) {
+func solveReplicated(ctx context.Context, p Problem, backend mip.Backend, opts Options, start time.Time) (*Result, error) {
 	lay, err := p.layout()
 	if err != nil {
 		return nil, err
@@ -858,7 +860,7 @@ func busiestOverMean(load []float64, copies [][]placement.GPU, speed []float64, 
 }
 
 // placeLayer places one layer (see solveReplicated).
-func placeLayer(ctx context.Context, p Problem, backend Backend, l int, lay replicaLayout, speed []float64, groups int, deadline time.Time, maxMoves int) ([][]placement.GPU, LayerBalance, error) {
+func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay replicaLayout, speed []float64, groups int, deadline time.Time, maxMoves int) ([][]placement.GPU, LayerBalance, error) {
 	E, G := p.Stats.Experts, p.Cluster.GPUs()
 	w := p.scenarioLoads(l)
 	pk := newPacker(G, lay.slots, speed, w, p.Across)

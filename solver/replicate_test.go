@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moetuner/moetuner/baseline"
+	"github.com/moetuner/moetuner/mip"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -152,7 +155,7 @@ func TestIncrementalRespectsMoveBudget(t *testing.T) {
 		if k > 0 {
 			assert.LessOrEqual(t, moved, k)
 		}
-		before, err := placement.Contiguous(1, 8, 4)
+		before, err := baseline.Contiguous(1, 8, 4)
 		require.NoError(t, err)
 		_ = before
 		_, curT, err := Score(q, cur.Plan)
@@ -218,7 +221,7 @@ func maxPerSpeed(tokens []float64, c costmodel.Cluster) float64 {
 
 func splitLP(t *testing.T, load []float64, lp placement.LayerPlan, c costmodel.Cluster) float64 {
 	G := c.GPUs()
-	m := &MIP{}
+	m := &mip.Model{}
 	S := len(lp.SlotExpert)
 	for range S {
 		m.Cost, m.Lower, m.Upper, m.Integer = append(m.Cost, 0), append(m.Lower, 0), append(m.Upper, math.Inf(1)), append(m.Integer, false)
@@ -250,9 +253,9 @@ func splitLP(t *testing.T, load []float64, lp placement.LayerPlan, c costmodel.C
 		}
 		addRow(math.Inf(-1), 0, idx, val)
 	}
-	sol, err := testBackend(t).SolveMIP(context.Background(), m, MIPOptions{})
+	sol, err := testBackend(t).Solve(context.Background(), m, mip.Options{})
 	require.NoError(t, err)
-	require.Equal(t, MIPOptimal, sol.Status)
+	require.Equal(t, mip.Optimal, sol.Status)
 	return sol.Objective
 }
 

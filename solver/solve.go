@@ -7,6 +7,9 @@ import (
 	"math"
 	"time"
 
+	"github.com/moetuner/moetuner/baseline"
+	"github.com/moetuner/moetuner/mip"
+
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
@@ -307,7 +310,7 @@ func Score(p Problem, plan *placement.Plan) (*costmodel.Report, float64, error) 
 // Solve places experts with strategy st. Every returned plan has been
 // validated and its cost recomputed in Go; solver objectives are never
 // trusted. backend may be nil for the baselines.
-func Solve(ctx context.Context, p Problem, st Strategy, backend Backend, opts Options) (*Result, error) {
+func Solve(ctx context.Context, p Problem, st Strategy, backend mip.Backend, opts Options) (*Result, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
@@ -388,13 +391,13 @@ func Baseline(p Problem, st Strategy) (*placement.Plan, error) {
 	g := p.Cluster.GPUs()
 	switch st {
 	case StrategyContiguous:
-		return placement.Contiguous(s.Layers, s.Experts, g)
+		return baseline.Contiguous(s.Layers, s.Experts, g)
 	case StrategyRoundRobin:
-		return placement.RoundRobin(s.Layers, s.Experts, g)
+		return baseline.RoundRobin(s.Layers, s.Experts, g)
 	case StrategyGreedy:
-		return placement.Greedy(s, g, placement.GreedyOptions{Speed: p.Cluster.Speed})
+		return baseline.Greedy(s, g, baseline.GreedyOptions{Speed: p.Cluster.Speed})
 	case StrategyEPLB:
-		return placement.EPLB(s, g, placement.EPLBOptions{RedundantSlots: p.RedundantSlots, Nodes: p.Cluster.Nodes, FixDuplicates: true})
+		return baseline.EPLB(s, g, baseline.EPLBOptions{RedundantSlots: p.RedundantSlots, Nodes: p.Cluster.Nodes, FixDuplicates: true})
 	case StrategyEPLBHierarchical:
 		groups := p.ExpertGroups
 		if groups == 0 {
@@ -403,7 +406,7 @@ func Baseline(p Problem, st Strategy) (*placement.Plan, error) {
 		if groups == 0 || groups%p.Cluster.Nodes != 0 {
 			return nil, fmt.Errorf("solver: eplb-hierarchical needs expert groups that are a multiple of the %d nodes (model %q has %d); pass --expert-groups", p.Cluster.Nodes, p.Model.Name, groups)
 		}
-		return placement.EPLB(s, g, placement.EPLBOptions{RedundantSlots: p.RedundantSlots, Groups: groups, Nodes: p.Cluster.Nodes, FixDuplicates: true})
+		return baseline.EPLB(s, g, baseline.EPLBOptions{RedundantSlots: p.RedundantSlots, Groups: groups, Nodes: p.Cluster.Nodes, FixDuplicates: true})
 	}
 	return nil, fmt.Errorf("solver: %q is not a baseline", st)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,11 +16,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/moetuner/moetuner/mip"
+
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/mip/highs"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	"github.com/moetuner/moetuner/solver"
-	"github.com/moetuner/moetuner/solver/highs"
 )
 
 // DefaultTrace is the bundled Mixtral-8x7B data `plan` uses without --trace.
@@ -470,16 +473,12 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return writeJSON(c.jsonOut, jsonResults(p, results))
 }
 
-func writeLPFile(path string, m *solver.MIP) error {
-	f, err := os.Create(path)
-	if err != nil {
+func writeLPFile(path string, m *mip.Model) error {
+	var buf bytes.Buffer
+	if err := m.WriteLP(&buf); err != nil {
 		return err
 	}
-	if err := m.WriteLP(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return placement.WriteFileAtomic(path, buf.Bytes())
 }
 
 func sourceList(sources []*routing.Source) string {
@@ -709,11 +708,7 @@ func writeJSON(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return placement.WriteFileAtomic(path, append(data, '\n'))
 }
 
 func dur(d time.Duration) string {

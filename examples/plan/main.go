@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/mip/highs"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	"github.com/moetuner/moetuner/solver"
-	"github.com/moetuner/moetuner/solver/highs"
 )
 
 func main() {

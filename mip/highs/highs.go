@@ -130,17 +130,17 @@ import (
 	// (HiGHS 1.12) that this package's vendored headers describe.
 	_ "github.com/bartolsthoorn/gohighs/highs"
 
-	"github.com/moetuner/moetuner/solver"
+	"github.com/moetuner/moetuner/mip"
 )
 
 // Backend solves MIPs with HiGHS. The zero value is ready to use and safe
-// for concurrent use: every SolveMIP call runs its own HiGHS instance.
+// for concurrent use: every Solve call runs its own HiGHS instance.
 type Backend struct {
 	// Verbose turns HiGHS's log on (to standard output).
 	Verbose bool
 }
 
-var _ solver.Backend = Backend{}
+var _ mip.Backend = Backend{}
 
 // progressPoll is how often the progress goroutine reads the callback data.
 const progressPoll = 200 * time.Millisecond
@@ -155,16 +155,16 @@ const (
 	stopWatchdog
 )
 
-// SolveMIP solves m with HiGHS under opts.
+// Solve solves m with HiGHS under opts.
 //
 // The returned error is non-nil when the model is malformed or HiGHS fails
 // (then the solution, if any, has Status MIPError), and when ctx ends the
 // solve early: then the solution holds the best incumbent found so far
 // (MIPFeasible or MIPNoSolution, TimedOut set) and the error is ctx.Err().
 // Progress, if set, is called from another goroutine, never concurrently
-// with itself, and never after SolveMIP returns; its objective is +Inf
+// with itself, and never after Solve returns; its objective is +Inf
 // until HiGHS has an incumbent.
-func (b Backend) SolveMIP(ctx context.Context, m *solver.MIP, opts solver.MIPOptions) (*solver.MIPSolution, error) {
+func (b Backend) Solve(ctx context.Context, m *mip.Model, opts mip.Options) (*mip.Solution, error) {
 	if err := validate(m); err != nil {
 		return nil, err
 	}
@@ -257,7 +257,7 @@ func (b Backend) SolveMIP(ctx context.Context, m *solver.MIP, opts solver.MIPOpt
 	}
 
 	sol, err := readSolution(h, m, runStatus)
-	if err == nil && stop.Load() == stopContext && sol.Status != solver.MIPOptimal && sol.Status != solver.MIPInfeasible {
+	if err == nil && stop.Load() == stopContext && sol.Status != mip.Optimal && sol.Status != mip.Infeasible {
 		err = ctx.Err()
 	}
 	return sol, err
@@ -274,7 +274,7 @@ func relayProgress(w *C.mt_watch, seen C.uint64_t, progress func(objective, boun
 }
 
 // setOptions applies opts to h.
-func (b Backend) setOptions(h unsafe.Pointer, opts solver.MIPOptions) error {
+func (b Backend) setOptions(h unsafe.Pointer, opts mip.Options) error {
 	threads := opts.Threads
 	if threads <= 0 {
 		threads = 1
@@ -311,7 +311,7 @@ func (b Backend) setOptions(h unsafe.Pointer, opts solver.MIPOptions) error {
 }
 
 // passMip hands m to h in one Highs_passMip call (row-wise matrix).
-func passMip(h unsafe.Pointer, m *solver.MIP) error {
+func passMip(h unsafe.Pointer, m *mip.Model) error {
 	n, rows := len(m.Cost), len(m.RowLower)
 	start := make([]C.HighsInt, rows+1)
 	if rows > 0 {
@@ -347,13 +347,13 @@ func passMip(h unsafe.Pointer, m *solver.MIP) error {
 }
 
 // readSolution copies the outcome of a run out of h.
-func readSolution(h unsafe.Pointer, m *solver.MIP, runStatus C.HighsInt) (*solver.MIPSolution, error) {
+func readSolution(h unsafe.Pointer, m *mip.Model, runStatus C.HighsInt) (*mip.Solution, error) {
 	n, rows := len(m.Cost), len(m.RowLower)
 	model := C.Highs_getModelStatus(h)
 	primal, _ := getIntInfo(h, "primal_solution_status")
 	hasX := primal == C.kHighsSolutionStatusFeasible
 
-	sol := &solver.MIPSolution{Objective: math.Inf(1), Bound: math.Inf(-1), Gap: math.Inf(1)}
+	sol := &mip.Solution{Objective: math.Inf(1), Bound: math.Inf(-1), Gap: math.Inf(1)}
 	var rowDual []float64
 	if hasX {
 		x := make([]float64, n)
@@ -376,34 +376,34 @@ func readSolution(h unsafe.Pointer, m *solver.MIP, runStatus C.HighsInt) (*solve
 	var err error
 	switch model {
 	case C.kHighsModelStatusOptimal, C.kHighsModelStatusModelEmpty:
-		sol.Status = solver.MIPOptimal
+		sol.Status = mip.Optimal
 		if !hasInteger(m) {
 			sol.Bound, sol.Gap = sol.Objective, 0
 			sol.RowDual = rowDual
 		}
 		if !hasX {
-			sol.Status = solver.MIPError
+			sol.Status = mip.Error
 			err = fmt.Errorf("highs: optimal status without a primal solution")
 		}
 	case C.kHighsModelStatusTimeLimit, C.kHighsModelStatusInterrupt,
 		C.kHighsModelStatusIterationLimit, C.kHighsModelStatusSolutionLimit,
 		C.kHighsModelStatusObjectiveBound, C.kHighsModelStatusObjectiveTarget:
 		sol.TimedOut = model == C.kHighsModelStatusTimeLimit || model == C.kHighsModelStatusInterrupt
-		sol.Status = solver.MIPNoSolution
+		sol.Status = mip.NoSolution
 		if hasX {
-			sol.Status = solver.MIPFeasible
+			sol.Status = mip.Feasible
 		}
 	case C.kHighsModelStatusInfeasible:
-		sol.Status = solver.MIPInfeasible
+		sol.Status = mip.Infeasible
 		sol.X, sol.Objective, sol.Bound = nil, math.Inf(1), math.Inf(1)
 	case C.kHighsModelStatusUnbounded, C.kHighsModelStatusUnboundedOrInfeasible:
-		sol.Status = solver.MIPError
+		sol.Status = mip.Error
 		err = fmt.Errorf("highs: model is unbounded or infeasible (HiGHS model status %d)", int(model))
 	default:
-		sol.Status = solver.MIPError
+		sol.Status = mip.Error
 		err = fmt.Errorf("highs: solve failed (run status %d, model status %d)", int(runStatus), int(model))
 	}
-	if sol.Status == solver.MIPNoSolution || sol.Status == solver.MIPError {
+	if sol.Status == mip.NoSolution || sol.Status == mip.Error {
 		sol.X, sol.Objective = nil, math.Inf(1)
 	}
 	return sol, err
@@ -412,7 +412,7 @@ func readSolution(h unsafe.Pointer, m *solver.MIP, runStatus C.HighsInt) (*solve
 // WriteModel writes m to path in the format its extension names: ".lp"
 // (CPLEX LP) or ".mps" (free MPS). Column and row names come from m; empty
 // or missing ones become c<j> and r<i>.
-func WriteModel(m *solver.MIP, path string) error {
+func WriteModel(m *mip.Model, path string) error {
 	ext := filepath.Ext(path)
 	if ext != ".lp" && ext != ".mps" {
 		return fmt.Errorf("highs: WriteModel: extension %q is neither .lp nor .mps", ext)

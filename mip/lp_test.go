@@ -1,4 +1,4 @@
-package solver
+package mip
 
 import (
 	"bytes"
@@ -15,15 +15,15 @@ import (
 var update = flag.Bool("update", false, "rewrite golden files")
 
 func TestWriteLPGolden(t *testing.T) {
-	b := &builder{}
-	x := b.binary("x")
-	y := b.col("y", 0, 4, -2.5, false)
-	z := b.col("z", math.Inf(-1), math.Inf(1), 0, false)
-	b.m.Offset = 3
-	b.row("cap", -math.Inf(1), 3, []int{x, y}, []float64{1, 1})
-	b.row("link", 1, 1, []int{y, z, y}, []float64{1, -1, 0.5}) // duplicate y summed
-	b.row("range", -1, 2, []int{x, z}, []float64{-1, 2})
-	m := b.mip()
+	b := &Builder{}
+	x := b.Binary("x")
+	y := b.Col("y", 0, 4, -2.5, false)
+	z := b.Col("z", math.Inf(-1), math.Inf(1), 0, false)
+	b.AddOffset(3)
+	b.Row("cap", -math.Inf(1), 3, []int{x, y}, []float64{1, 1})
+	b.Row("link", 1, 1, []int{y, z, y}, []float64{1, -1, 0.5}) // duplicate y summed
+	b.Row("range", -1, 2, []int{x, z}, []float64{-1, 2})
+	m := b.Model()
 	assert.Equal(t, []float64{1.5, -1}, m.RowValue[2:4], "duplicates summed")
 	var buf bytes.Buffer
 	require.NoError(t, m.WriteLP(&buf))

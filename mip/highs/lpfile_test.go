@@ -11,14 +11,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/moetuner/moetuner/solver"
+	"github.com/moetuner/moetuner/mip"
 )
 
-// TestGoLPFileReadsBackInHiGHS checks that solver.MIP.WriteLP (written in
+// TestGoLPFileReadsBackInHiGHS checks that mip.Model.WriteLP (written in
 // Go) is a model HiGHS parses into the same problem: same optimum.
 func TestGoLPFileReadsBackInHiGHS(t *testing.T) {
 	inf := math.Inf(1)
-	m := &solver.MIP{
+	m := &mip.Model{
 		Names:    []string{"x", "y", "z"},
 		Cost:     []float64{-1, -2.5, 0.5},
 		Lower:    []float64{0, 0, -inf},
@@ -38,9 +38,9 @@ func TestGoLPFileReadsBackInHiGHS(t *testing.T) {
 	require.NoError(t, m.WriteLP(f))
 	require.NoError(t, f.Close())
 
-	ours, err := Backend{}.SolveMIP(context.Background(), m, solver.MIPOptions{RelGap: 1e-9})
+	ours, err := Backend{}.Solve(context.Background(), m, mip.Options{RelGap: 1e-9})
 	require.NoError(t, err)
-	require.Equal(t, solver.MIPOptimal, ours.Status)
+	require.Equal(t, mip.Optimal, ours.Status)
 
 	s, err := gohighs.NewSolver()
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package placement
+package baseline
 
 import (
 	"math"
@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
 
@@ -51,7 +52,7 @@ func syntheticSkewed() *routing.Stats {
 // busiestOverMean returns the mean over layers and the worst layer of the
 // busiest GPU's load over the mean GPU load, with every expert's tokens
 // split evenly over its copies.
-func busiestOverMean(p *Plan, load [][]float64) (mean, worst float64) {
+func busiestOverMean(p *placement.Plan, load [][]float64) (mean, worst float64) {
 	gpu := make([]float64, p.GPUs)
 	copies := make([]int, p.Experts)
 	for l, lp := range p.Layers {
@@ -81,7 +82,7 @@ func busiestOverMean(p *Plan, load [][]float64) (mean, worst float64) {
 // BenchmarkEPLB times EPLB on the DeepSeek-V3 prefill shape: 58 layers ×
 // 256 experts, 32 redundant slots (288 per layer) on 32 GPUs, with the
 // global policy and with 8 groups on 4 nodes. "port" is RebalanceExperts
-// alone; "plan" is EPLB, which also builds the Plan and repairs duplicate
+// alone; "plan" is EPLB, which also builds the placement.Plan and repairs duplicate
 // copies (FixDuplicates). It reports the busiest/mean GPU load, averaged
 // over layers and for the worst layer.
 func BenchmarkEPLB(b *testing.B) {
@@ -117,7 +118,7 @@ func BenchmarkEPLB(b *testing.B) {
 			for _, pol := range policies {
 				b.Run(pol.name+"/port", func(b *testing.B) {
 					groups, nodes := max(pol.opts.Groups, 1), max(pol.opts.Nodes, 1)
-					var res *EPLBResult
+					var res *placement.EPLBMaps
 					for b.Loop() {
 						var err error
 						res, err = RebalanceExperts(st.Load, st.Experts+pol.opts.RedundantSlots, groups, nodes, gpus)
@@ -125,11 +126,11 @@ func BenchmarkEPLB(b *testing.B) {
 							b.Fatal(err)
 						}
 					}
-					p := &Plan{GPUs: gpus, Experts: st.Experts, Layers: make([]LayerPlan, len(res.Phy2Log))}
+					p := &placement.Plan{GPUs: gpus, Experts: st.Experts, Layers: make([]placement.LayerPlan, len(res.Phy2Log))}
 					for l, row := range res.Phy2Log {
-						lp := LayerPlan{SlotExpert: make([]routing.Expert, len(row)), SlotGPU: make([]GPU, len(row))}
+						lp := placement.LayerPlan{SlotExpert: make([]routing.Expert, len(row)), SlotGPU: make([]placement.GPU, len(row))}
 						for s, e := range row {
-							lp.SlotExpert[s], lp.SlotGPU[s] = routing.Expert(e), GPU(s/(len(row)/gpus))
+							lp.SlotExpert[s], lp.SlotGPU[s] = routing.Expert(e), placement.GPU(s/(len(row)/gpus))
 						}
 						p.Layers[l] = lp
 					}
@@ -138,7 +139,7 @@ func BenchmarkEPLB(b *testing.B) {
 					b.ReportMetric(worst, "worst-busiest/mean")
 				})
 				b.Run(pol.name+"/plan", func(b *testing.B) {
-					var p *Plan
+					var p *placement.Plan
 					for b.Loop() {
 						var err error
 						if p, err = EPLB(st, gpus, pol.opts); err != nil {

@@ -1,17 +1,20 @@
-package solver
+package mip
 
 import (
 	"fmt"
 	"math"
 )
 
-// builder assembles a MIP row by row. Column and row names are kept for LP
-// exports; they cost little next to the solve.
-type builder struct {
-	m MIP
+// Builder assembles a Model row by row. Column and row names are kept for
+// LP exports; they cost little next to the solve. The zero value is an
+// empty model.
+type Builder struct {
+	m Model
 }
 
-func (b *builder) col(name string, lo, hi, cost float64, integer bool) int {
+// Col adds a column with bounds [lo, hi] and objective coefficient cost
+// and returns its index.
+func (b *Builder) Col(name string, lo, hi, cost float64, integer bool) int {
 	b.m.Names = append(b.m.Names, name)
 	b.m.Lower = append(b.m.Lower, lo)
 	b.m.Upper = append(b.m.Upper, hi)
@@ -20,11 +23,24 @@ func (b *builder) col(name string, lo, hi, cost float64, integer bool) int {
 	return len(b.m.Cost) - 1
 }
 
-func (b *builder) binary(name string) int { return b.col(name, 0, 1, 0, true) }
+// Binary adds a 0/1 integer column without cost.
+func (b *Builder) Binary(name string) int { return b.Col(name, 0, 1, 0, true) }
 
-// row adds lo ≤ Σ val[i]·x[idx[i]] ≤ hi. Duplicate indices are summed and
+// SetBounds sets column j's bounds.
+func (b *Builder) SetBounds(j int, lo, hi float64) { b.m.Lower[j], b.m.Upper[j] = lo, hi }
+
+// SetUpper sets column j's upper bound.
+func (b *Builder) SetUpper(j int, hi float64) { b.m.Upper[j] = hi }
+
+// AddCost adds c to column j's objective coefficient.
+func (b *Builder) AddCost(j int, c float64) { b.m.Cost[j] += c }
+
+// AddOffset adds v to the objective's constant.
+func (b *Builder) AddOffset(v float64) { b.m.Offset += v }
+
+// Row adds lo ≤ Σ val[i]·x[idx[i]] ≤ hi. Duplicate indices are summed and
 // zero coefficients dropped so that backends get a clean matrix.
-func (b *builder) row(name string, lo, hi float64, idx []int, val []float64) {
+func (b *Builder) Row(name string, lo, hi float64, idx []int, val []float64) {
 	if len(b.m.RowStart) == 0 {
 		b.m.RowStart = append(b.m.RowStart, 0)
 	}
@@ -56,7 +72,8 @@ func (b *builder) row(name string, lo, hi float64, idx []int, val []float64) {
 	b.m.RowStart = append(b.m.RowStart, len(b.m.RowIndex))
 }
 
-func (b *builder) mip() *MIP {
+// Model returns the model built so far (its slices are shared with b).
+func (b *Builder) Model() *Model {
 	if len(b.m.RowStart) == 0 {
 		b.m.RowStart = []int{0}
 	}
@@ -64,10 +81,8 @@ func (b *builder) mip() *MIP {
 	return &m
 }
 
-var inf = math.Inf(1)
-
 // Size reports the dimensions of m.
-func (m *MIP) Size() (cols, intCols, rows, nonzeros int) {
+func (m *Model) Size() (cols, intCols, rows, nonzeros int) {
 	for _, isInt := range m.Integer {
 		if isInt {
 			intCols++
@@ -78,16 +93,16 @@ func (m *MIP) Size() (cols, intCols, rows, nonzeros int) {
 
 // Check returns nil when x satisfies every bound, integrality and row of m
 // within tol, else an error naming the first violation.
-func (m *MIP) Check(x []float64, tol float64) error {
+func (m *Model) Check(x []float64, tol float64) error {
 	if len(x) != len(m.Cost) {
-		return fmt.Errorf("solver: solution has %d values for %d columns", len(x), len(m.Cost))
+		return fmt.Errorf("mip: solution has %d values for %d columns", len(x), len(m.Cost))
 	}
 	for j, v := range x {
 		if v < m.Lower[j]-tol || v > m.Upper[j]+tol || math.IsNaN(v) {
-			return fmt.Errorf("solver: column %s = %g outside [%g, %g]", m.colName(j), v, m.Lower[j], m.Upper[j])
+			return fmt.Errorf("mip: column %s = %g outside [%g, %g]", m.ColName(j), v, m.Lower[j], m.Upper[j])
 		}
 		if m.Integer[j] && math.Abs(v-math.Round(v)) > tol {
-			return fmt.Errorf("solver: integer column %s = %g", m.colName(j), v)
+			return fmt.Errorf("mip: integer column %s = %g", m.ColName(j), v)
 		}
 	}
 	for i := range m.RowLower {
@@ -97,14 +112,14 @@ func (m *MIP) Check(x []float64, tol float64) error {
 		}
 		scale := tol * math.Max(1, math.Abs(a))
 		if a < m.RowLower[i]-scale || a > m.RowUpper[i]+scale {
-			return fmt.Errorf("solver: row %s = %g outside [%g, %g]", m.rowName(i), a, m.RowLower[i], m.RowUpper[i])
+			return fmt.Errorf("mip: row %s = %g outside [%g, %g]", m.RowName(i), a, m.RowLower[i], m.RowUpper[i])
 		}
 	}
 	return nil
 }
 
 // Value returns the objective of x (with Offset).
-func (m *MIP) Value(x []float64) float64 {
+func (m *Model) Value(x []float64) float64 {
 	v := m.Offset
 	for j, c := range m.Cost {
 		v += c * x[j]
@@ -112,14 +127,16 @@ func (m *MIP) Value(x []float64) float64 {
 	return v
 }
 
-func (m *MIP) colName(j int) string {
+// ColName returns column j's name, or c<j> when it has none.
+func (m *Model) ColName(j int) string {
 	if j < len(m.Names) && m.Names[j] != "" {
 		return m.Names[j]
 	}
 	return fmt.Sprintf("c%d", j)
 }
 
-func (m *MIP) rowName(i int) string {
+// RowName returns row i's name, or r<i> when it has none.
+func (m *Model) RowName(i int) string {
 	if i < len(m.RowNames) && m.RowNames[i] != "" {
 		return m.RowNames[i]
 	}

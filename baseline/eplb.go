@@ -1,4 +1,4 @@
-package placement
+package baseline
 
 import (
 	"errors"
@@ -9,24 +9,9 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
-
-// EPLBResult holds the three maps of DeepSeek's EPLB (deepseek-ai/EPLB,
-// rebalance_experts) for L layers, E logical experts and R physical slots
-// on G GPUs. Physical slot p lives on GPU p/(R/G).
-type EPLBResult struct {
-	// Phy2Log[l][p] is the logical expert in physical slot p of layer l
-	// ([L][R]).
-	Phy2Log [][]int
-	// Log2Phy[l][e][r] is the physical slot of replica r of logical expert
-	// e at layer l, -1 beyond LogCnt[l][e] ([L][E][X], X the largest
-	// LogCnt over all layers).
-	Log2Phy [][][]int
-	// LogCnt[l][e] is the number of replicas of logical expert e at layer l
-	// ([L][E]).
-	LogCnt [][]int
-}
 
 // EPLBOptions are the optional settings of EPLB. The zero value is EPLB's
 // global policy without redundant slots.
@@ -73,17 +58,17 @@ func checkEPLB(layers, experts, numReplicas, numGroups, numNodes, numGPUs int) (
 	s := eplbShape{layers: layers, experts: experts, replicas: numReplicas, groups: numGroups, nodes: numNodes, gpus: numGPUs}
 	switch {
 	case layers < 1:
-		return s, errors.New("placement: eplb: no layers; pass one load row per MoE layer")
-	case experts < 1 || experts > MaxExperts:
-		return s, fmt.Errorf("placement: eplb: %d experts per layer; need [1,%d]", experts, MaxExperts)
-	case numGPUs < 1 || numGPUs > MaxGPUs:
-		return s, fmt.Errorf("placement: eplb: %d GPUs; need [1,%d]", numGPUs, MaxGPUs)
+		return s, errors.New("baseline: eplb: no layers; pass one load row per MoE layer")
+	case experts < 1 || experts > placement.MaxExperts:
+		return s, fmt.Errorf("baseline: eplb: %d experts per layer; need [1,%d]", experts, placement.MaxExperts)
+	case numGPUs < 1 || numGPUs > placement.MaxGPUs:
+		return s, fmt.Errorf("baseline: eplb: %d GPUs; need [1,%d]", numGPUs, placement.MaxGPUs)
 	case numGroups < 1:
-		return s, fmt.Errorf("placement: eplb: %d expert groups; need at least 1 (1 selects the global policy)", numGroups)
+		return s, fmt.Errorf("baseline: eplb: %d expert groups; need at least 1 (1 selects the global policy)", numGroups)
 	case numNodes < 1:
-		return s, fmt.Errorf("placement: eplb: %d nodes; need at least 1", numNodes)
-	case numReplicas < 1 || numReplicas > MaxExperts*8:
-		return s, fmt.Errorf("placement: eplb: %d physical slots per layer; need [1,%d]", numReplicas, MaxExperts*8)
+		return s, fmt.Errorf("baseline: eplb: %d nodes; need at least 1", numNodes)
+	case numReplicas < 1 || numReplicas > placement.MaxExperts*8:
+		return s, fmt.Errorf("baseline: eplb: %d physical slots per layer; need [1,%d]", numReplicas, placement.MaxExperts*8)
 	}
 	s.hierarchical = numGroups%numNodes == 0
 	if !s.hierarchical {
@@ -91,14 +76,14 @@ func checkEPLB(layers, experts, numReplicas, numGroups, numNodes, numGPUs int) (
 	}
 	switch {
 	case experts%s.groups != 0:
-		return s, fmt.Errorf("placement: eplb: %d experts do not split into %d equal groups; use a group count that divides %d", experts, s.groups, experts)
+		return s, fmt.Errorf("baseline: eplb: %d experts do not split into %d equal groups; use a group count that divides %d", experts, s.groups, experts)
 	case s.gpus%s.nodes != 0:
-		return s, fmt.Errorf("placement: eplb: %d GPUs do not split evenly over %d nodes; use a node count that divides %d", s.gpus, s.nodes, s.gpus)
+		return s, fmt.Errorf("baseline: eplb: %d GPUs do not split evenly over %d nodes; use a node count that divides %d", s.gpus, s.nodes, s.gpus)
 	case numReplicas%s.gpus != 0:
-		return s, fmt.Errorf("placement: eplb: %d physical slots do not split evenly over %d GPUs; use a slot count that is a multiple of %d (redundant slots %d more or %d fewer)",
+		return s, fmt.Errorf("baseline: eplb: %d physical slots do not split evenly over %d GPUs; use a slot count that is a multiple of %d (redundant slots %d more or %d fewer)",
 			numReplicas, s.gpus, s.gpus, s.gpus-numReplicas%s.gpus, numReplicas%s.gpus)
 	case numReplicas < experts:
-		return s, fmt.Errorf("placement: eplb: %d physical slots for %d experts; every expert needs a slot, so use at least %d", numReplicas, experts, experts)
+		return s, fmt.Errorf("baseline: eplb: %d physical slots for %d experts; every expert needs a slot, so use at least %d", numReplicas, experts, experts)
 	}
 	return s, nil
 }
@@ -125,9 +110,9 @@ func checkEPLB(layers, experts, numReplicas, numGroups, numNodes, numGPUs int) (
 // equals PyTorch's whenever the sum is exact in float32 (integer counts
 // below 2^24 per group). EPLB's packing can put two copies of one expert on
 // one GPU (deepseek-ai/EPLB#22); RebalanceExperts reproduces that, and a
-// Plan built from such maps fails Validate. EPLB with
+// placement.Plan built from such maps fails Validate. EPLB with
 // EPLBOptions.FixDuplicates repairs it.
-func RebalanceExperts(weight [][]float64, numReplicas, numGroups, numNodes, numGPUs int) (*EPLBResult, error) {
+func RebalanceExperts(weight [][]float64, numReplicas, numGroups, numNodes, numGPUs int) (*placement.EPLBMaps, error) {
 	experts := 0
 	if len(weight) > 0 {
 		experts = len(weight[0])
@@ -146,11 +131,11 @@ func RebalanceExperts(weight [][]float64, numReplicas, numGroups, numNodes, numG
 func checkLoads(name string, load [][]float64, experts int) error {
 	for l, row := range load {
 		if len(row) != experts {
-			return fmt.Errorf("placement: eplb: %s[%d] has %d experts but %s[0] has %d; give every layer the same experts", name, l, len(row), name, experts)
+			return fmt.Errorf("baseline: eplb: %s[%d] has %d experts but %s[0] has %d; give every layer the same experts", name, l, len(row), name, experts)
 		}
 		for e, x := range row {
 			if x < 0 || math.IsNaN(x) || x > math.MaxFloat32 {
-				return fmt.Errorf("placement: eplb: %s[%d][%d] is %v; loads must be non-negative and finite in float32, where EPLB works", name, l, e, x)
+				return fmt.Errorf("baseline: eplb: %s[%d][%d] is %v; loads must be non-negative and finite in float32, where EPLB works", name, l, e, x)
 			}
 		}
 	}
@@ -164,28 +149,8 @@ type eplbMaps struct {
 	phy2log, rank, logcnt []int
 }
 
-func (m *eplbMaps) result() *EPLBResult {
-	L, E, R := m.s.layers, m.s.experts, m.s.replicas
-	x := slices.Max(m.logcnt)
-	res := &EPLBResult{Phy2Log: make([][]int, L), Log2Phy: make([][][]int, L), LogCnt: make([][]int, L)}
-	flat := make([]int, L*E*x)
-	for i := range flat {
-		flat[i] = -1
-	}
-	rows := make([][]int, L*E)
-	for l := range L {
-		res.Phy2Log[l] = m.phy2log[l*R : (l+1)*R : (l+1)*R]
-		res.LogCnt[l] = m.logcnt[l*E : (l+1)*E : (l+1)*E]
-		res.Log2Phy[l] = rows[l*E : (l+1)*E : (l+1)*E]
-		for e := range E {
-			i := (l*E + e) * x
-			rows[l*E+e] = flat[i : i+x : i+x]
-		}
-		for p, e := range res.Phy2Log[l] {
-			res.Log2Phy[l][e][m.rank[l*R+p]] = p
-		}
-	}
-	return res
+func (m *eplbMaps) result() *placement.EPLBMaps {
+	return placement.NewEPLBMaps(m.s.layers, m.s.experts, m.s.replicas, m.phy2log, m.rank, m.logcnt)
 }
 
 // runEPLB runs every layer of a checked problem, spreading the layers over
@@ -434,21 +399,21 @@ func siftDownMax(h []uint64, i int) {
 // divisibility rules), and, unless opts.FixDuplicates is set, when EPLB put
 // two copies of one expert on one GPU (deepseek-ai/EPLB#22), with an error
 // naming the layer, expert, GPU and slots. The plan it returns validates.
-func EPLB(stats *routing.Stats, gpus int, opts EPLBOptions) (*Plan, error) {
+func EPLB(stats *routing.Stats, gpus int, opts EPLBOptions) (*placement.Plan, error) {
 	if stats == nil {
-		return nil, errors.New("placement: eplb: nil stats")
+		return nil, errors.New("baseline: eplb: nil stats")
 	}
 	if len(stats.Load) != stats.Layers {
-		return nil, fmt.Errorf("placement: eplb: stats.Load has %d layers, stats.Layers is %d", len(stats.Load), stats.Layers)
+		return nil, fmt.Errorf("baseline: eplb: stats.Load has %d layers, stats.Layers is %d", len(stats.Load), stats.Layers)
 	}
 	groups, nodes := opts.Groups, opts.Nodes
 	switch {
 	case opts.RedundantSlots < 0:
-		return nil, fmt.Errorf("placement: eplb: EPLBOptions.RedundantSlots is %d; need 0 or more", opts.RedundantSlots)
+		return nil, fmt.Errorf("baseline: eplb: EPLBOptions.RedundantSlots is %d; need 0 or more", opts.RedundantSlots)
 	case groups < 0:
-		return nil, fmt.Errorf("placement: eplb: EPLBOptions.Groups is %d; need 0 or more (0 and 1 select the global policy)", groups)
+		return nil, fmt.Errorf("baseline: eplb: EPLBOptions.Groups is %d; need 0 or more (0 and 1 select the global policy)", groups)
 	case nodes < 0:
-		return nil, fmt.Errorf("placement: eplb: EPLBOptions.Nodes is %d; need 0 or more (0 means 1)", nodes)
+		return nil, fmt.Errorf("baseline: eplb: EPLBOptions.Nodes is %d; need 0 or more (0 means 1)", nodes)
 	}
 	groups, nodes = max(groups, 1), max(nodes, 1)
 	s, err := checkEPLB(stats.Layers, stats.Experts, stats.Experts+opts.RedundantSlots, groups, nodes, gpus)
@@ -462,15 +427,15 @@ func EPLB(stats *routing.Stats, gpus int, opts EPLBOptions) (*Plan, error) {
 
 	L, R, E := s.layers, s.replicas, s.experts
 	perGPU := R / gpus
-	p := &Plan{GPUs: gpus, Experts: E, Layers: make([]LayerPlan, L), Strategy: s.strategy()}
+	p := &placement.Plan{GPUs: gpus, Experts: E, Layers: make([]placement.LayerPlan, L), Strategy: s.strategy()}
 	slotExpert := make([]routing.Expert, L*R)
-	slotGPU := make([]GPU, L*R)
+	slotGPU := make([]placement.GPU, L*R)
 	for i, e := range m.phy2log {
 		slotExpert[i] = routing.Expert(e)
-		slotGPU[i] = GPU(i % R / perGPU)
+		slotGPU[i] = placement.GPU(i % R / perGPU)
 	}
 	for l := range L {
-		p.Layers[l] = LayerPlan{SlotExpert: slotExpert[l*R : (l+1)*R : (l+1)*R], SlotGPU: slotGPU[l*R : (l+1)*R : (l+1)*R]}
+		p.Layers[l] = placement.LayerPlan{SlotExpert: slotExpert[l*R : (l+1)*R : (l+1)*R], SlotGPU: slotGPU[l*R : (l+1)*R : (l+1)*R]}
 	}
 	policy := "global"
 	if s.strategy() != "eplb" {
@@ -502,7 +467,7 @@ func EPLB(stats *routing.Stats, gpus int, opts EPLBOptions) (*Plan, error) {
 			continue
 		}
 		if !opts.FixDuplicates {
-			return nil, fmt.Errorf("placement: eplb: layer %d: EPLB put two copies of expert %d on GPU %d (slots %d and %d), a known defect of its packing (deepseek-ai/EPLB#22); set EPLBOptions.FixDuplicates to repair the plan by swapping slots within the node",
+			return nil, fmt.Errorf("baseline: eplb: layer %d: EPLB put two copies of expert %d on GPU %d (slots %d and %d), a known defect of its packing (deepseek-ai/EPLB#22); set EPLBOptions.FixDuplicates to repair the plan by swapping slots within the node",
 				l, row[a], g, first, a)
 		}
 		n, err := fixDuplicates(l, row, stats.Load[l], m.logcnt[l*E:(l+1)*E], gpus, perGPU, gpus/s.nodes)
@@ -582,10 +547,10 @@ func fixDuplicates(l int, row []routing.Expert, load []float64, logcnt []int, gp
 			}
 			lo, hi := d*gpusPerDomain, (d+1)*gpusPerDomain-1
 			if copies > gpusPerDomain {
-				return swaps, fmt.Errorf("placement: eplb: layer %d: expert %d has %d copies on GPUs %d-%d, more than their %d GPUs, so no swap within GPUs %d-%d can separate them; use fewer redundant slots or fewer nodes",
+				return swaps, fmt.Errorf("baseline: eplb: layer %d: expert %d has %d copies on GPUs %d-%d, more than their %d GPUs, so no swap within GPUs %d-%d can separate them; use fewer redundant slots or fewer nodes",
 					l, e, copies, lo, hi, gpusPerDomain, lo, hi)
 			}
-			return swaps, fmt.Errorf("placement: eplb: layer %d: expert %d has two copies on GPU %d and no swap within GPUs %d-%d can separate them; use fewer redundant slots or fewer nodes",
+			return swaps, fmt.Errorf("baseline: eplb: layer %d: expert %d has two copies on GPU %d and no swap within GPUs %d-%d can separate them; use fewer redundant slots or fewer nodes",
 				l, e, g, lo, hi)
 		}
 		h := best / perGPU
@@ -595,41 +560,4 @@ func fixDuplicates(l int, row []routing.Expert, load []float64, logcnt []int, gp
 		slotLoad[a], slotLoad[best] = slotLoad[best], slotLoad[a]
 		swaps++
 	}
-}
-
-// EPLBMaps returns p as EPLB's three maps. It fails unless p validates
-// with every GPU holding the same number of slots in every layer and every
-// layer the same number of slots. Slots are taken GPU-major (GPUMajor), so
-// slot p lies on GPU p/(R/GPUs) as EPLB requires; replica r of an expert in
-// Log2Phy is its r-th slot in that order. For a plan from EPLB, Phy2Log and
-// LogCnt therefore equal RebalanceExperts' (unless FixDuplicates swapped
-// slots) and Log2Phy lists the same slots, possibly in another order.
-func (p *Plan) EPLBMaps() (*EPLBResult, error) {
-	if err := p.Validate(ValidateOptions{EqualSlots: true}); err != nil {
-		return nil, err
-	}
-	if len(p.Layers) == 0 {
-		return nil, errors.New("placement: eplb: plan has no layers; EPLB's maps need one row per MoE layer")
-	}
-	q := p
-	if !p.IsGPUMajor() {
-		q = p.GPUMajor()
-	}
-	L, E, R := len(q.Layers), q.Experts, len(q.Layers[0].SlotExpert)
-	for l, lp := range q.Layers {
-		if len(lp.SlotExpert) != R {
-			return nil, fmt.Errorf("placement: eplb: layer %d has %d slots but layer 0 has %d; EPLB needs the same number of physical slots in every layer (add replicas)", l, len(lp.SlotExpert), R)
-		}
-	}
-	m := &eplbMaps{s: eplbShape{layers: L, experts: E, replicas: R},
-		phy2log: make([]int, L*R), rank: make([]int, L*R), logcnt: make([]int, L*E)}
-	for l, lp := range q.Layers {
-		cnt := m.logcnt[l*E : (l+1)*E]
-		for s, e := range lp.SlotExpert {
-			m.phy2log[l*R+s] = int(e)
-			m.rank[l*R+s] = cnt[e]
-			cnt[e]++
-		}
-	}
-	return m.result(), nil
 }

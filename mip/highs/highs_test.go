@@ -17,14 +17,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/moetuner/moetuner/solver"
+	"github.com/moetuner/moetuner/mip"
 )
 
 var inf = math.Inf(1)
 
 // dense builds a MIP from dense rows.
-func dense(cost, lower, upper []float64, integer []bool, rows [][]float64, rlo, rhi []float64) *solver.MIP {
-	m := &solver.MIP{Cost: cost, Lower: lower, Upper: upper, Integer: integer, RowLower: rlo, RowUpper: rhi}
+func dense(cost, lower, upper []float64, integer []bool, rows [][]float64, rlo, rhi []float64) *mip.Model {
+	m := &mip.Model{Cost: cost, Lower: lower, Upper: upper, Integer: integer, RowLower: rlo, RowUpper: rhi}
 	m.RowStart = []int{0}
 	for _, r := range rows {
 		for j, v := range r {
@@ -38,7 +38,7 @@ func dense(cost, lower, upper []float64, integer []bool, rows [][]float64, rlo, 
 	return m
 }
 
-func objective(m *solver.MIP, x []float64) float64 {
+func objective(m *mip.Model, x []float64) float64 {
 	s := m.Offset
 	for j, c := range m.Cost {
 		s += c * x[j]
@@ -47,7 +47,7 @@ func objective(m *solver.MIP, x []float64) float64 {
 }
 
 // knapsack returns a 0/1 knapsack (as a minimisation of -value) with n items.
-func knapsack(seed uint64, n int) (*solver.MIP, []float64, []float64, float64) {
+func knapsack(seed uint64, n int) (*mip.Model, []float64, []float64, float64) {
 	r := rand.New(rand.NewPCG(seed, 1))
 	value := make([]float64, n)
 	weight := make([]float64, n)
@@ -89,11 +89,11 @@ func bruteKnapsack(value, weight []float64, capacity float64) float64 {
 // rows Σ a_ij x_j + s⁺_i − s⁻_i = d_i, minimise Σ s. Hard for branch and
 // bound. It also returns the feasible start x = 0, s⁺ = d; when planted, d
 // is a·x* for a random binary x*, and the start is x* (objective 0).
-func marketSplit(seed uint64, rows int, planted bool) (*solver.MIP, []float64) {
+func marketSplit(seed uint64, rows int, planted bool) (*mip.Model, []float64) {
 	r := rand.New(rand.NewPCG(seed, 2))
 	n := 10 * (rows - 1)
 	cols := n + 2*rows
-	m := &solver.MIP{
+	m := &mip.Model{
 		Cost: make([]float64, cols), Lower: make([]float64, cols), Upper: make([]float64, cols),
 		Integer: make([]bool, cols), Names: make([]string, cols),
 		RowLower: make([]float64, rows), RowUpper: make([]float64, rows), RowStart: []int{0},
@@ -137,9 +137,9 @@ func TestLP(t *testing.T) {
 	m := dense([]float64{-1, -1}, []float64{0, 0}, []float64{inf, inf}, nil,
 		[][]float64{{1, 2}, {3, 1}}, []float64{-inf, -inf}, []float64{4, 6})
 	m.Offset = 10
-	sol, err := Backend{}.SolveMIP(context.Background(), m, solver.MIPOptions{})
+	sol, err := Backend{}.Solve(context.Background(), m, mip.Options{})
 	require.NoError(t, err)
-	require.Equal(t, solver.MIPOptimal, sol.Status)
+	require.Equal(t, mip.Optimal, sol.Status)
 	require.Len(t, sol.X, 2)
 	assert.InDelta(t, 1.6, sol.X[0], 1e-7)
 	assert.InDelta(t, 1.2, sol.X[1], 1e-7)
@@ -158,9 +158,9 @@ func TestKnapsackMatchesBruteForce(t *testing.T) {
 	for seed := range uint64(6) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			m, value, weight, capacity := knapsack(seed, 14)
-			sol, err := Backend{}.SolveMIP(context.Background(), m, solver.MIPOptions{Seed: int(seed)})
+			sol, err := Backend{}.Solve(context.Background(), m, mip.Options{Seed: int(seed)})
 			require.NoError(t, err)
-			require.Equal(t, solver.MIPOptimal, sol.Status)
+			require.Equal(t, mip.Optimal, sol.Status)
 			want := bruteKnapsack(value, weight, capacity)
 			assert.InDelta(t, want, objective(m, sol.X), 1e-6)
 			assert.InDelta(t, want, sol.Objective, 1e-6)
@@ -179,43 +179,43 @@ func TestInfeasible(t *testing.T) {
 	// x + y ≥ 3 with x, y binary.
 	m := dense([]float64{1, 1}, []float64{0, 0}, []float64{1, 1}, []bool{true, true},
 		[][]float64{{1, 1}}, []float64{3}, []float64{inf})
-	sol, err := Backend{}.SolveMIP(context.Background(), m, solver.MIPOptions{})
+	sol, err := Backend{}.Solve(context.Background(), m, mip.Options{})
 	require.NoError(t, err)
-	assert.Equal(t, solver.MIPInfeasible, sol.Status)
+	assert.Equal(t, mip.Infeasible, sol.Status)
 	assert.Nil(t, sol.X)
 }
 
 func TestUnboundedIsError(t *testing.T) {
 	m := dense([]float64{-1}, []float64{0}, []float64{inf}, []bool{true}, nil, nil, nil)
-	sol, err := Backend{}.SolveMIP(context.Background(), m, solver.MIPOptions{})
+	sol, err := Backend{}.Solve(context.Background(), m, mip.Options{})
 	require.Error(t, err)
 	require.NotNil(t, sol)
-	assert.Equal(t, solver.MIPError, sol.Status)
+	assert.Equal(t, mip.Error, sol.Status)
 }
 
 func TestZeroRows(t *testing.T) {
-	m := &solver.MIP{
+	m := &mip.Model{
 		Cost: []float64{1, -2, 0.5}, Lower: []float64{-3, 0, 1}, Upper: []float64{5, 4.5, 2},
 		Integer: []bool{true, true, false}, Offset: 1,
 	}
-	sol, err := Backend{}.SolveMIP(context.Background(), m, solver.MIPOptions{})
+	sol, err := Backend{}.Solve(context.Background(), m, mip.Options{})
 	require.NoError(t, err)
-	require.Equal(t, solver.MIPOptimal, sol.Status)
+	require.Equal(t, mip.Optimal, sol.Status)
 	assert.InDeltaSlice(t, []float64{-3, 4, 1}, sol.X, 1e-9)
 	assert.InDelta(t, 1-3-8+0.5, sol.Objective, 1e-9)
 
-	lp := &solver.MIP{Cost: []float64{1}, Lower: []float64{2}, Upper: []float64{3}}
-	sol, err = Backend{}.SolveMIP(context.Background(), lp, solver.MIPOptions{})
+	lp := &mip.Model{Cost: []float64{1}, Lower: []float64{2}, Upper: []float64{3}}
+	sol, err = Backend{}.Solve(context.Background(), lp, mip.Options{})
 	require.NoError(t, err)
-	require.Equal(t, solver.MIPOptimal, sol.Status)
+	require.Equal(t, mip.Optimal, sol.Status)
 	assert.InDelta(t, 2, sol.X[0], 1e-9)
 }
 
 func TestNoColumns(t *testing.T) {
-	m := &solver.MIP{Offset: 4}
-	sol, err := Backend{}.SolveMIP(context.Background(), m, solver.MIPOptions{})
+	m := &mip.Model{Offset: 4}
+	sol, err := Backend{}.Solve(context.Background(), m, mip.Options{})
 	require.NoError(t, err)
-	assert.Equal(t, solver.MIPOptimal, sol.Status)
+	assert.Equal(t, mip.Optimal, sol.Status)
 	assert.Equal(t, 4.0, sol.Objective)
 }
 
@@ -223,11 +223,11 @@ func TestMalformedModel(t *testing.T) {
 	m := dense([]float64{1, 1}, []float64{0, 0}, []float64{1, 1}, nil,
 		[][]float64{{1, 1}}, []float64{0}, []float64{1})
 	m.RowIndex[1] = 7
-	_, err := Backend{}.SolveMIP(context.Background(), m, solver.MIPOptions{})
+	_, err := Backend{}.Solve(context.Background(), m, mip.Options{})
 	assert.Error(t, err)
 	m.RowIndex[1] = 1
 	m.Upper = m.Upper[:1]
-	_, err = Backend{}.SolveMIP(context.Background(), m, solver.MIPOptions{})
+	_, err = Backend{}.Solve(context.Background(), m, mip.Options{})
 	assert.Error(t, err)
 }
 
@@ -235,17 +235,17 @@ func TestMIPStart(t *testing.T) {
 	// The planted start has objective 0, which no heuristic finds in 1 ms.
 	m, start := marketSplit(7, 5, true)
 	require.Equal(t, 0.0, objective(m, start))
-	opts := solver.MIPOptions{TimeLimitSec: 0.001}
-	sol, err := Backend{}.SolveMIP(context.Background(), m, opts)
+	opts := mip.Options{TimeLimitSec: 0.001}
+	sol, err := Backend{}.Solve(context.Background(), m, opts)
 	require.NoError(t, err)
 	if sol.X != nil {
 		require.Greater(t, objective(m, sol.X), 0.0, "found the planted solution without the start")
 	}
 
 	opts.Start = start
-	sol, err = Backend{}.SolveMIP(context.Background(), m, opts)
+	sol, err = Backend{}.Solve(context.Background(), m, opts)
 	require.NoError(t, err)
-	require.Contains(t, []solver.MIPStatus{solver.MIPFeasible, solver.MIPOptimal}, sol.Status)
+	require.Contains(t, []mip.Status{mip.Feasible, mip.Optimal}, sol.Status)
 	require.Len(t, sol.X, len(m.Cost))
 	assert.InDelta(t, 0, objective(m, sol.X), 1e-6)
 	assert.InDelta(t, 0, sol.Objective, 1e-6)
@@ -253,9 +253,9 @@ func TestMIPStart(t *testing.T) {
 	// An infeasible start is skipped, not an error.
 	bad := append([]float64(nil), start...)
 	bad[0] = 0.5
-	sol, err = Backend{}.SolveMIP(context.Background(), m, solver.MIPOptions{TimeLimitSec: 0.2, Start: bad})
+	sol, err = Backend{}.Solve(context.Background(), m, mip.Options{TimeLimitSec: 0.2, Start: bad})
 	require.NoError(t, err)
-	assert.NotEqual(t, solver.MIPError, sol.Status)
+	assert.NotEqual(t, mip.Error, sol.Status)
 }
 
 func TestCleanStart(t *testing.T) {
@@ -275,13 +275,13 @@ func TestTimeLimit(t *testing.T) {
 	m, _ := marketSplit(11, 6, false)
 	const limit = 1.0
 	begin := time.Now()
-	sol, err := Backend{}.SolveMIP(context.Background(), m, solver.MIPOptions{TimeLimitSec: limit})
+	sol, err := Backend{}.Solve(context.Background(), m, mip.Options{TimeLimitSec: limit})
 	elapsed := time.Since(begin)
 	require.NoError(t, err)
 	assert.Less(t, elapsed.Seconds(), limit+3)
-	if sol.Status != solver.MIPOptimal {
+	if sol.Status != mip.Optimal {
 		assert.True(t, sol.TimedOut, "status %v", sol.Status)
-		assert.Contains(t, []solver.MIPStatus{solver.MIPFeasible, solver.MIPNoSolution}, sol.Status)
+		assert.Contains(t, []mip.Status{mip.Feasible, mip.NoSolution}, sol.Status)
 	} else {
 		t.Logf("instance solved in %v; time limit not exercised", elapsed)
 	}
@@ -292,27 +292,27 @@ func TestContextCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(300*time.Millisecond, cancel)
 	begin := time.Now()
-	sol, err := Backend{}.SolveMIP(ctx, m, solver.MIPOptions{})
+	sol, err := Backend{}.Solve(ctx, m, mip.Options{})
 	elapsed := time.Since(begin)
 	assert.Less(t, elapsed.Seconds(), 3.0)
 	require.NotNil(t, sol)
-	if sol.Status == solver.MIPOptimal {
+	if sol.Status == mip.Optimal {
 		t.Logf("instance solved in %v; cancel not exercised", elapsed)
 		return
 	}
 	assert.True(t, errors.Is(err, context.Canceled), "err %v", err)
 	assert.True(t, sol.TimedOut)
-	assert.Contains(t, []solver.MIPStatus{solver.MIPFeasible, solver.MIPNoSolution}, sol.Status)
+	assert.Contains(t, []mip.Status{mip.Feasible, mip.NoSolution}, sol.Status)
 
 	// A context that is already done is refused up front.
-	_, err = Backend{}.SolveMIP(ctx, m, solver.MIPOptions{})
+	_, err = Backend{}.Solve(ctx, m, mip.Options{})
 	assert.ErrorIs(t, err, context.Canceled)
 }
 
 func TestProgress(t *testing.T) {
 	m, start := marketSplit(3, 4, false)
 	var calls []float64
-	sol, err := Backend{}.SolveMIP(context.Background(), m, solver.MIPOptions{
+	sol, err := Backend{}.Solve(context.Background(), m, mip.Options{
 		TimeLimitSec: 0.5,
 		Start:        start,
 		Progress: func(obj, bound float64) {
@@ -322,7 +322,7 @@ func TestProgress(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, calls)
 	lastObj, lastBound := calls[len(calls)-2], calls[len(calls)-1]
-	if sol.Status == solver.MIPOptimal || sol.Status == solver.MIPFeasible {
+	if sol.Status == mip.Optimal || sol.Status == mip.Feasible {
 		assert.InDelta(t, sol.Objective, lastObj, 1e-6)
 	}
 	assert.LessOrEqual(t, lastBound, lastObj+1e-6)
@@ -360,11 +360,11 @@ func TestParallelSolves(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			m, value, weight, capacity := knapsack(uint64(100+g), 12)
-			sol, err := Backend{}.SolveMIP(context.Background(), m, solver.MIPOptions{Threads: 1 + g%2, Seed: g})
+			sol, err := Backend{}.Solve(context.Background(), m, mip.Options{Threads: 1 + g%2, Seed: g})
 			switch {
 			case err != nil:
 				errs[g] = err
-			case sol.Status != solver.MIPOptimal:
+			case sol.Status != mip.Optimal:
 				errs[g] = fmt.Errorf("status %v", sol.Status)
 			case math.Abs(objective(m, sol.X)-bruteKnapsack(value, weight, capacity)) > 1e-6:
 				errs[g] = fmt.Errorf("objective %v, want %v", objective(m, sol.X), bruteKnapsack(value, weight, capacity))

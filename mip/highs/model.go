@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/moetuner/moetuner/solver"
+	"github.com/moetuner/moetuner/mip"
 )
 
 // startTol is the absolute tolerance (scaled by 1+|bound|) within which a MIP
@@ -16,7 +16,7 @@ const maxHighsInt = math.MaxInt32
 
 // validate checks the shape of m: slice lengths, CSR structure and index
 // ranges. HiGHS would otherwise read past the ends of the arrays it gets.
-func validate(m *solver.MIP) error {
+func validate(m *mip.Model) error {
 	if m == nil {
 		return fmt.Errorf("highs: nil model")
 	}
@@ -67,7 +67,7 @@ func validate(m *solver.MIP) error {
 }
 
 // rowActivities returns A·x for the rows of m.
-func rowActivities(m *solver.MIP, x []float64) []float64 {
+func rowActivities(m *mip.Model, x []float64) []float64 {
 	act := make([]float64, len(m.RowLower))
 	for i := range act {
 		s := 0.0
@@ -86,7 +86,7 @@ func within(v, lo, hi float64) bool {
 // cleanStart checks that start is a feasible point of m within startTol and
 // returns it with integer columns rounded and every column clamped into its
 // bounds, plus its row activities. ok is false when start must be skipped.
-func cleanStart(m *solver.MIP, start []float64) (x, act []float64, ok bool) {
+func cleanStart(m *mip.Model, start []float64) (x, act []float64, ok bool) {
 	if len(start) != len(m.Cost) {
 		return nil, nil, false
 	}
@@ -117,7 +117,7 @@ func cleanStart(m *solver.MIP, start []float64) (x, act []float64, ok bool) {
 }
 
 // hasInteger reports whether m has an integer column.
-func hasInteger(m *solver.MIP) bool {
+func hasInteger(m *mip.Model) bool {
 	for _, b := range m.Integer {
 		if b {
 			return true
@@ -127,11 +127,11 @@ func hasInteger(m *solver.MIP) bool {
 }
 
 // solveEmpty answers a model without columns: every row's activity is zero.
-func solveEmpty(m *solver.MIP) *solver.MIPSolution {
+func solveEmpty(m *mip.Model) *mip.Solution {
 	for i := range m.RowLower {
 		if !within(0, m.RowLower[i], m.RowUpper[i]) {
-			return &solver.MIPSolution{Status: solver.MIPInfeasible, Objective: math.Inf(1), Bound: math.Inf(1), Gap: math.Inf(1)}
+			return &mip.Solution{Status: mip.Infeasible, Objective: math.Inf(1), Bound: math.Inf(1), Gap: math.Inf(1)}
 		}
 	}
-	return &solver.MIPSolution{Status: solver.MIPOptimal, X: []float64{}, Objective: m.Offset, Bound: m.Offset}
+	return &mip.Solution{Status: mip.Optimal, X: []float64{}, Objective: m.Offset, Bound: m.Offset}
 }

@@ -1,6 +1,7 @@
-package placement
+package baseline
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
 
@@ -69,7 +71,7 @@ func eplbGPULoads(load []float64, phy2log, logcnt []int, gpus int) []float64 {
 
 // checkMaps checks that the three maps agree with each other and that
 // every expert has a replica and the replicas fill the R slots.
-func checkMaps(t *testing.T, res *EPLBResult, slots int) {
+func checkMaps(t *testing.T, res *placement.EPLBMaps, slots int) {
 	t.Helper()
 	x := 0
 	for _, row := range res.LogCnt {
@@ -235,7 +237,7 @@ func refHierarchical(weight [][]float32, numPhy, numGroups, numNodes, numGPUs in
 	return phy2log, rank, logcnt
 }
 
-func refRebalance(weight [][]float64, numReplicas, numGroups, numNodes, numGPUs int) *EPLBResult {
+func refRebalance(weight [][]float64, numReplicas, numGroups, numNodes, numGPUs int) *placement.EPLBMaps {
 	w := make([][]float32, len(weight))
 	for l, row := range weight {
 		w[l] = make([]float32, len(row))
@@ -261,7 +263,7 @@ func refRebalance(weight [][]float64, numReplicas, numGroups, numNodes, numGPUs 
 			log2phy[l][e][rank[l][p]] = p
 		}
 	}
-	return &EPLBResult{Phy2Log: phy2log, Log2Phy: log2phy, LogCnt: logcnt}
+	return &placement.EPLBMaps{Phy2Log: phy2log, Log2Phy: log2phy, LogCnt: logcnt}
 }
 
 func TestRefREADME(t *testing.T) {
@@ -395,7 +397,7 @@ func TestRebalanceExpertsErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := RebalanceExperts(tc.weight, tc.replicas, tc.groups, tc.nodes, tc.gpus)
 			assert.ErrorContains(t, err, tc.want)
-			assert.ErrorContains(t, err, "placement: eplb: ")
+			assert.ErrorContains(t, err, "baseline: eplb: ")
 		})
 	}
 	// groups % nodes != 0 is not an error: EPLB falls back to the global
@@ -407,7 +409,7 @@ func TestRebalanceExpertsErrors(t *testing.T) {
 func TestEPLBPlanREADME(t *testing.T) {
 	p, err := EPLB(routing.StatsFromLoad(readmeWeight, 0), 8, EPLBOptions{RedundantSlots: 4, Groups: 4, Nodes: 2})
 	require.NoError(t, err)
-	require.NoError(t, p.Validate(ValidateOptions{EqualSlots: true}))
+	require.NoError(t, p.Validate(placement.ValidateOptions{EqualSlots: true}))
 	assert.Equal(t, "eplb-hierarchical", p.Strategy)
 	assert.Equal(t, map[string]string{"eplb_policy": "hierarchical", "redundant_slots": "4", "expert_groups": "4", "nodes": "2"}, p.Meta)
 	assert.Equal(t, ex(5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1), p.Layers[0].SlotExpert)
@@ -477,11 +479,11 @@ func TestEPLBDuplicate(t *testing.T) {
 
 	st := routing.StatsFromLoad(dupWeight, 0)
 	_, err = EPLB(st, 3, EPLBOptions{RedundantSlots: 2})
-	assert.EqualError(t, err, "placement: eplb: layer 0: EPLB put two copies of expert 0 on GPU 2 (slots 4 and 5), a known defect of its packing (deepseek-ai/EPLB#22); set EPLBOptions.FixDuplicates to repair the plan by swapping slots within the node")
+	assert.EqualError(t, err, "baseline: eplb: layer 0: EPLB put two copies of expert 0 on GPU 2 (slots 4 and 5), a known defect of its packing (deepseek-ai/EPLB#22); set EPLBOptions.FixDuplicates to repair the plan by swapping slots within the node")
 
 	p, err := EPLB(st, 3, EPLBOptions{RedundantSlots: 2, FixDuplicates: true})
 	require.NoError(t, err)
-	require.NoError(t, p.Validate(ValidateOptions{EqualSlots: true}))
+	require.NoError(t, p.Validate(placement.ValidateOptions{EqualSlots: true}))
 	// Every swap leaves some GPU at 3.5 (no two replicas other than
 	// expert 0's sum to 3); the first such swap is with slot 0.
 	assert.Equal(t, ex(0, 1, 3, 1, 0, 2), p.Layers[0].SlotExpert)
@@ -490,7 +492,7 @@ func TestEPLBDuplicate(t *testing.T) {
 
 	// More copies than GPUs in the node: no swap can help.
 	_, err = EPLB(routing.StatsFromLoad([][]float64{{100, 1, 1, 1}}, 0), 2, EPLBOptions{RedundantSlots: 4, FixDuplicates: true})
-	assert.EqualError(t, err, "placement: eplb: layer 0: expert 0 has 5 copies on GPUs 0-1, more than their 2 GPUs, so no swap within GPUs 0-1 can separate them; use fewer redundant slots or fewer nodes")
+	assert.EqualError(t, err, "baseline: eplb: layer 0: expert 0 has 5 copies on GPUs 0-1, more than their 2 GPUs, so no swap within GPUs 0-1 can separate them; use fewer redundant slots or fewer nodes")
 }
 
 // zipfLayer is one DeepSeek-V3-sized layer with Zipf-like loads, in
@@ -533,7 +535,7 @@ func TestEPLBDuplicateDeepSeekShape(t *testing.T) {
 			opts.FixDuplicates = true
 			p, err := EPLB(st, 32, opts)
 			require.NoError(t, err, name)
-			require.NoError(t, p.Validate(ValidateOptions{EqualSlots: true}), name)
+			require.NoError(t, p.Validate(placement.ValidateOptions{EqualSlots: true}), name)
 			if seed == 0 {
 				require.True(t, dup, "%s: seed 0 should reproduce the duplicate", name)
 			}
@@ -571,7 +573,7 @@ func TestEPLBPlanProperties(t *testing.T) {
 				require.ErrorContains(t, err, "so no swap within GPUs", name)
 				continue
 			}
-			require.NoError(t, p.Validate(ValidateOptions{EqualSlots: true, Layers: c.layers, Experts: c.experts}), name)
+			require.NoError(t, p.Validate(placement.ValidateOptions{EqualSlots: true, Layers: c.layers, Experts: c.experts}), name)
 			m, err := p.EPLBMaps()
 			require.NoError(t, err, name)
 			checkMaps(t, m, c.replicas)
@@ -582,34 +584,13 @@ func TestEPLBPlanProperties(t *testing.T) {
 	}
 }
 
-func TestEPLBMaps(t *testing.T) {
-	// Not GPU-major: EPLBMaps reorders the slots first.
-	p := &Plan{GPUs: 2, Experts: 3, Layers: []LayerPlan{
-		{SlotExpert: ex(1, 2, 0, 0), SlotGPU: gp(1, 0, 0, 1)},
-	}}
-	m, err := p.EPLBMaps()
+func TestEPLBPlanFileRoundTrip(t *testing.T) {
+	p, err := EPLB(routing.StatsFromLoad(readmeWeight, 0), 8, EPLBOptions{RedundantSlots: 4, Groups: 4, Nodes: 2})
 	require.NoError(t, err)
-	assert.Equal(t, &EPLBResult{
-		Phy2Log: [][]int{{2, 0, 1, 0}},
-		Log2Phy: [][][]int{{{1, 3}, {2, -1}, {0, -1}}},
-		LogCnt:  [][]int{{2, 1, 1}},
-	}, m)
-
-	rr, err := RoundRobin(1, 5, 2)
+	var buf bytes.Buffer
+	require.NoError(t, placement.Write(&buf, p, placement.FormatEPLB))
+	q, err := placement.ReadEPLB(bytes.NewReader(buf.Bytes()), 8)
 	require.NoError(t, err)
-	_, err = rr.EPLBMaps()
-	assert.ErrorContains(t, err, "every GPU needs the same number")
-
-	_, err = (&Plan{GPUs: 1, Experts: 1}).EPLBMaps()
-	assert.ErrorContains(t, err, "no layers")
-
-	q := &Plan{GPUs: 2, Experts: 2, Layers: []LayerPlan{
-		{SlotExpert: ex(0, 1), SlotGPU: gp(0, 1)},
-		{SlotExpert: ex(0, 1, 0, 1), SlotGPU: gp(0, 0, 1, 1)},
-	}}
-	_, err = q.EPLBMaps()
-	assert.ErrorContains(t, err, "layer 1 has 4 slots but layer 0 has 2")
-	q.Layers[1] = LayerPlan{SlotExpert: ex(0, 0), SlotGPU: gp(0, 0)}
-	var ve *ValidationError
-	assert.ErrorAs(t, func() error { _, err := q.EPLBMaps(); return err }(), &ve)
+	assert.Equal(t, p.Layers, q.Layers)
+	assert.Contains(t, buf.String(), "    [5,6,5,7,8,4,3,4,10,9,10,2,0,1,11,1],\n")
 }

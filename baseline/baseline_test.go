@@ -1,4 +1,4 @@
-package placement
+package baseline
 
 import (
 	"fmt"
@@ -8,15 +8,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
 
 func TestContiguousRoundRobin(t *testing.T) {
 	cases := []struct {
 		name           string
-		build          func(l, e, g int) (*Plan, error)
+		build          func(l, e, g int) (*placement.Plan, error)
 		layers, e, g   int
-		wantAssign     []GPU
+		wantAssign     []placement.GPU
 		wantSlotExpert []routing.Expert
 		wantErr        string
 	}{
@@ -47,7 +48,7 @@ func TestContiguousRoundRobin(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			require.NoError(t, p.Validate(ValidateOptions{Layers: tc.layers, Experts: tc.e}))
+			require.NoError(t, p.Validate(placement.ValidateOptions{Layers: tc.layers, Experts: tc.e}))
 			require.Len(t, p.Layers, tc.layers)
 			assert.True(t, p.IsGPUMajor())
 			for l := range p.Layers {
@@ -68,7 +69,7 @@ func TestGreedyHand(t *testing.T) {
 		load    []float64
 		gpus    int
 		opts    GreedyOptions
-		want    []GPU
+		want    []placement.GPU
 		wantErr string
 	}{
 		{name: "lpt", load: []float64{10, 7, 1, 3}, gpus: 2, want: gp(0, 1, 0, 1)},
@@ -103,7 +104,7 @@ func TestGreedyHand(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			require.NoError(t, p.Validate(ValidateOptions{SlotsPerGPU: tc.opts.SlotsPerGPU}))
+			require.NoError(t, p.Validate(placement.ValidateOptions{SlotsPerGPU: tc.opts.SlotsPerGPU}))
 			assert.Equal(t, tc.want, p.Assignment(0))
 			assert.Equal(t, "greedy", p.Strategy)
 			assert.True(t, p.IsGPUMajor())
@@ -126,9 +127,9 @@ func TestGreedyBadStats(t *testing.T) {
 // lptReference is an independent, deliberately naive LPT: repeatedly take
 // the heaviest unplaced expert (lowest id on ties) and put it on the
 // least-loaded GPU with room (lowest index on ties).
-func lptReference(load []float64, slots []int, speed []float64) []GPU {
+func lptReference(load []float64, slots []int, speed []float64) []placement.GPU {
 	e := len(load)
-	out := make([]GPU, e)
+	out := make([]placement.GPU, e)
 	placed := make([]bool, e)
 	sum := make([]float64, len(slots))
 	used := make([]int, len(slots))
@@ -149,7 +150,7 @@ func lptReference(load []float64, slots []int, speed []float64) []GPU {
 			}
 		}
 		placed[pick] = true
-		out[pick] = GPU(best)
+		out[pick] = placement.GPU(best)
 		sum[best] += load[pick]
 		used[best]++
 	}
@@ -188,7 +189,7 @@ func TestGreedyRandom(t *testing.T) {
 		name := fmt.Sprintf("trial %d: gpus=%d slots=%v speed=%v load=%v", trial, gpus, slots, opts.Speed, load)
 		p, err := Greedy(statsOf(load...), gpus, opts)
 		require.NoError(t, err, name)
-		require.NoError(t, p.Validate(ValidateOptions{Layers: layers, Experts: experts, SlotsPerGPU: slots}), name)
+		require.NoError(t, p.Validate(placement.ValidateOptions{Layers: layers, Experts: experts, SlotsPerGPU: slots}), name)
 		for l := range load {
 			require.Equal(t, lptReference(load[l], slots, speed), p.Assignment(l), name)
 		}

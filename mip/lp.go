@@ -1,4 +1,4 @@
-package solver
+package mip
 
 import (
 	"bufio"
@@ -11,7 +11,7 @@ import (
 // WriteLP writes m in CPLEX LP format, deterministically (columns and rows
 // in index order, %.17g numbers), for debugging a formulation with any LP
 // tool (HiGHS reads it back: `highs model.lp`).
-func (m *MIP) WriteLP(w io.Writer) error {
+func (m *Model) WriteLP(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	num := func(v float64) string { return strconv.FormatFloat(v, 'g', 17, 64) }
 	// term renders one coefficient: "2.5 x" first, then "+ 2.5 x" or "- 2.5 x".
@@ -34,7 +34,7 @@ func (m *MIP) WriteLP(w io.Writer) error {
 		if c == 0 {
 			continue
 		}
-		fmt.Fprint(bw, " ", term(first, c, m.colName(j)))
+		fmt.Fprint(bw, " ", term(first, c, m.ColName(j)))
 		first = false
 	}
 	if m.Offset != 0 {
@@ -42,7 +42,7 @@ func (m *MIP) WriteLP(w io.Writer) error {
 		first = false
 	}
 	if first {
-		fmt.Fprint(bw, " 0 ", m.colName(0))
+		fmt.Fprint(bw, " 0 ", m.ColName(0))
 	}
 	fmt.Fprintln(bw)
 	fmt.Fprintln(bw, "Subject To")
@@ -52,13 +52,13 @@ func (m *MIP) WriteLP(w io.Writer) error {
 		firstT := true
 		for k := m.RowStart[i]; k < m.RowStart[i+1]; k++ {
 			sb = append(sb, ' ')
-			sb = append(sb, term(firstT, m.RowValue[k], m.colName(m.RowIndex[k]))...)
+			sb = append(sb, term(firstT, m.RowValue[k], m.ColName(m.RowIndex[k]))...)
 			firstT = false
 		}
 		if firstT {
-			sb = append(sb, " 0 "+m.colName(0)...)
+			sb = append(sb, " 0 "+m.ColName(0)...)
 		}
-		name := m.rowName(i)
+		name := m.RowName(i)
 		switch {
 		case lo == hi:
 			fmt.Fprintf(bw, " %s:%s = %s\n", name, sb, num(lo))
@@ -74,7 +74,7 @@ func (m *MIP) WriteLP(w io.Writer) error {
 	fmt.Fprintln(bw, "Bounds")
 	for j := range m.Cost {
 		lo, hi := m.Lower[j], m.Upper[j]
-		n := m.colName(j)
+		n := m.ColName(j)
 		switch {
 		case math.IsInf(lo, -1) && math.IsInf(hi, 1):
 			fmt.Fprintf(bw, " %s free\n", n)
@@ -90,7 +90,7 @@ func (m *MIP) WriteLP(w io.Writer) error {
 	var ints []string
 	for j, isInt := range m.Integer {
 		if isInt {
-			ints = append(ints, m.colName(j))
+			ints = append(ints, m.ColName(j))
 		}
 	}
 	if len(ints) > 0 {

@@ -1,8 +1,8 @@
-package solver
+package mip
 
 import "context"
 
-// MIP is a mixed-integer linear program in column form, built in Go and
+// Model is a mixed-integer linear program in column form, built in Go and
 // handed to a Backend once:
 //
 //	min  Σ_j Cost[j]·x_j + Offset
@@ -10,7 +10,7 @@ import "context"
 //	     Lower[j] ≤ x_j ≤ Upper[j],  x_j integer where Integer[j]
 //
 // Rows are stored sparse (CSR). Use math.Inf for absent bounds.
-type MIP struct {
+type Model struct {
 	Names   []string // column names (for LP files); may be nil
 	Cost    []float64
 	Lower   []float64
@@ -26,9 +26,9 @@ type MIP struct {
 	RowValue []float64
 }
 
-// MIPOptions are the backend settings for one solve. The zero value means
-// no limit, HiGHS's default gap, one thread, seed 0.
-type MIPOptions struct {
+// Options are the backend settings for one solve. The zero value means no
+// limit, the backend's default gap, one thread, seed 0.
+type Options struct {
 	TimeLimitSec float64 // 0: none
 	RelGap       float64 // 0: backend default
 	Threads      int     // 0: 1
@@ -44,37 +44,37 @@ type MIPOptions struct {
 	NoPresolve bool
 }
 
-// MIPStatus is a backend's verdict.
-type MIPStatus int
+// Status is a backend's verdict.
+type Status int
 
 const (
-	MIPOptimal    MIPStatus = iota // proven optimal within RelGap
-	MIPFeasible                    // stopped (time limit, interrupt) with an incumbent
-	MIPInfeasible                  // proven infeasible
-	MIPNoSolution                  // stopped without any incumbent
-	MIPError                       // the backend failed
+	Optimal    Status = iota // proven optimal within RelGap
+	Feasible                 // stopped (time limit, interrupt) with an incumbent
+	Infeasible               // proven infeasible
+	NoSolution               // stopped without any incumbent
+	Error                    // the backend failed
 )
 
 // String names the status.
-func (s MIPStatus) String() string {
+func (s Status) String() string {
 	switch s {
-	case MIPOptimal:
+	case Optimal:
 		return "optimal"
-	case MIPFeasible:
+	case Feasible:
 		return "feasible"
-	case MIPInfeasible:
+	case Infeasible:
 		return "infeasible"
-	case MIPNoSolution:
+	case NoSolution:
 		return "no solution"
-	case MIPError:
+	case Error:
 		return "error"
 	}
 	return "unknown"
 }
 
-// MIPSolution is what a backend returns.
-type MIPSolution struct {
-	Status    MIPStatus
+// Solution is what a backend returns.
+type Solution struct {
+	Status    Status
 	X         []float64 // column values; nil without an incumbent
 	Objective float64   // backend's objective (never trusted: recompute)
 	Bound     float64   // dual bound (≤ optimum)
@@ -86,7 +86,7 @@ type MIPSolution struct {
 	RowDual []float64
 }
 
-// Backend solves MIPs. solver/highs provides the HiGHS one.
+// Backend solves models. mip/highs provides the HiGHS one.
 type Backend interface {
-	SolveMIP(ctx context.Context, m *MIP, opts MIPOptions) (*MIPSolution, error)
+	Solve(ctx context.Context, m *Model, opts Options) (*Solution, error)
 }

@@ -1,0 +1,5 @@
+package solver
+
+import "math"
+
+var inf = math.Inf(1)
