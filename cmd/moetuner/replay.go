@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -21,7 +20,8 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	c.register(fs, false)
 	var plans multiFlag
 	fs.Var(&plans, "plan", "placement file to replay (repeatable; the first is the reference for % differences)")
-	backend := fs.String("backend", "sim", "sim (event simulation on the cost model), cpu (runs the expert FFNs with gonum) or gpu (CUDA via purego)")
+	var backend string
+	choiceVar(fs, &backend, "backend", "sim", []string{"sim", "cpu", "gpu"}, "sim (event simulation on the cost model), cpu (runs the expert FFNs with gonum) or gpu (CUDA via purego)")
 	batch := fs.Int("batch-tokens", 0, "tokens per iteration (default: a per-token trace in one batch; 4096 for count-only stats)")
 	iters := fs.Int("iterations", 0, "iterations: batches sampled from count-only stats (default 4), or the most batches cut from a trace (default all)")
 	seed := fs.Uint64("seed", 0, "seed of the batch sampler for count-only stats (default 0x6d6f65)")
@@ -37,10 +37,10 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("replay takes no positional arguments (got %q); use --trace and --plan", fs.Args())
+		return usagef("replay takes no positional arguments (got %q); use --trace and --plan", fs.Args())
 	}
 	if len(plans) == 0 {
-		return errors.New("replay needs --plan FILE (up to several)")
+		return usagef("replay needs --plan FILE (up to several)")
 	}
 	p, sources, err := c.setup(false)
 	if err != nil {
@@ -49,11 +49,11 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	model := p.Model // the size the backend runs, for calibration
 	var b replay.Backend
 	var scale float64
-	switch *backend {
+	switch backend {
 	case "sim":
 		b = replay.Sim{}
 		if *calibrate != "" {
-			return errors.New("--calibrate needs a measuring backend: cpu or gpu")
+			return usagef("--calibrate needs a measuring backend: cpu or gpu")
 		}
 	case "cpu":
 		cb := replay.CPU{Hidden: *hidden, FFN: *ffn, TokenScale: *tokenScale}
@@ -65,7 +65,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			for _, s := range strings.Split(*devices, ",") {
 				d, err := strconv.Atoi(strings.TrimSpace(s))
 				if err != nil || d < 0 {
-					return fmt.Errorf("--devices %q: want comma-separated device ordinals", *devices)
+					return usagef("--devices %q: want comma-separated device ordinals", *devices)
 				}
 				gb.Devices = append(gb.Devices, d)
 			}
@@ -73,7 +73,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		b = gb
 		model.Hidden, model.FFN, model.BytesPerExpert = cmpOr(*hidden, model.Hidden), cmpOr(*ffn, model.FFN), 0
 	default:
-		return fmt.Errorf("--backend %q: want sim, cpu or gpu", *backend)
+		return fmt.Errorf("--backend %q: want sim, cpu or gpu", backend)
 	}
 	in := replay.Input{Stats: p.Stats}
 	if len(sources) == 1 && sources[0].Trace != nil {

@@ -69,11 +69,11 @@ func TestReplayErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		"no plan":       {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl"}, 1, "needs --plan"},
-		"no trace":      {[]string{"--plan", "testdata/plans/flame-joint.json"}, 1, "no --trace"},
-		"bad backend":   {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/flame-joint.json", "--backend", "tpu"}, 1, "want sim, cpu or gpu"},
+		"no plan":       {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl"}, 2, "needs --plan"},
+		"no trace":      {[]string{"--plan", "testdata/plans/flame-joint.json"}, 2, "no --trace"},
+		"bad backend":   {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/flame-joint.json", "--backend", "tpu"}, 2, "want one of sim, cpu, gpu"},
 		"plan mismatch": {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/mixtral-joint.json"}, 1, "plan has 4 GPUs but the cluster 8"},
-		"sim calibrate": {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/flame-joint.json", "--calibrate", "x.yaml"}, 1, "cpu or gpu"},
+		"sim calibrate": {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/flame-joint.json", "--calibrate", "x.yaml"}, 2, "cpu or gpu"},
 		"bad flag":      {[]string{"--nope"}, 2, "flag provided but not defined"},
 		"missing plan":  {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "nope.json"}, 1, "nope.json"},
 	} {

@@ -101,13 +101,15 @@ func TestErrors(t *testing.T) {
 		{"no command", nil, 2, "Usage"},
 		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
 		{"bad flag", []string{"plan", "--nope"}, 2, "flag provided but not defined"},
-		{"missing trace", []string{"eval", "--plan", "x.json"}, 1, "no --trace"},
+		{"missing trace", []string{"eval", "--plan", "x.json"}, 2, "no --trace"},
 		{"missing file", []string{"stats", "nope.jsonl"}, 1, "nope.jsonl"},
-		{"bad strategy", []string{"plan", "--strategy", "magic"}, 1, "unknown strategy"},
+		{"bad strategy", []string{"plan", "--strategy", "magic"}, 2, `invalid value "magic" for flag -strategy: want one of contiguous`},
 		{"gpus do not divide", []string{"plan", "--gpus-per-node", "3", "--out", filepath.Join(t.TempDir(), "p.json")}, 1, "do not divide evenly"},
 		{"chain without transitions", []string{"plan", "--flow", "chain", "--out", filepath.Join(t.TempDir(), "p.json")}, 1, "per-token trace"},
-		{"bad flow", []string{"plan", "--flow", "sideways"}, 1, "sideways"},
-		{"eval needs plan", []string{"eval", "--trace", "testdata/mixtral-8x7b/fiddler"}, 1, "--plan"},
+		{"bad flow", []string{"plan", "--flow", "sideways"}, 2, `invalid value "sideways" for flag -flow: want one of home, chain`},
+		{"bad dispatch", []string{"compare", "--trace", "t", "--dispatch", "near"}, 2, `invalid value "near" for flag -dispatch`},
+		{"positional plan argument", []string{"plan", "extra"}, 2, "plan takes no positional arguments"},
+		{"eval needs plan", []string{"eval", "--trace", "testdata/mixtral-8x7b/fiddler"}, 2, "eval needs --plan FILE"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -188,8 +190,8 @@ func TestSplitFlag(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, plan.Layers[0].SlotShare)
 	code, _, stderr = runCLI(t, "plan", "--split", "sideways")
-	assert.Equal(t, 1, code)
-	assert.Contains(t, stderr, "even or optimal")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, stderr, "want one of even, optimal")
 }
 
 func TestHeterogeneousAndSteps(t *testing.T) {
@@ -257,13 +259,14 @@ func TestDispatchLocalFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want string
+		code int
 	}{
-		{[]string{"plan", "--trace", fid, "--dispatch-map", dm}, "add --dispatch local"},
-		{[]string{"plan", "--trace", fid, "--dispatch", "nearest"}, "want even or local"},
-		{[]string{"plan", "--trace", fid, "--redundant-slots", "4", "--dispatch", "local", "--flow", "chain"}, "home flow only"},
+		{[]string{"plan", "--trace", fid, "--dispatch-map", dm}, "add --dispatch local", 2},
+		{[]string{"plan", "--trace", fid, "--dispatch", "nearest"}, "want one of even, local", 2},
+		{[]string{"plan", "--trace", fid, "--redundant-slots", "4", "--dispatch", "local", "--flow", "chain"}, "home flow only", 1},
 	} {
 		code, _, stderr := runCLI(t, tc.args...)
-		assert.Equal(t, 1, code, tc.args)
+		assert.Equal(t, tc.code, code, tc.args)
 		assert.Contains(t, stderr, tc.want, tc.args)
 	}
 }

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+)
+
+func cmdEval(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("eval", "eval --trace T... --plan FILE [flags]", stderr)
+	var c common
+	c.register(fs, false)
+	planPath := fs.String("plan", "", "placement file (moetuner JSON/YAML or SGLang JSON)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *planPath == "" {
+		return usagef("eval needs --plan FILE")
+	}
+	p, _, err := c.setup(false)
+	if err != nil {
+		return err
+	}
+	plan, err := readPlan(*planPath, p.Cluster.GPUs())
+	if err != nil {
+		return err
+	}
+	if err := plan.Validate(placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}); err != nil {
+		return fmt.Errorf("%s: %w", *planPath, err)
+	}
+	rep, err := costmodel.Evaluate(plan, p.Stats, p.Cluster, p.Model, costmodel.Options{Flow: p.Flow, Mode: p.Mode, Dispatch: p.Dispatch})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "plan %s (%s) on %s, %d GPUs, model %s, flow %s, mode %s\n", *planPath, plan.Strategy, p.Cluster.Name, p.Cluster.GPUs(), p.Model.Name, p.Flow, p.Mode)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "layer\tmax tokens\tmax/mean\tcompute tail\tall-to-all\tcross-node\tsequential\toverlapped\t")
+	for _, l := range rep.Layers {
+		fmt.Fprintf(tw, "%d\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t\n", l.Layer, l.MaxTokens, l.Imbalance, dur(l.ComputeTail), dur(l.CommTime), bytesStr(l.CrossNodeBytes), dur(l.Sequential), dur(l.Overlapped))
+	}
+	fmt.Fprintf(tw, "total\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t\n", rep.MaxTokensSum, rep.MeanImbalance, dur(rep.ComputeTail), dur(rep.CommTime), bytesStr(rep.CrossNodeBytes), dur(rep.Sequential), dur(rep.Overlapped))
+	tw.Flush()
+	return writeJSON(c.jsonOut, rep)
+}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+
+	"github.com/moetuner/moetuner/mip"
+
+	"github.com/moetuner/moetuner/mip/highs"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+	"github.com/moetuner/moetuner/solver"
+)
+
+func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("plan", "plan [--trace T]... [flags]", stderr)
+	var c common
+	c.register(fs, true)
+	var strategy, format string
+	choiceVar(fs, &strategy, "strategy", "joint", strategyNames(), "joint, moetuner, greedy, eplb, eplb-hierarchical, contiguous or round-robin")
+	out := fs.String("out", "placement.json", "placement file to write (atomically)")
+	choiceVar(fs, &format, "format", "", []string{"", "moetuner", "json", "yaml", "sglang", "eplb", "vllm"}, "placement format: moetuner (JSON), yaml, sglang, eplb or vllm (default: from --out's extension: .yaml, .sglang.json, .eplb.json, .vllm.json, else moetuner JSON)")
+	writeLP := fs.String("write-model", "", "also write the joint ILP(s) for debugging to PREFIX<i>.lp (CPLEX LP, written in Go) or, with a .mps suffix (PREFIX.mps), PREFIX<i>.mps via HiGHS")
+	dispatchMap := fs.String("dispatch-map", "", "also write, for --dispatch local, each rank's static dispatch table [rank][layer][expert] → physical slot (GPU-major numbering as in the sglang/eplb files) to this JSON file")
+	quiet := fs.Bool("quiet", false, "print only errors")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("plan takes no positional arguments (got %q); use --trace", fs.Args())
+	}
+	if *dispatchMap != "" && c.dispatch != "local" {
+		return usagef("--dispatch-map writes the tables of local dispatch; add --dispatch local")
+	}
+	st, err := solver.ParseStrategy(strategy)
+	if err != nil {
+		return err
+	}
+	pf := placement.Format(format)
+	if pf == "" {
+		if pf, err = placement.FormatFromPath(*out); err != nil {
+			return err
+		}
+	}
+	p, sources, err := c.setup(true)
+	if err != nil {
+		return err
+	}
+	if *writeLP != "" {
+		mips, err := solver.JointMIPs(p, c.options())
+		if err != nil {
+			return err
+		}
+		for i, m := range mips {
+			var err error
+			if base, ok := strings.CutSuffix(*writeLP, ".mps"); ok {
+				err = highs.WriteModel(m, fmt.Sprintf("%s%d.mps", base, i))
+			} else {
+				err = writeLPFile(fmt.Sprintf("%s%d.lp", strings.TrimSuffix(*writeLP, ".lp"), i), m)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	opts := c.options()
+	if !*quiet {
+		opts.Progress = func(pr solver.Progress) {
+			fmt.Fprintf(stderr, "%7.2fs  %-20s objective %s  bound %s\n", pr.Elapsed.Seconds(), pr.Stage, fmtSec(pr.Objective), fmtSec(pr.Bound))
+		}
+	}
+	res, err := solver.Solve(ctx, p, st, highs.Backend{}, opts)
+	if err != nil {
+		return err
+	}
+	plan := res.Plan
+	plan.Meta = map[string]string{
+		"flow":      p.Flow.String(),
+		"mode":      p.Mode.String(),
+		"dispatch":  p.Dispatch.String(),
+		"cluster":   fmt.Sprintf("%s (%d nodes × %d GPUs)", p.Cluster.Name, p.Cluster.Nodes, p.Cluster.GPUsPerNode),
+		"model":     p.Model.Name,
+		"objective": fmt.Sprintf("%.9g s", res.Objective),
+		"status":    res.Status.String(),
+		"traces":    sourceList(sources),
+	}
+	var dm *placement.DispatchMap
+	if *dispatchMap != "" {
+		// Check before writing anything: both files or neither.
+		if dm, err = placement.LocalDispatchMap(plan, p.Cluster.GPUsPerNode); err != nil {
+			return err
+		}
+	}
+	if err := placement.WriteFile(*out, plan, pf); err != nil {
+		return err
+	}
+	if dm != nil {
+		if err := placement.WriteDispatchMap(*dispatchMap, plan, p.Cluster.GPUsPerNode); err != nil {
+			return err
+		}
+	}
+	if *quiet {
+		return nil
+	}
+	base, err := solver.Solve(ctx, p, solver.StrategyContiguous, nil, solver.Options{})
+	if err != nil {
+		return err
+	}
+	results := []*solver.Result{base}
+	if st != solver.StrategyContiguous {
+		results = append(results, res)
+	}
+	fmt.Fprintf(stdout, "wrote %s (%s format): %s placement of %d layers × %d experts on %d GPUs (%d nodes), flow %s\n",
+		*out, pf, st, p.Stats.Layers, p.Stats.Experts, p.Cluster.GPUs(), p.Cluster.Nodes, p.Flow)
+	printCompare(stdout, p, results)
+	return writeJSON(c.jsonOut, jsonResults(p, results))
+}
+
+func writeLPFile(path string, m *mip.Model) error {
+	var buf bytes.Buffer
+	if err := m.WriteLP(&buf); err != nil {
+		return err
+	}
+	return placement.WriteFileAtomic(path, buf.Bytes())
+}
+
+func sourceList(sources []*routing.Source) string {
+	var s []string
+	for _, src := range sources {
+		s = append(s, filepath.ToSlash(src.Path))
+	}
+	return strings.Join(s, ",")
+}
+
+// strategyNames lists the values of --strategy.
+func strategyNames() []string {
+	var out []string
+	for _, st := range solver.Strategies {
+		out = append(out, string(st))
+	}
+	return append(out, "roundrobin")
+}
