@@ -254,6 +254,9 @@ func parseLogicalCount(data []byte, file string, topK int, keepZero bool) (*Stat
 	}
 	s := StatsFromLoad(pick(load), topK)
 	s.Experts = E
+	// SGLang's logical_count has a row for every decoder layer, dense ones
+	// included.
+	s.ModelLayers = L
 	if len(keep) != L {
 		s.LayerNames = keep
 	}

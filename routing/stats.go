@@ -82,6 +82,15 @@ func (s *Stats) Validate() error {
 	if s.LayerNames != nil && len(s.LayerNames) != L {
 		return fmt.Errorf("routing: len(LayerNames) = %d, want %d layers or nil", len(s.LayerNames), L)
 	}
+	if s.ModelLayers != 0 {
+		top := L - 1
+		if s.LayerNames != nil {
+			top = slices.Max(s.LayerNames)
+		}
+		if s.ModelLayers <= top {
+			return fmt.Errorf("routing: ModelLayers = %d, but the stats have layer %d; want 0 (unknown) or more than every layer name", s.ModelLayers, top)
+		}
+	}
 	var prev string
 	for i, p := range s.Patterns {
 		if len(p.Experts) != L*s.TopK {
@@ -132,8 +141,8 @@ func (s *Stats) isZero() bool {
 }
 
 // Merge adds o into s. An empty (zero-value) s becomes a copy of o. Layers
-// and Experts must match, as must TopK and LayerNames when both sides state
-// them, and TransitionMode when both have transitions; the error names the
+// and Experts must match, as must TopK, LayerNames and ModelLayers when both
+// sides state them, and TransitionMode when both have transitions; the error names the
 // mismatch and s is left unchanged. Load, Tokens, Transitions, CoActivation
 // and pattern counts add up (patterns by key). A matrix or histogram that one
 // side lacks (nil) is dropped from the result, as the sum would be
@@ -162,6 +171,9 @@ func (s *Stats) Merge(o *Stats) error {
 	if s.LayerNames != nil && o.LayerNames != nil && !slices.Equal(s.LayerNames, o.LayerNames) {
 		return fmt.Errorf("routing: merge: layer names %v vs %v", s.LayerNames, o.LayerNames)
 	}
+	if s.ModelLayers != 0 && o.ModelLayers != 0 && s.ModelLayers != o.ModelLayers {
+		return fmt.Errorf("routing: merge: a model of %d decoder layers vs one of %d", s.ModelLayers, o.ModelLayers)
+	}
 	if s.Transitions != nil && o.Transitions != nil && s.TransitionMode != o.TransitionMode {
 		return fmt.Errorf("routing: merge: transition mode %v vs %v", s.TransitionMode, o.TransitionMode)
 	}
@@ -186,6 +198,9 @@ func (s *Stats) Merge(o *Stats) error {
 	}
 	if s.LayerNames == nil {
 		s.LayerNames = slices.Clone(o.LayerNames)
+	}
+	if s.ModelLayers == 0 {
+		s.ModelLayers = o.ModelLayers
 	}
 	s.Tokens += o.Tokens
 	addMatrix(s.Load, o.Load)

@@ -106,12 +106,13 @@ func (t *Trace) Slice(from, to int) *Trace {
 	to = min(max(to, from), t.Tokens)
 	per := t.Layers * t.TopK
 	s := &Trace{
-		Tokens:     to - from,
-		Layers:     t.Layers,
-		TopK:       t.TopK,
-		Experts:    t.Experts,
-		IDs:        slices.Clone(t.IDs[from*per : to*per]),
-		LayerNames: slices.Clone(t.LayerNames),
+		Tokens:      to - from,
+		Layers:      t.Layers,
+		TopK:        t.TopK,
+		Experts:     t.Experts,
+		IDs:         slices.Clone(t.IDs[from*per : to*per]),
+		LayerNames:  slices.Clone(t.LayerNames),
+		ModelLayers: t.ModelLayers,
 	}
 	if s.IDs == nil {
 		s.IDs = []int16{}
@@ -152,6 +153,7 @@ func (t *Trace) Stats(opts StatsOptions) *Stats {
 		Load:           newMatrix(L, E),
 		TransitionMode: opts.Transitions,
 		LayerNames:     slices.Clone(t.LayerNames),
+		ModelLayers:    t.ModelLayers,
 	}
 	dense := L*E*E <= maxDenseEntries
 	if dense {

@@ -55,6 +55,10 @@ type Trace struct {
 	// LayerNames are the model's layer numbers for layers 0..L-1 (FLAME's
 	// MoE layers 2..9, for example); nil means 0..L-1.
 	LayerNames []int
+	// ModelLayers is the model's number of decoder layers, dense ones
+	// included (num_hidden_layers), when the source records it; 0 when
+	// unknown.
+	ModelLayers int
 }
 
 // Pattern is one distinct token path with its multiplicity: the token's
@@ -96,6 +100,10 @@ type Stats struct {
 	// LayerNames are the model's layer numbers for layers 0..L-1; nil means
 	// 0..L-1.
 	LayerNames []int
+	// ModelLayers is the model's number of decoder layers, dense ones
+	// included (num_hidden_layers, SGLang's L_all), when the source records
+	// it; 0 when unknown. It is at least 1 + the largest layer name.
+	ModelLayers int
 	// Sources lists the files the stats came from, in the order merged.
 	Sources []string
 }
