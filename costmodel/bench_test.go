@@ -77,12 +77,21 @@ func benchEvaluate(b *testing.B, plan *placement.Plan, st *routing.Stats, c Clus
 	b.ReportMetric(rep.TimeSec*1e6, "model-µs")
 }
 
-func benchLayerTime(b *testing.B, plan *placement.Plan, st *routing.Stats, c Cluster, m Model, opts Options) {
-	ev, err := NewEvaluator(st, c, m, opts)
+// benchSwap measures Delta of a swap of two experts in layer 1 (in chain
+// flow it touches layers 1 and 2).
+func benchSwap(b *testing.B, plan *placement.Plan, st *routing.Stats, c Cluster, m Model, opts Options) {
+	sc := Scenario{Stats: st, Cluster: c, Model: m, Flow: opts.Flow, Mode: opts.Mode, Dispatch: opts.Dispatch}
+	ev, err := sc.NewEvaluator(plan)
 	require.NoError(b, err)
-	ev.LayerTime(1, plan.Layers[1], &plan.Layers[0])
+	S := len(plan.Layers[1].SlotGPU)
+	mv := Move{Kind: MoveSwap, Layer: 1, Slot: 0, Other: S - 1}
+	_, err = ev.Delta(mv)
+	require.NoError(b, err)
+	i := 0
 	for b.Loop() {
-		ev.LayerTime(1, plan.Layers[1], &plan.Layers[0])
+		i++
+		mv.Other = S - 1 - i%(S/2)
+		_, _ = ev.Delta(mv)
 	}
 }
 
@@ -92,10 +101,10 @@ func BenchmarkEvaluateFlameChain(b *testing.B) {
 	benchEvaluate(b, plan, st, c, m, Options{Flow: FlowChain})
 }
 
-func BenchmarkLayerTimeFlameChain(b *testing.B) {
+func BenchmarkSwapFlameChain(b *testing.B) {
 	plan, st, m := flameLike()
 	c, _ := ClusterPreset("h100x8")
-	benchLayerTime(b, plan, st, c, m, Options{Flow: FlowChain})
+	benchSwap(b, plan, st, c, m, Options{Flow: FlowChain})
 }
 
 func BenchmarkEvaluateDeepSeekCountOnly(b *testing.B) {
@@ -104,19 +113,27 @@ func BenchmarkEvaluateDeepSeekCountOnly(b *testing.B) {
 	benchEvaluate(b, plan, st, c, m, Options{})
 }
 
-func BenchmarkLayerTimeDeepSeekCountOnlyChain(b *testing.B) {
+func BenchmarkSwapDeepSeekCountOnlyChain(b *testing.B) {
 	plan, st, m := deepseekLike()
 	c, _ := ClusterPreset("4xh200x8")
-	benchLayerTime(b, plan, st, c, m, Options{Flow: FlowChain})
+	benchSwap(b, plan, st, c, m, Options{Flow: FlowChain})
 }
 
-func TestLayerTimeAllocs(t *testing.T) {
+func TestDeltaAllocs(t *testing.T) {
 	plan, st, m := flameLike()
 	c, _ := ClusterPreset("2xh100x8")
 	plan.GPUs = 16
-	ev, err := NewEvaluator(st, c, m, Options{Flow: FlowChain, Mode: Overlapped})
+	sc := Scenario{Stats: st, Cluster: c, Model: m, Flow: FlowChain, Mode: Overlapped}
+	ev, err := sc.NewEvaluator(plan)
 	require.NoError(t, err)
-	ev.LayerTime(1, plan.Layers[1], &plan.Layers[0])
-	allocs := testing.AllocsPerRun(20, func() { ev.LayerTime(1, plan.Layers[1], &plan.Layers[0]) })
+	mv := Move{Kind: MoveSwap, Layer: 1, Slot: 0, Other: 40}
+	_, err = ev.Delta(mv)
+	require.NoError(t, err)
+	other := 40
+	allocs := testing.AllocsPerRun(20, func() {
+		other = 40 + (other-39)%20
+		mv.Other = other
+		_, _ = ev.Delta(mv)
+	})
 	require.Zero(t, allocs)
 }

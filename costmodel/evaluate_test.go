@@ -577,35 +577,50 @@ func TestEvaluateBruteForce(t *testing.T) {
 	}
 }
 
-// checkEvaluator checks that LayerTime reproduces every layer's TimeSec
-// and that the layer times obey their definitions.
+// checkEvaluator checks that the incremental Evaluator starts from every
+// layer's TimeSec exactly and that the layer times obey their
+// definitions.
 func checkEvaluator(t *testing.T, name string, plan *placement.Plan, st *routing.Stats, c Cluster, m Model, opts Options, rep *Report) {
 	t.Helper()
-	ev, err := NewEvaluator(st, c, m, opts)
+	sc := Scenario{Stats: st, Cluster: c, Model: m, Flow: opts.Flow, Mode: opts.Mode, Dispatch: opts.Dispatch, Chunks: opts.Chunks}
+	ev, err := sc.NewEvaluator(plan)
 	require.NoError(t, err)
 	var sum float64
 	for l, lr := range rep.Layers {
-		var prev *placement.LayerPlan
-		if l > 0 {
-			prev = &plan.Layers[l-1]
-		}
-		require.Equal(t, lr.TimeSec, ev.LayerTime(l, plan.Layers[l], prev), "%s layer %d", name, l)
+		require.Equal(t, lr.TimeSec, ev.LayerCost(l), "%s layer %d", name, l)
 		sum += lr.TimeSec
 		assert.LessOrEqual(t, lr.Ideal, lr.Sequential+1)
 		assert.LessOrEqual(t, lr.Ideal, lr.Overlapped+1)
 		assert.InDelta(t, float64(lr.DispatchTime+lr.CombineTime), float64(lr.CommTime), 1)
 	}
 	assert.InDelta(t, sum, rep.TimeSec, 1e-15)
+	assert.InDelta(t, rep.TimeSec, ev.Cost(), 1e-15)
 }
 
-func TestLayerTimeInvalid(t *testing.T) {
+func TestEvaluatorInvalid(t *testing.T) {
 	plan, st := twoGPU()
-	ev, err := NewEvaluator(st, tinyCluster(1, 2), tinyModel(2, 4, 2), Options{Flow: FlowChain})
+	sc := Scenario{Stats: st, Cluster: tinyCluster(1, 2), Model: tinyModel(2, 4, 2), Flow: FlowChain}
+	ev, err := sc.NewEvaluator(plan)
 	require.NoError(t, err)
-	assert.True(t, math.IsInf(ev.LayerTime(1, plan.Layers[1], nil), 1))
-	assert.True(t, math.IsInf(ev.LayerTime(2, plan.Layers[1], &plan.Layers[0]), 1))
-	assert.True(t, math.IsInf(ev.LayerTime(0, placement.LayerPlan{}, nil), 1))
-	assert.False(t, math.IsInf(ev.LayerTime(1, plan.Layers[1], &plan.Layers[0]), 0))
+	for _, tc := range []struct {
+		m    Move
+		want string
+	}{
+		{Move{Kind: MoveSwap, Layer: 2}, "move on layer 2 of 2"},
+		{Move{Kind: MoveSwap, Layer: 0, Slot: 0, Other: 9}, "slot 9 out of range [0,4)"},
+		{Move{Kind: MoveRelocate, Layer: 1, Slot: 0, GPU: 5}, "GPU 5 out of range [0,2)"},
+		{Move{Kind: MoveRetarget, Layer: 1, Slot: 0, Expert: 7}, "expert 7 out of range [0,4)"},
+		{Move{Kind: MoveDrop, Layer: 1, Slot: 0}, "expert 0 has no slot"},
+		{Move{Kind: MoveKind(9)}, "unknown move kind MoveKind(9)"},
+	} {
+		_, err := ev.Delta(tc.m)
+		assert.ErrorContains(t, err, tc.want, "%+v", tc.m)
+		assert.ErrorContains(t, ev.Apply(tc.m), tc.want, "%+v", tc.m)
+	}
+	shared := plan.Clone()
+	shared.Layers[0].SlotShare = []float64{1, 1}
+	_, err = sc.NewEvaluator(shared)
+	assert.ErrorContains(t, err, "carries slot shares")
 }
 
 func TestFlowModeStrings(t *testing.T) {
@@ -724,7 +739,7 @@ func distinctGPUs(lp placement.LayerPlan, e int) []int {
 
 // bruteLocal is bruteForce's home flow under local dispatch, with the
 // tokens per GPU.
-func bruteLocal(plan *placement.Plan, st *routing.Stats, P int) (b bruteMats, tokens [][]float64) {
+func bruteLocal(plan *placement.Plan, st *routing.Stats, P int, frac func(gpus []int, G, P, h int) []float64) (b bruteMats, tokens [][]float64) {
 	G, L, K, E := plan.GPUs, st.Layers, st.TopK, st.Experts
 	b = newMats(L, G)
 	for l := 0; l < L; l++ {
@@ -777,7 +792,7 @@ func bruteLocal(plan *placement.Plan, st *routing.Stats, P int) (b bruteMats, to
 		for e, x := range st.Load[l] {
 			gs := distinctGPUs(lp, e)
 			for h := 0; h < G; h++ {
-				f := localFrac(gs, G, P, h)
+				f := frac(gs, G, P, h)
 				for i, g := range gs {
 					tok[g] += x * share[h][e] * f[i]
 					if st.Patterns == nil {
@@ -808,7 +823,7 @@ func bruteLocal(plan *placement.Plan, st *routing.Stats, P int) (b bruteMats, to
 							return
 						}
 						gs := distinctGPUs(lp, int(set[i]))
-						f := localFrac(gs, G, P, h)
+						f := frac(gs, G, P, h)
 						for j, g := range gs {
 							m := maps.Clone(gpus)
 							m[g] = true
@@ -828,7 +843,33 @@ func bruteLocal(plan *placement.Plan, st *routing.Stats, P int) (b bruteMats, to
 	return b, tokens
 }
 
-func TestEvaluateLocalDispatchBruteForce(t *testing.T) {
+// staticFrac is static dispatch's split for source h: its own copy, else
+// every copy evenly.
+func staticFrac(gpus []int, G, P, h int) []float64 {
+	f := make([]float64, len(gpus))
+	if i := slices.Index(gpus, h); i >= 0 {
+		f[i] = 1
+		return f
+	}
+	for i := range f {
+		f[i] = 1 / float64(len(gpus))
+	}
+	return f
+}
+
+// TestEvaluatePerSourceBruteForce enumerates every token's destinations
+// under local and static dispatch and compares the bytes, tokens and NIC
+// traffic with Evaluate's.
+func TestEvaluatePerSourceBruteForce(t *testing.T) {
+	for _, d := range []struct {
+		dispatch placement.Dispatch
+		frac     func(gpus []int, G, P, h int) []float64
+	}{{placement.DispatchLocal, localFrac}, {placement.DispatchStatic, staticFrac}} {
+		t.Run(d.dispatch.String(), func(t *testing.T) { testPerSourceBruteForce(t, d.dispatch, d.frac) })
+	}
+}
+
+func testPerSourceBruteForce(t *testing.T, dispatch placement.Dispatch, frac func(gpus []int, G, P, h int) []float64) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	shapes := []struct{ nodes, gpn int }{{1, 3}, {2, 2}, {2, 3}, {3, 2}, {4, 2}}
 	for it := 0; it < 150; it++ {
@@ -841,10 +882,10 @@ func TestEvaluateLocalDispatchBruteForce(t *testing.T) {
 				s = countOnly(st)
 			}
 			name := fmt.Sprintf("it%d/%dx%d/countonly=%v", it, sh.nodes, sh.gpn, counts)
-			opts := Options{Flow: FlowHome, Mode: Mode(it % 2), Dispatch: placement.DispatchLocal}
+			opts := Options{Flow: FlowHome, Mode: Mode(it % 2), Dispatch: dispatch}
 			rep, err := Evaluate(plan, s, c, m, opts)
 			require.NoError(t, err, name)
-			want, tokens := bruteLocal(plan, s, sh.gpn)
+			want, tokens := bruteLocal(plan, s, sh.gpn, frac)
 			for l, lr := range rep.Layers {
 				var nic float64
 				for src := range lr.Dispatch {

@@ -25,28 +25,85 @@ const (
 	// to the node, as in SGLang PR #19772 (node-local redundant experts):
 	// a copy on a node saves that node's tokens the NIC.
 	DispatchLocal
+	// DispatchStatic is SGLang's static dispatch (its default with EPLB or
+	// an initial expert location): a source uses the copy on its own GPU
+	// if there is one; every other source gets one copy by a seeded fair
+	// random choice, which gives each copy the same number of sources and
+	// every source each copy with probability 1/n. moetuner models that
+	// expectation: a source without its own copy splits evenly over all
+	// copies (StaticSplit).
+	DispatchStatic
 )
 
-// String returns "even" or "local".
+// String returns "even", "local" or "static".
 func (d Dispatch) String() string {
 	switch d {
 	case DispatchEven:
 		return "even"
 	case DispatchLocal:
 		return "local"
+	case DispatchStatic:
+		return "static"
 	}
 	return fmt.Sprintf("Dispatch(%d)", int(d))
 }
 
-// ParseDispatch parses "even" or "local".
+// PerSource reports whether a source's split over an expert's copies
+// depends on where the source is (local and static dispatch).
+func (d Dispatch) PerSource() bool { return d == DispatchLocal || d == DispatchStatic }
+
+// ParseDispatch parses "even", "local" or "static".
 func ParseDispatch(s string) (Dispatch, error) {
 	switch s {
 	case "even", "":
 		return DispatchEven, nil
 	case "local":
 		return DispatchLocal, nil
+	case "static":
+		return DispatchStatic, nil
 	}
-	return 0, fmt.Errorf("placement: unknown dispatch %q (want even or local)", s)
+	return 0, fmt.Errorf("placement: unknown dispatch %q (want even, local or static)", s)
+}
+
+// StaticSplit fills frac, of length G·len(gpus), with DispatchStatic's
+// fractions for one expert whose copies sit on the distinct GPUs gpus:
+// frac[h·len(gpus)+i] is 1 for the copy on h when h holds one, and 1/n for
+// every copy otherwise. Every source's fractions sum to 1.
+func StaticSplit(gpus []int32, G int, frac []float64) {
+	n := len(gpus)
+	clear(frac[:G*n])
+	if n == 0 {
+		return
+	}
+	w := 1 / float64(n)
+	for h := 0; h < G; h++ {
+		row := frac[h*n : (h+1)*n]
+		own := slices.Index(gpus, int32(h))
+		if own >= 0 {
+			row[own] = 1
+			continue
+		}
+		for i := range row {
+			row[i] = w
+		}
+	}
+}
+
+// Split fills frac as LocalSplit or StaticSplit do for a per-source
+// dispatch d; for DispatchEven every source splits evenly.
+func (d Dispatch) Split(gpus []int32, G, gpusPerNode int, frac []float64) {
+	switch d {
+	case DispatchLocal:
+		LocalSplit(gpus, G, gpusPerNode, frac)
+	case DispatchStatic:
+		StaticSplit(gpus, G, frac)
+	default:
+		n := len(gpus)
+		clear(frac[:G*n])
+		for i := range frac[:G*n] {
+			frac[i] = 1 / float64(n)
+		}
+	}
 }
 
 // LocalSplit fills frac, of length G·len(gpus), with DispatchLocal's

@@ -12,13 +12,26 @@ import (
 )
 
 func TestParseDispatch(t *testing.T) {
-	for _, d := range []Dispatch{DispatchEven, DispatchLocal} {
+	for _, d := range []Dispatch{DispatchEven, DispatchLocal, DispatchStatic} {
 		got, err := ParseDispatch(d.String())
 		require.NoError(t, err)
 		assert.Equal(t, d, got)
 	}
 	_, err := ParseDispatch("nearest")
-	assert.ErrorContains(t, err, "want even or local")
+	assert.ErrorContains(t, err, "want even, local or static")
+}
+
+// StaticSplit: own copy wins, every other source splits evenly. The
+// mutation "prefer a copy on the own node" (LocalSplit's rule) fails the
+// row of GPU 1, which shares node 0 with the copy on GPU 0.
+func TestStaticSplit(t *testing.T) {
+	gpus := []int32{0, 3}
+	frac := make([]float64, 4*2)
+	StaticSplit(gpus, 4, frac)
+	assert.Equal(t, []float64{1, 0, 0.5, 0.5, 0.5, 0.5, 0, 1}, frac)
+	local := make([]float64, 4*2)
+	LocalSplit(gpus, 4, 2, local)
+	assert.NotEqual(t, frac, local, "static dispatch has no node preference")
 }
 
 // 4 nodes × 2 GPUs; copies on GPU 0 (node 0) and GPUs 2, 3 (node 1).
