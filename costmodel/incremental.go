@@ -560,3 +560,32 @@ func (ev *Evaluator) layerIndex(l int) *patternIndex {
 	}
 	return idx
 }
+
+// SetLayer replaces layer l's slots by lp (copied) and recomputes the
+// counters it affects (layer l, and layer l+1's transition in chain flow).
+func (ev *Evaluator) SetLayer(l int, lp placement.LayerPlan) error {
+	eng := ev.eng
+	if l < 0 || l >= eng.l {
+		return fmt.Errorf("costmodel: layer %d of %d", l, eng.l)
+	}
+	if lp.SlotShare != nil {
+		return fmt.Errorf("costmodel: layer %d carries slot shares; evaluate such plans with Evaluate", l)
+	}
+	var sh shares
+	if err := sh.build(lp, eng.e, eng.g, eng.p, eng.opts.Dispatch); err != nil {
+		return fmt.Errorf("costmodel: layer %d: %w", l, err)
+	}
+	dst := &ev.plan.Layers[l]
+	dst.SlotExpert = append(dst.SlotExpert[:0], lp.SlotExpert...)
+	dst.SlotGPU = append(dst.SlotGPU[:0], lp.SlotGPU...)
+	ev.sh[l] = sh
+	for i := l; i <= l+1 && i < eng.l; i++ {
+		if i > l && eng.opts.Flow != FlowChain {
+			break
+		}
+		eng.layerMasses(i, &ev.sh[i], ev.prevShares(i), &ev.st[i])
+		ev.times[i] = eng.finish(i, &ev.sh[i], &ev.st[i], nil)
+	}
+	ev.trial.valid = false
+	return nil
+}

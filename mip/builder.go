@@ -142,3 +142,15 @@ func (m *Model) RowName(i int) string {
 	}
 	return fmt.Sprintf("r%d", i)
 }
+
+// Inf is +∞, for absent bounds.
+var Inf = math.Inf(1)
+
+// Ones returns n coefficients of 1, for rows that sum columns.
+func Ones(n int) []float64 {
+	v := make([]float64, n)
+	for i := range v {
+		v[i] = 1
+	}
+	return v
+}

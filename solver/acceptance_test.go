@@ -16,6 +16,7 @@ import (
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	. "github.com/moetuner/moetuner/solver"
+	"github.com/moetuner/moetuner/solver/internal/testkit"
 )
 
 func loadStats(t testing.TB, rel string) (*routing.Stats, *routing.Source) {
@@ -31,21 +32,21 @@ func mixtralProblem(t testing.TB) Problem {
 	require.Equal(t, 8, stats.Experts)
 	m, err := costmodel.ModelPreset("mixtral-8x7b")
 	require.NoError(t, err)
-	return Problem{Stats: stats, Cluster: smallCluster(1, 4), Model: m}
+	return Problem{Stats: stats, Cluster: testkit.SmallCluster(1, 4), Model: m}
 }
 
 func flameProblem(t testing.TB, nodes int, flow costmodel.Flow) Problem {
 	stats, _ := loadStats(t, "flame-moe-290m/trace.jsonl")
 	m, err := costmodel.ModelPreset("flame-moe-290m")
 	require.NoError(t, err)
-	return Problem{Stats: stats, Cluster: smallCluster(nodes, 8/nodes), Model: m, Flow: flow}
+	return Problem{Stats: stats, Cluster: testkit.SmallCluster(nodes, 8/nodes), Model: m, Flow: flow}
 }
 
 // bruteMinMax returns the smallest busiest-GPU load over every way of
 // putting the E experts of one layer on G GPUs with E/G each.
 func bruteMinMax(load []float64, G int) float64 {
 	best := math.Inf(1)
-	for _, a := range assignments(len(load), G) {
+	for _, a := range testkit.Assignments(len(load), G) {
 		t := make([]float64, G)
 		for e, g := range a {
 			t[g] += load[e]
@@ -155,8 +156,8 @@ func TestMoETunerEq13Infeasible(t *testing.T) {
 	// One layer whose only zero-deviation clustering has sizes {1,2,2,3}
 	// (MOETUNER.md §5): E·L/G = 2 experts per GPU cannot hold.
 	stats := routing.StatsFromLoad([][]float64{{300, 150, 150, 150, 150, 100, 100, 100}}, 2)
-	m := fakeModel(8, 2)
-	p := Problem{Stats: stats, Cluster: smallCluster(1, 4), Model: m}
+	m := testkit.FakeModel(8, 2)
+	p := Problem{Stats: stats, Cluster: testkit.SmallCluster(1, 4), Model: m}
 	_, err := Solve(context.Background(), p, StrategyMoETuner, testBackend(t), Options{TimeLimit: 20 * time.Second, RelGap: -1})
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ErrInfeasible)
@@ -166,13 +167,13 @@ func TestMoETunerEq13Infeasible(t *testing.T) {
 
 	// E·L not divisible by G.
 	stats = routing.StatsFromLoad([][]float64{{3, 2, 1, 1, 1, 1}}, 2)
-	p = Problem{Stats: stats, Cluster: smallCluster(1, 4), Model: fakeModel(6, 2)}
+	p = Problem{Stats: stats, Cluster: testkit.SmallCluster(1, 4), Model: testkit.FakeModel(6, 2)}
 	_, err = Solve(context.Background(), p, StrategyMoETuner, testBackend(t), Options{})
 	assert.ErrorIs(t, err, ErrInfeasible)
 
 	// The equal-size variant always meets Eq. 13.
 	stats = routing.StatsFromLoad([][]float64{{300, 150, 150, 150, 150, 100, 100, 100}}, 2)
-	p = Problem{Stats: stats, Cluster: smallCluster(1, 4), Model: m}
+	p = Problem{Stats: stats, Cluster: testkit.SmallCluster(1, 4), Model: m}
 	res, err := Solve(context.Background(), p, StrategyMoETuner, testBackend(t), Options{MoETunerEqualSizes: true, RelGap: -1})
 	require.NoError(t, err)
 	verify(t, p, res)
@@ -231,10 +232,11 @@ func TestFLAMEHoldout(t *testing.T) {
 		cont, err := baseline.Contiguous(8, 64, 8)
 		require.NoError(t, err)
 		p.Stats = test
-		_, jointT, err := Score(p, res.Plan)
+		jr, err := p.Scenario().Evaluate(res.Plan)
 		require.NoError(t, err)
-		_, contT, err := Score(p, cont)
+		cr, err := p.Scenario().Evaluate(cont)
 		require.NoError(t, err)
+		jointT, contT := jr.TimeSec, cr.TimeSec
 		t.Logf("%s flow, held-out half: joint %.3g s vs contiguous %.3g s (%.1f%% better)", flow, jointT, contT, 100*(contT-jointT)/contT)
 		assert.Less(t, jointT, contT, "flow %s", flow)
 	}
@@ -257,7 +259,7 @@ func TestChainPermutationOracle(t *testing.T) {
 			e = pi[e]
 		}
 	}
-	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: smallCluster(1, 4), Model: fakeModel(E, 1), Flow: costmodel.FlowChain}
+	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(1, 4), Model: testkit.FakeModel(E, 1), Flow: costmodel.FlowChain}
 	res, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{TimeLimit: 20 * time.Second, RelGap: -1})
 	require.NoError(t, err)
 	verify(t, p, res)
@@ -289,11 +291,11 @@ func TestBaselinesAreHeuristic(t *testing.T) {
 
 func TestSolveErrors(t *testing.T) {
 	p := mixtralProblem(t)
-	p.Cluster = smallCluster(1, 16)
+	p.Cluster = testkit.SmallCluster(1, 16)
 	_, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{})
 	assert.ErrorIs(t, err, ErrInfeasible, "16 GPUs for 8 experts")
 	p = mixtralProblem(t)
-	p.Cluster = smallCluster(1, 3)
+	p.Cluster = testkit.SmallCluster(1, 3)
 	_, err = Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{})
 	assert.ErrorIs(t, err, ErrInfeasible, "8 experts on 3 GPUs")
 	p.Stats = nil

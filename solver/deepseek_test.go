@@ -84,13 +84,13 @@ func TestDeepSeekRobustAcrossWorkloads(t *testing.T) {
 		}
 	}
 	p := deepseekProblem(t, sum)
-	p.Scenarios = scen
+	p.Workloads = scen
 	res, err := Solve(context.Background(), p, StrategyJoint, nil, Options{TimeLimit: 15 * time.Second})
 	require.NoError(t, err)
 	verify(t, p, res)
 	m := 0.0
-	for _, v := range res.Balance.Scenario {
-		m += v / float64(len(res.Balance.Scenario))
+	for _, v := range res.Balance.Workload {
+		m += v / float64(len(res.Balance.Workload))
 	}
 	// EPLB planned on the summed counts, scored on each workload.
 	ep, err := Solve(context.Background(), p, StrategyEPLB, nil, Options{})
@@ -98,13 +98,13 @@ func TestDeepSeekRobustAcrossWorkloads(t *testing.T) {
 	epMean, epWorst := 0.0, 0.0
 	for _, st := range scen {
 		q := p
-		q.Stats, q.Scenarios = st, nil
-		rep, _, err := Score(q, ep.Plan)
+		q.Stats, q.Workloads = st, nil
+		rep, err := q.Scenario().Evaluate(ep.Plan)
 		require.NoError(t, err)
 		epMean += rep.MeanImbalance / float64(len(scen))
 		epWorst = max(epWorst, rep.MaxImbalance)
 	}
-	t.Logf("per-workload mean busiest/mean: %v; mean %.4f (EPLB on the summed counts: mean %.4f, worst layer %.3f); %s", res.Balance.Scenario, m, epMean, epWorst, res.SolveTime)
+	t.Logf("per-workload mean busiest/mean: %v; mean %.4f (EPLB on the summed counts: mean %.4f, worst layer %.3f); %s", res.Balance.Workload, m, epMean, epWorst, res.SolveTime)
 	assert.LessOrEqual(t, m, 1.04)
 	assert.Less(t, m, epMean)
 }

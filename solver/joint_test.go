@@ -13,98 +13,10 @@ import (
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/mip"
 	"github.com/moetuner/moetuner/mip/highs"
-	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	. "github.com/moetuner/moetuner/solver"
+	"github.com/moetuner/moetuner/solver/internal/testkit"
 )
-
-// randomTrace makes a trace with skewed experts and sticky transitions.
-func randomTrace(rng *rand.Rand, tokens, layers, experts, k int) *routing.Trace {
-	t := &routing.Trace{Tokens: tokens, Layers: layers, TopK: k, Experts: experts, IDs: make([]int16, tokens*layers*k)}
-	w := make([]float64, experts)
-	for e := range w {
-		w[e] = math.Pow(rng.Float64(), 2) + 0.05
-	}
-	for tok := range tokens {
-		prev := -1
-		for l := range layers {
-			used := map[int]bool{}
-			for j := range k {
-				var e int
-				if j == 0 && prev >= 0 && rng.Float64() < 0.5 {
-					e = (prev*3 + l) % experts
-				} else {
-					e = pick(rng, w)
-				}
-				for used[e] {
-					e = (e + 1) % experts
-				}
-				used[e] = true
-				t.IDs[(tok*layers+l)*k+j] = int16(e)
-				if j == 0 {
-					prev = e
-				}
-			}
-		}
-	}
-	return t
-}
-
-func pick(rng *rand.Rand, w []float64) int {
-	sum := 0.0
-	for _, v := range w {
-		sum += v
-	}
-	r := rng.Float64() * sum
-	for i, v := range w {
-		if r < v {
-			return i
-		}
-		r -= v
-	}
-	return len(w) - 1
-}
-
-// assignments enumerates every assignment of E experts to G GPUs with E/G
-// each.
-func assignments(E, G int) [][]int {
-	var out [][]int
-	cur := make([]int, E)
-	cnt := make([]int, G)
-	var rec func(e int)
-	rec = func(e int) {
-		if e == E {
-			out = append(out, append([]int(nil), cur...))
-			return
-		}
-		for g := range G {
-			if cnt[g] < E/G {
-				cnt[g]++
-				cur[e] = g
-				rec(e + 1)
-				cnt[g]--
-			}
-		}
-	}
-	rec(0)
-	return out
-}
-
-func smallCluster(nodes, perNode int) costmodel.Cluster {
-	c, err := costmodel.ClusterPreset("h100x8")
-	if err != nil {
-		panic(err)
-	}
-	c = c.WithNodes(nodes)
-	c.GPUsPerNode = perNode
-	return c
-}
-
-// fakeModel keeps compute and communication of similar size so that the
-// ILP has to trade them off.
-func fakeModel(experts, k int) costmodel.Model {
-	return costmodel.Model{Name: "tiny", Layers: 2, Experts: experts, TopK: k, Hidden: 4096, FFN: 14336, BytesPerActivation: 2}
-}
 
 // TestJointReachesBruteForceOptimum checks that HiGHS's plan has the
 // smallest ILP-model objective over every assignment, in both flows, on 1
@@ -129,15 +41,15 @@ func TestJointReachesBruteForceOptimum(t *testing.T) {
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(i), 7))
-			tr := randomTrace(rng, 400, 2, tc.experts, tc.topK)
+			tr := testkit.RandomTrace(rng, 400, 2, tc.experts, tc.topK)
 			stats := tr.Stats(routing.StatsOptions{})
-			p := Problem{Stats: stats, Cluster: smallCluster(tc.nodes, tc.per), Model: fakeModel(tc.experts, tc.topK), Flow: tc.flow, Mode: tc.mode}
+			p := Problem{Stats: stats, Cluster: testkit.SmallCluster(tc.nodes, tc.per), Model: testkit.FakeModel(tc.experts, tc.topK), Flow: tc.flow, Mode: tc.mode}
 			res, err := Solve(context.Background(), p, StrategyJoint, backend, Options{TimeLimit: 30 * time.Second, RelGap: -1, NoPolish: true})
 			require.NoError(t, err)
 			require.Equal(t, StatusOptimal, res.Status)
-			all := assignments(tc.experts, p.Cluster.GPUs())
+			all := testkit.Assignments(tc.experts, p.Cluster.GPUs())
 			obj := func(a0, a1 []int) float64 {
-				v, err := JointModelObjective(p, planOf(p.Cluster.GPUs(), a0, a1), Options{})
+				v, err := JointModelObjective(p, testkit.PlanOf(p.Cluster.GPUs(), a0, a1), Options{})
 				require.NoError(t, err)
 				return v
 			}
@@ -185,21 +97,11 @@ func TestJointCountOnlyIsExact(t *testing.T) {
 	}
 	stats := routing.StatsFromLoad(load, 2)
 	for _, nodes := range []int{1, 2} {
-		p := Problem{Stats: stats, Cluster: smallCluster(nodes, 4/nodes), Model: fakeModel(8, 2)}
+		p := Problem{Stats: stats, Cluster: testkit.SmallCluster(nodes, 4/nodes), Model: testkit.FakeModel(8, 2)}
 		res, err := Solve(context.Background(), p, StrategyJoint, backend, Options{TimeLimit: 20 * time.Second, RelGap: -1, NoPolish: true})
 		require.NoError(t, err)
 		assert.InDelta(t, res.Objective, res.ModelObjective, 1e-9*res.Objective, "nodes=%d", nodes)
 	}
-}
-
-func planOf(gpus int, layers ...[]int) *placement.Plan {
-	a := make([][]placement.GPU, len(layers))
-	for l, as := range layers {
-		for _, g := range as {
-			a[l] = append(a[l], placement.GPU(g))
-		}
-	}
-	return placement.FromAssignment(gpus, a, "test")
 }
 
 func testBackend(t testing.TB) mip.Backend {

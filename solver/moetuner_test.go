@@ -12,6 +12,7 @@ import (
 
 	"github.com/moetuner/moetuner/routing"
 	. "github.com/moetuner/moetuner/solver"
+	"github.com/moetuner/moetuner/solver/internal/testkit"
 )
 
 func permutations(n int) [][]int {
@@ -44,8 +45,8 @@ func TestMoETunerILP2IsOptimal(t *testing.T) {
 	}{{"equal-sizes", 1, true}, {"paper-sizes", 2, false}, {"paper-sizes-2", 3, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			const L, E, G = 3, 8, 4
-			tr := randomTrace(rand.New(rand.NewPCG(tc.seed, 9)), 600, L, E, 2)
-			p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: smallCluster(2, 2), Model: fakeModel(E, 2)}
+			tr := testkit.RandomTrace(rand.New(rand.NewPCG(tc.seed, 9)), 600, L, E, 2)
+			p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 2), Model: testkit.FakeModel(E, 2)}
 			res, err := Solve(context.Background(), p, StrategyMoETuner, testBackend(t), Options{TimeLimit: 30 * time.Second, RelGap: -1, MoETunerEqualSizes: tc.equal})
 			if err != nil && !tc.equal {
 				require.ErrorIs(t, err, ErrInfeasible, "unequal sizes may make Eq. 13 infeasible, nothing else")

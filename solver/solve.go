@@ -8,45 +8,13 @@ import (
 	"time"
 
 	"github.com/moetuner/moetuner/baseline"
-	"github.com/moetuner/moetuner/mip"
-
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/mip"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
+	"github.com/moetuner/moetuner/solver/internal/onenode"
+	"github.com/moetuner/moetuner/solver/internal/replica"
 )
-
-// Strategy names a placement method.
-type Strategy string
-
-const (
-	StrategyJoint      Strategy = "joint"       // one ILP on modeled layer time (default)
-	StrategyMoETuner   Strategy = "moetuner"    // arXiv 2502.06643, two ILPs, errata fixed
-	StrategyGreedy     Strategy = "greedy"      // largest load first onto the lightest GPU
-	StrategyContiguous Strategy = "contiguous"  // Megatron: e on GPU e/(E/G)
-	StrategyRoundRobin Strategy = "round-robin" // e on GPU e mod G
-	// StrategyEPLB is DeepSeek's EPLB, global policy (bit-exact port,
-	// duplicate copies on one GPU repaired).
-	StrategyEPLB Strategy = "eplb"
-	// StrategyEPLBHierarchical is EPLB's hierarchical policy: expert
-	// groups (Problem.ExpertGroups, else Model.ExpertGroups) stay on nodes.
-	StrategyEPLBHierarchical Strategy = "eplb-hierarchical"
-)
-
-// Strategies lists every strategy in the order compare prints them.
-var Strategies = []Strategy{StrategyContiguous, StrategyRoundRobin, StrategyGreedy, StrategyEPLB, StrategyEPLBHierarchical, StrategyMoETuner, StrategyJoint}
-
-// ParseStrategy maps a name to a Strategy.
-func ParseStrategy(s string) (Strategy, error) {
-	for _, st := range Strategies {
-		if string(st) == s {
-			return st, nil
-		}
-	}
-	if s == "roundrobin" {
-		return StrategyRoundRobin, nil
-	}
-	return "", fmt.Errorf("solver: unknown strategy %q (want joint, moetuner, greedy, eplb, eplb-hierarchical, contiguous or round-robin)", s)
-}
 
 // Problem is what to place: statistics, hardware, model and token flow.
 type Problem struct {
@@ -69,10 +37,10 @@ type Problem struct {
 	// experts, and all its copies, on one node (DeepSeek's group-limited
 	// routing).
 	ExpertGroups int
-	// Scenarios, when set, are several workloads (same shape as Stats) the
+	// Workloads, when set, are several workloads (same shape as Stats) the
 	// plan must serve at once, combined by Across; Stats should be their
 	// sum and is used for scoring.
-	Scenarios []*routing.Stats
+	Workloads []*routing.Stats
 	Across    Across
 	// Split is how an expert's tokens divide among its copies: SplitEven
 	// (default, what the serving stacks do statically) or SplitOptimal
@@ -93,9 +61,14 @@ type Problem struct {
 	MoveCost float64
 }
 
+// Scenario returns what p's plans are scored against.
+func (p Problem) Scenario() costmodel.Scenario {
+	return costmodel.Scenario{Stats: p.Stats, Cluster: p.Cluster, Model: p.Model, Flow: p.Flow, Mode: p.Mode, Dispatch: p.Dispatch}
+}
+
 // replicated reports whether p needs the replicated (slot-based) solver.
 func (p Problem) replicated() bool {
-	return p.RedundantSlots > 0 || p.SlotsPerGPU != nil || p.ExpertGroups > 0 || len(p.Scenarios) > 0 || p.Current != nil
+	return p.RedundantSlots > 0 || p.SlotsPerGPU != nil || p.ExpertGroups > 0 || len(p.Workloads) > 0 || p.Current != nil
 }
 
 // Options tune a solve. The zero value works.
@@ -131,114 +104,6 @@ type Options struct {
 	// Progress, when set, receives progress reports.
 	Progress func(Progress)
 }
-
-// Progress is a progress report.
-type Progress struct {
-	Stage     string
-	Objective float64
-	Bound     float64
-	Elapsed   time.Duration
-}
-
-// Status is the outcome of a solve.
-type Status int
-
-const (
-	// StatusOptimal: every ILP was solved to within its gap.
-	StatusOptimal Status = iota
-	// StatusFeasible: a plan with a positive proven gap.
-	StatusFeasible
-	// StatusTimeLimit: the time limit stopped a solve; the plan is the
-	// best found.
-	StatusTimeLimit
-	// StatusInfeasible: the constraints admit no plan.
-	StatusInfeasible
-	// StatusHeuristic: no ILP was involved (baselines).
-	StatusHeuristic
-)
-
-// String names the status.
-func (s Status) String() string {
-	switch s {
-	case StatusOptimal:
-		return "optimal"
-	case StatusFeasible:
-		return "feasible"
-	case StatusTimeLimit:
-		return "time-limit"
-	case StatusInfeasible:
-		return "infeasible"
-	case StatusHeuristic:
-		return "heuristic"
-	}
-	return "unknown"
-}
-
-// Result is a solved placement with its evidence.
-type Result struct {
-	Strategy Strategy
-	Plan     *placement.Plan
-	Status   Status
-	// Objective is the modeled end-to-end time (seconds, sum of layer
-	// times) recomputed in Go by costmodel.Evaluate from the plan.
-	Objective float64
-	Report    *costmodel.Report
-	// ModelObjective is the ILP's own objective (seconds) recomputed in Go
-	// from the plan; Bound is the solver's dual bound on it and Gap =
-	// (ModelObjective − Bound)/ModelObjective. NaN without an ILP.
-	ModelObjective float64
-	Bound          float64
-	Gap            float64
-	// Stage1Objective is the moetuner strategy's ILP 1 objective
-	// Σ_l Σ_c |T_c − T̄| in tokens, recomputed in Go; Stage2Objective its
-	// ILP 2 objective in seconds. NaN for other strategies.
-	Stage1Objective float64
-	Stage2Objective float64
-	// Baseline names the warm start and BaselineObjective its Objective.
-	Baseline          Strategy
-	BaselineObjective float64
-	// CostBound is a lower bound on Objective over every single-copy plan
-	// (E/G experts per GPU), on the exact cost model, and CostGap =
-	// Objective/CostBound − 1; NaN where no such bound is derived (see
-	// homeLowerBound: home flow, one node, per-token patterns).
-	CostBound, CostGap float64
-	// corners are joint's certified per-layer lower bounds on the busiest
-	// GPU's routed and distinct tokens (coverbound.go), folded into
-	// CostBound.
-	corners [][]homeCorner
-	// Balance certifies a replicated plan's busiest-GPU load per layer
-	// against a lower bound; nil for single-copy strategies.
-	Balance *BalanceReport
-	// Note qualifies the result, e.g. "equal cluster sizes" when the
-	// moetuner strategy ran with Options.MoETunerEqualSizes.
-	Note string
-	// Model size of the ILP(s), summed over sub-problems.
-	Cols, IntCols, Rows, Nonzeros int
-	SolveTime                     time.Duration
-}
-
-// ErrInfeasible is returned (wrapped in *InfeasibleError) when no plan
-// satisfies the constraints.
-var ErrInfeasible = errors.New("infeasible")
-
-// ErrNoSolution is wrapped by errors for solves that stopped at their time
-// limit before finding any feasible plan (not a proof of infeasibility).
-var ErrNoSolution = errors.New("no feasible solution found in time")
-
-// InfeasibleError says which constraint made a problem infeasible and what
-// would fix it.
-type InfeasibleError struct {
-	Constraint string
-	Detail     string
-}
-
-// Error names the constraint and the fix.
-func (e *InfeasibleError) Error() string {
-	return "solver: infeasible: " + e.Constraint + ": " + e.Detail
-}
-
-// Unwrap lets errors.Is(err, ErrInfeasible) work.
-func (e *InfeasibleError) Unwrap() error { return ErrInfeasible }
 
 func (o Options) withDefaults(st Strategy) Options {
 	if o.TimeLimit <= 0 {
@@ -279,32 +144,17 @@ func (p Problem) check() error {
 	}
 	switch p.Dispatch {
 	case placement.DispatchEven:
-	case placement.DispatchLocal:
+	case placement.DispatchLocal, placement.DispatchStatic:
 		if p.Flow != costmodel.FlowHome {
-			return errors.New("solver: local dispatch is modeled for the home flow only; use flow home or dispatch even")
+			return fmt.Errorf("solver: %s dispatch is modeled for the home flow only; use flow home or dispatch even", p.Dispatch)
 		}
 		if p.Split == SplitOptimal {
-			return errors.New("solver: split optimal (SGLang's dispatch LP) and local dispatch are two different dispatch policies; choose one")
+			return fmt.Errorf("solver: split optimal (SGLang's dispatch LP) and %s dispatch are two different dispatch policies; choose one", p.Dispatch)
 		}
 	default:
 		return fmt.Errorf("solver: unknown dispatch %v", p.Dispatch)
 	}
 	return nil
-}
-
-// evalOpts returns the cost-model options of p.
-func (p Problem) evalOpts() costmodel.Options {
-	return costmodel.Options{Flow: p.Flow, Mode: p.Mode, Dispatch: p.Dispatch}
-}
-
-// Score evaluates plan on p with the cost model and returns the report and
-// the modeled end-to-end time in seconds.
-func Score(p Problem, plan *placement.Plan) (*costmodel.Report, float64, error) {
-	rep, err := costmodel.Evaluate(plan, p.Stats, p.Cluster, p.Model, p.evalOpts())
-	if err != nil {
-		return nil, 0, err
-	}
-	return rep, rep.TimeSec, nil
 }
 
 // Solve places experts with strategy st. Every returned plan has been
@@ -316,7 +166,8 @@ func Solve(ctx context.Context, p Problem, st Strategy, backend mip.Backend, opt
 	}
 	opts = opts.withDefaults(st)
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, opts.TimeLimit+opts.TimeLimit/10+time.Second)
+	b := defaultBudget
+	ctx, cancel := context.WithTimeout(ctx, opts.TimeLimit+of(opts.TimeLimit, b.Watchdog)+b.WatchdogFixed)
 	defer cancel()
 	var res *Result
 	var err error
@@ -329,26 +180,26 @@ func Solve(ctx context.Context, p Problem, st Strategy, backend mip.Backend, opt
 		}
 	case StrategyMoETuner:
 		if backend == nil {
-			return nil, errors.New("solver: the moetuner strategy needs a MIP backend (solver/highs)")
+			return nil, errors.New("solver: the moetuner strategy needs a MIP backend (mip/highs)")
 		}
-		res, err = solveMoETuner(ctx, p, backend, opts)
+		res, err = solvePaper(ctx, p, backend, opts, b)
 		if err == nil && opts.MoETunerEqualSizes {
 			res.Note = "E/G experts per cluster"
 		}
 	case StrategyJoint:
 		if backend == nil && !p.replicated() {
-			return nil, errors.New("solver: the joint strategy needs a MIP backend (solver/highs)")
+			return nil, errors.New("solver: the joint strategy needs a MIP backend (mip/highs)")
 		}
 		if p.replicated() {
-			res, err = solveReplicated(ctx, p, backend, opts, start)
+			res, err = solveReplicated(ctx, p, backend, opts, b, start)
 			break
 		}
-		res, err = solveJoint(ctx, p, backend, opts, start)
+		res, err = solveJoint(ctx, p, backend, opts, b, start)
 	default:
 		return nil, fmt.Errorf("solver: unknown strategy %q", st)
 	}
 	if err != nil {
-		return nil, err
+		return nil, public(err)
 	}
 	res.Strategy = st
 	if p.Split == SplitOptimal {
@@ -358,14 +209,14 @@ func Solve(ctx context.Context, p Problem, st Strategy, backend mip.Backend, opt
 	if err := res.Plan.Validate(placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}); err != nil {
 		return nil, fmt.Errorf("solver: %s produced an invalid plan: %w", st, err)
 	}
-	rep, obj, err := Score(p, res.Plan)
+	rep, err := p.Scenario().Evaluate(res.Plan)
 	if err != nil {
 		return nil, err
 	}
-	res.Report, res.Objective = rep, obj
+	res.Report, res.Objective = rep, rep.TimeSec
 	res.CostBound, res.CostGap = math.NaN(), math.NaN()
-	if lb, ok := homeLowerBoundWith(p, res.corners); ok && lb > 0 {
-		res.CostBound, res.CostGap = lb, obj/lb-1
+	if lb, ok := costLowerBound(p, res.corners); ok && lb > 0 {
+		res.CostBound, res.CostGap = lb, res.Objective/lb-1
 	}
 	if st != StrategyJoint {
 		res.ModelObjective, res.Bound, res.Gap = nan(res.ModelObjective), nan(res.Bound), nan(res.Gap)
@@ -375,6 +226,15 @@ func Solve(ctx context.Context, p Problem, st Strategy, backend mip.Backend, opt
 	}
 	res.SolveTime = time.Since(start)
 	return res, nil
+}
+
+// costLowerBound is the one-node bound on the exact cost model (with the
+// certified corners where joint found them), for single-copy problems.
+func costLowerBound(p Problem, corners [][]onenode.Corner) (float64, bool) {
+	if p.replicated() {
+		return 0, false
+	}
+	return onenode.LowerBound(p.Scenario(), corners)
 }
 
 // nan keeps set values and turns unset zeros into NaN for non-ILP results.
@@ -417,6 +277,7 @@ func bestBaseline(p Problem) (Strategy, *placement.Plan, float64, error) {
 	var bestSt Strategy
 	bestObj := math.Inf(1)
 	var firstErr error
+	sc := p.Scenario()
 	for _, st := range []Strategy{StrategyGreedy, StrategyEPLB, StrategyContiguous, StrategyRoundRobin} {
 		plan, err := Baseline(p, st)
 		if err != nil {
@@ -425,12 +286,12 @@ func bestBaseline(p Problem) (Strategy, *placement.Plan, float64, error) {
 			}
 			continue
 		}
-		_, obj, err := Score(p, plan)
+		rep, err := sc.Evaluate(plan)
 		if err != nil {
 			return "", nil, 0, err
 		}
-		if obj < bestObj {
-			best, bestSt, bestObj = plan, st, obj
+		if rep.TimeSec < bestObj {
+			best, bestSt, bestObj = plan, st, rep.TimeSec
 		}
 	}
 	if best == nil {
@@ -453,7 +314,7 @@ func applyOptimalSplit(p Problem, res *Result) {
 		if len(lp.SlotExpert) == res.Plan.Experts {
 			continue
 		}
-		shares, busiest := optimalShares(p.Stats.Load[l], *lp, speed)
+		shares, busiest := replica.OptimalShares(p.Stats.Load[l], *lp, speed)
 		lp.SlotShare = shares
 		if b := res.Balance; b != nil {
 			b.Layers[l].Busiest = math.Min(b.Layers[l].Busiest, busiest)

@@ -34,7 +34,7 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			list += ",eplb-hierarchical"
 		}
 		switch {
-		case p.RedundantSlots > 0 || len(p.Scenarios) > 0 || p.Current != nil:
+		case p.RedundantSlots > 0 || len(p.Workloads) > 0 || p.Current != nil:
 			fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: it places one copy per expert for one workload")
 		case p.Stats.Experts*p.Cluster.GPUs() > 4096:
 			fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: its ILP 2 has G⁴ variables per layer pair; pass --strategies to force it")

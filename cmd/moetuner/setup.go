@@ -153,13 +153,13 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		switch {
 		case len(sources) >= 2:
 			for _, src := range sources {
-				p.Scenarios = append(p.Scenarios, src.Stats)
+				p.Workloads = append(p.Workloads, src.Stats)
 			}
 		case len(stats.StepLoad) >= 2:
 			// One file with per-step loads ([steps][L][E] logical_count):
 			// every step is a workload, as SGLang's deepseek_vec does.
 			for _, load := range stats.StepLoad {
-				p.Scenarios = append(p.Scenarios, routing.StatsFromLoad(load, stats.TopK))
+				p.Workloads = append(p.Workloads, routing.StatsFromLoad(load, stats.TopK))
 			}
 		default:
 			return p, nil, fmt.Errorf("--across needs at least two --trace workloads, or one trace with per-step loads")

@@ -1,4 +1,4 @@
-package solver
+package onenode
 
 import (
 	"math/rand/v2"

@@ -1,52 +1,95 @@
-package solver
+package paper
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/mip"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
-// solveMoETuner runs the paper's two stages with errata E1–E6 fixed (see
+// ErrNoSolution is wrapped when ILP 2 stops at its time limit without any
+// mapping that meets Eq. 13 (not a proof of infeasibility).
+var ErrNoSolution = errors.New("no feasible solution found in time")
+
+// Options are the settings of one solve; the solver facade fills them from
+// its budget table.
+type Options struct {
+	TimeLimit time.Duration
+	// Stage1 is the deadline offset for ILP 1's layers; ILP 2 gets the rest
+	// of TimeLimit, but at least MinStage2.
+	Stage1, MinStage2 time.Duration
+	// MinLayerLimit is the least time one layer's ILP 1 gets.
+	MinLayerLimit time.Duration
+	Parallel      int
+	MIP           task.MIPSettings
+	// EqualSizes gives every cluster E/G experts (a third-party
+	// reproduction's choice, not the paper's), so Eq. 13 always holds.
+	EqualSizes bool
+}
+
+// Result is the paper's plan with its stage objectives, recomputed in Go:
+// Stage1 = Σ_l Σ_c |T_c − T̄| in tokens, Stage2 in seconds.
+type Result struct {
+	Plan           *placement.Plan
+	Stage1, Stage2 float64
+	Tally          task.Tally
+}
+
+func toGPUs(assign [][]int) [][]placement.GPU {
+	out := make([][]placement.GPU, len(assign))
+	for l, row := range assign {
+		out[l] = make([]placement.GPU, len(row))
+		for e, g := range row {
+			out[l][e] = placement.GPU(g)
+		}
+	}
+	return out
+}
+
+// Solve runs the paper's two stages with errata E1–E6 fixed (see
 // doc.go): ILP 1 clusters each layer's experts into G non-empty clusters
 // minimising Σ_c |T_c − T̄|; ILP 2 maps clusters to GPUs per layer
 // minimising Σ_l max_{g1≠g2} V_{g1,g2,l}/B_{g1,g2} under Eq. 13.
-func solveMoETuner(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*Result, error) {
-	s := p.Stats
-	L, E, G := s.Layers, s.Experts, p.Cluster.GPUs()
+func Solve(ctx context.Context, sc costmodel.Scenario, backend mip.Backend, opts Options) (*Result, error) {
+	s := sc.Stats
+	L, E, G := s.Layers, s.Experts, sc.Cluster.GPUs()
 	if (E*L)%G != 0 {
-		return nil, &InfeasibleError{Constraint: "Eq. 13 (memory balance)", Detail: fmt.Sprintf("E·L = %d·%d = %d experts cannot be split evenly over %d GPUs; use a GPU count that divides %d", E, L, E*L, G, E*L)}
+		return nil, &task.Infeasible{Constraint: "Eq. 13 (memory balance)", Detail: fmt.Sprintf("E·L = %d·%d = %d experts cannot be split evenly over %d GPUs; use a GPU count that divides %d", E, L, E*L, G, E*L)}
 	}
 	deadline := time.Now().Add(opts.TimeLimit)
 	res := &Result{}
 	// Stage 1, per layer, in parallel.
 	clusters := make([][]int, L) // [l][e] = cluster
-	subs := make([]subSolve, L)
-	parallelLayers(L, opts.Parallel, time.Now().Add(opts.TimeLimit/2), func(l int, limit time.Duration) {
-		m, xs, start := buildILP1(s.Load[l], G, l, opts.MoETunerEqualSizes)
-		subs[l] = runMIP(ctx, backend, m, start, opts, limit)
-		if subs[l].err == nil && subs[l].sol.X != nil {
+	subs := make([]task.Sub, L)
+	task.Layers(L, opts.Parallel, time.Now().Add(opts.Stage1), opts.MinLayerLimit, func(l int, limit time.Duration) {
+		m, xs, start := buildILP1(s.Load[l], G, l, opts.EqualSizes)
+		subs[l] = task.RunMIP(ctx, backend, m, start, opts.MIP, limit)
+		if subs[l].Err == nil && subs[l].Sol.X != nil {
 			clusters[l] = make([]int, E)
 			for e := range E {
 				for c := range G {
-					if subs[l].sol.X[xs[c][e]] > 0.5 {
+					if subs[l].Sol.X[xs[c][e]] > 0.5 {
 						clusters[l][e] = c
 					}
 				}
 			}
 		}
 	})
-	allOptimal, timedOut := true, false
 	for _, ss := range subs {
-		if _, err := res.absorb(ss, &allOptimal, &timedOut); err != nil {
+		if _, err := res.Tally.Add(ss, "ILP 1"); err != nil {
 			return nil, err
 		}
 	}
-	res.Stage1Objective = stage1Objective(s.Load, clusters, G)
+	res.Stage1 = stage1Objective(s.Load, clusters, G)
 
 	// Stage 2.
 	sizes := make([][]int, L)
@@ -56,24 +99,21 @@ func solveMoETuner(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 			sizes[l][c]++
 		}
 	}
-	C := clusterTransitions(p, clusters, G)
-	B := pairSeconds(p) // seconds per token for g1 → g2
+	C := clusterTransitions(s, clusters, G)
+	B := pairSeconds(sc) // seconds per token for g1 → g2
 	m, ys := buildILP2(sizes, C, B, E*L/G)
-	limit := time.Until(deadline)
-	if limit < time.Second {
-		limit = time.Second
+	limit := max(time.Until(deadline), opts.MinStage2)
+	ss := task.RunMIP(ctx, backend, m, startILP2(m, sizes, E*L/G), opts.MIP, limit)
+	if ss.Err != nil {
+		return nil, ss.Err
 	}
-	ss := runMIP(ctx, backend, m, startILP2(m, sizes, E*L/G), opts, limit)
-	if ss.err != nil {
-		return nil, ss.err
+	if ss.Sol.Status == mip.Infeasible {
+		return nil, &task.Infeasible{Constraint: "Eq. 13 (memory balance)", Detail: fmt.Sprintf("no cluster-to-GPU mapping gives every GPU %d experts over the model with ILP 1's cluster sizes; the paper has no fallback: use the joint strategy or another GPU count", E*L/G)}
 	}
-	if ss.sol.Status == mip.Infeasible {
-		return nil, &InfeasibleError{Constraint: "Eq. 13 (memory balance)", Detail: fmt.Sprintf("no cluster-to-GPU mapping gives every GPU %d experts over the model with ILP 1's cluster sizes; the paper has no fallback (MOETUNER.md E10): use the joint strategy or another GPU count", E*L/G)}
-	}
-	if ss.sol.Status == mip.NoSolution {
+	if ss.Sol.Status == mip.NoSolution {
 		return nil, fmt.Errorf("solver: ILP 2 found no mapping that meets Eq. 13 (every GPU %d experts over the model) with ILP 1's unequal cluster sizes before the time limit: %w; raise the time limit or use equal cluster sizes", E*L/G, ErrNoSolution)
 	}
-	if _, err := res.absorb(ss, &allOptimal, &timedOut); err != nil {
+	if _, err := res.Tally.Add(ss, "ILP 2"); err != nil {
 		return nil, err
 	}
 	gpuOf := make([][]int, L) // [l][c] = GPU
@@ -81,17 +121,17 @@ func solveMoETuner(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		gpuOf[l] = make([]int, G)
 		for c := range G {
 			for g := range G {
-				if ss.sol.X[ys[l][c][g]] > 0.5 {
+				if ss.Sol.X[ys[l][c][g]] > 0.5 {
 					gpuOf[l][c] = g
 				}
 			}
 		}
 	}
 	stage2 := stage2Objective(C, B, gpuOf, G) // µs
-	if C != nil && ss.sol.Objective < stage2*(1-1e-6)-1e-6 {
-		return nil, fmt.Errorf("solver: internal error: ILP 2 objective %.9g µs below the plan's recomputed %.9g µs", ss.sol.Objective, stage2)
+	if C != nil && ss.Sol.Objective < stage2*(1-1e-6)-1e-6 {
+		return nil, fmt.Errorf("solver: internal error: ILP 2 objective %.9g µs below the plan's recomputed %.9g µs", ss.Sol.Objective, stage2)
 	}
-	res.Stage2Objective = stage2 / 1e6
+	res.Stage2 = stage2 / 1e6
 	assign := make([][]int, L)
 	for l := range L {
 		assign[l] = make([]int, E)
@@ -99,9 +139,7 @@ func solveMoETuner(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 			assign[l][e] = gpuOf[l][c]
 		}
 	}
-	res.Plan = assignPlan(G, assign)
-	res.Status = mipStatus(allOptimal, timedOut)
-	res.Bound, res.Gap, res.ModelObjective = math.NaN(), math.NaN(), math.NaN()
+	res.Plan = placement.FromAssignment(G, toGPUs(assign), "moetuner")
 	return res, nil
 }
 
@@ -122,31 +160,31 @@ func buildILP1(load []float64, G, l int, equalSizes bool) (*mip.Model, [][]int, 
 		for e := range E {
 			xs[c][e] = b.Binary(fmt.Sprintf("x_%d_%d_%d", l, c, e))
 		}
-		d[c] = b.Col(fmt.Sprintf("d_%d_%d", l, c), 0, inf, 1, false)
+		d[c] = b.Col(fmt.Sprintf("d_%d_%d", l, c), 0, mip.Inf, 1, false)
 	}
 	for e := range E {
 		idx := make([]int, G)
 		for c := range G {
 			idx[c] = xs[c][e]
 		}
-		b.Row(fmt.Sprintf("one_%d", e), 1, 1, idx, ones(G)) // E1
+		b.Row(fmt.Sprintf("one_%d", e), 1, 1, idx, mip.Ones(G)) // E1
 	}
 	for c := range G {
 		if equalSizes && E%G == 0 {
 			// Optional (not the paper's design): E/G experts per cluster,
 			// which always satisfies Eq. 13.
-			b.Row(fmt.Sprintf("size_%d", c), float64(E/G), float64(E/G), xs[c], ones(E))
+			b.Row(fmt.Sprintf("size_%d", c), float64(E/G), float64(E/G), xs[c], mip.Ones(E))
 		} else {
-			b.Row(fmt.Sprintf("nonempty_%d", c), 1, inf, xs[c], ones(E)) // Eq. 7
+			b.Row(fmt.Sprintf("nonempty_%d", c), 1, mip.Inf, xs[c], mip.Ones(E)) // Eq. 7
 		}
 		idx := append([]int{d[c]}, xs[c]...)
 		pos := append([]float64{1}, negate(load)...)
-		b.Row(fmt.Sprintf("dev_pos_%d", c), -mean, inf, idx, pos)
-		b.Row(fmt.Sprintf("dev_neg_%d", c), mean, inf, idx, append([]float64{1}, load...))
+		b.Row(fmt.Sprintf("dev_pos_%d", c), -mean, mip.Inf, idx, pos)
+		b.Row(fmt.Sprintf("dev_neg_%d", c), mean, mip.Inf, idx, append([]float64{1}, load...))
 		if c+1 < G { // symmetry breaking: T_0 ≥ T_1 ≥ …
 			idx := append(append([]int{}, xs[c]...), xs[c+1]...)
 			val := append(append([]float64{}, load...), negate(load)...)
-			b.Row(fmt.Sprintf("order_%d", c), 0, inf, idx, val)
+			b.Row(fmt.Sprintf("order_%d", c), 0, mip.Inf, idx, val)
 		}
 	}
 	m := b.Model()
@@ -224,8 +262,7 @@ func stage1Objective(load [][]float64, clusters [][]int, G int) float64 {
 // clusterTransitions aggregates R to clusters (Eq. 9 with erratum E3):
 // C[l][c1*G+c2] = Σ R[l][e1][e2] over e1 in cluster c1 of layer l and e2 in
 // cluster c2 of layer l+1. Nil without transitions.
-func clusterTransitions(p Problem, clusters [][]int, G int) [][]float64 {
-	s := p.Stats
+func clusterTransitions(s *routing.Stats, clusters [][]int, G int) [][]float64 {
 	if s.Transitions == nil {
 		return nil
 	}
@@ -243,8 +280,8 @@ func clusterTransitions(p Problem, clusters [][]int, G int) [][]float64 {
 
 // pairSeconds returns the seconds per token from g1 to g2: TokenBytes over
 // NVLink (same node) or NIC bandwidth; 0 on the diagonal (erratum E5).
-func pairSeconds(p Problem) [][]float64 {
-	c := p.Cluster
+func pairSeconds(sc costmodel.Scenario) [][]float64 {
+	c := sc.Cluster
 	G := c.GPUs()
 	B := make([][]float64, G)
 	for g1 := range G {
@@ -253,9 +290,9 @@ func pairSeconds(p Problem) [][]float64 {
 			switch {
 			case g1 == g2:
 			case c.NodeOf(g1) == c.NodeOf(g2):
-				B[g1][g2] = p.Model.TokenBytes() / c.NVLinkBytesPerSec()
+				B[g1][g2] = sc.Model.TokenBytes() / c.NVLinkBytesPerSec()
 			default:
-				B[g1][g2] = p.Model.TokenBytes() / c.NICBytesPerSec()
+				B[g1][g2] = sc.Model.TokenBytes() / c.NICBytesPerSec()
 			}
 		}
 	}
@@ -276,14 +313,14 @@ func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*mip.Mo
 			for g := range G {
 				ys[l][c][g] = b.Binary(fmt.Sprintf("y_%d_%d_%d", l, c, g))
 			}
-			b.Row(fmt.Sprintf("cl_%d_%d", l, c), 1, 1, ys[l][c], ones(G)) // Eq. 14
+			b.Row(fmt.Sprintf("cl_%d_%d", l, c), 1, 1, ys[l][c], mip.Ones(G)) // Eq. 14
 		}
 		for g := range G {
 			idx := make([]int, G)
 			for c := range G {
 				idx[c] = ys[l][c][g]
 			}
-			b.Row(fmt.Sprintf("gpu_%d_%d", l, g), 1, 1, idx, ones(G)) // Eq. 15
+			b.Row(fmt.Sprintf("gpu_%d_%d", l, g), 1, 1, idx, mip.Ones(G)) // Eq. 15
 		}
 	}
 	for g := range G { // Eq. 13
@@ -341,7 +378,7 @@ func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*mip.Mo
 				}
 			}
 		}
-		M := b.Col(fmt.Sprintf("M_%d", l), 0, inf, 1, false)
+		M := b.Col(fmt.Sprintf("M_%d", l), 0, mip.Inf, 1, false)
 		for g1 := range G {
 			for g2 := range G {
 				if g1 == g2 {
@@ -357,7 +394,7 @@ func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*mip.Mo
 						}
 					}
 				}
-				b.Row(fmt.Sprintf("bott_%d_%d_%d", l, g1, g2), -inf, 0, idx, val)
+				b.Row(fmt.Sprintf("bott_%d_%d_%d", l, g1, g2), -mip.Inf, 0, idx, val)
 			}
 		}
 	}

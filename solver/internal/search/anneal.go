@@ -1,4 +1,4 @@
-package solver
+package search
 
 import (
 	"context"
@@ -7,6 +7,10 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/solver/internal/onenode"
+	"github.com/moetuner/moetuner/solver/internal/task"
 
 	"github.com/moetuner/moetuner/placement"
 )
@@ -26,7 +30,7 @@ import (
 
 // annealLayer is one layer's state.
 type annealLayer struct {
-	c    *coverLayer
+	c    *onenode.Layer
 	toks [][]int32 // toks[e]: tokens of expert e
 	load []float64 // routed tokens per expert (pattern counts)
 	G    int
@@ -47,39 +51,39 @@ type annealLayer struct {
 	any, once []uint64
 }
 
-func newAnnealLayer(c *coverLayer, load []float64, cost func(float64, int) float64) *annealLayer {
-	s := &annealLayer{c: c, load: load, G: c.G, cost: cost, toks: make([][]int32, c.E)}
+func newAnnealLayer(c *onenode.Layer, load []float64, cost func(float64, int) float64) *annealLayer {
+	s := &annealLayer{c: c, load: load, G: c.GPUs(), cost: cost, toks: make([][]int32, c.Experts())}
 	for e := range s.toks {
-		for w, x := range c.sets[e] {
+		for w, x := range c.Sets()[e] {
 			for x != 0 {
 				s.toks[e] = append(s.toks[e], int32(w*64+bits.TrailingZeros64(x)))
 				x &= x - 1
 			}
 		}
 	}
-	T := c.W * 64
-	s.cnt = make([]uint8, T*c.G)
-	s.any = make([]uint64, c.G*c.W)
-	s.once = make([]uint64, c.G*c.W)
-	s.D = make([]int, c.G)
-	s.L = make([]float64, c.G)
-	s.a = make([]int, c.E)
+	T := c.Words() * 64
+	s.cnt = make([]uint8, T*c.GPUs())
+	s.any = make([]uint64, c.GPUs()*c.Words())
+	s.once = make([]uint64, c.GPUs()*c.Words())
+	s.D = make([]int, c.GPUs())
+	s.L = make([]float64, c.GPUs())
+	s.a = make([]int, c.Experts())
 	total := 0.0
 	for _, x := range load {
 		total += x
 	}
-	all := make([]int, c.E)
+	all := make([]int, c.Experts())
 	for e := range all {
 		all[e] = e
 	}
-	meanD := float64(c.cover(all)) / float64(c.G) // every token has an expert
+	meanD := float64(c.Cover(all)) / float64(c.GPUs()) // every token has an expert
 	s.tauD = math.Max(1, 0.008*meanD)
-	s.tauL = math.Max(1e-9, 0.008*total/float64(c.G))
+	s.tauL = math.Max(1e-9, 0.008*total/float64(c.GPUs()))
 	s.expD, s.expLt = newExpTable(s.tauD), newExpTable(s.tauL)
 	// Marginal prices of the two maxima from the cost function itself.
-	base := cost(total/float64(c.G), int(meanD))
-	s.wD = math.Max(1e-18, cost(total/float64(c.G), int(meanD)+10)-base) / 10
-	s.wL = math.Max(1e-18, cost(total/float64(c.G)*1.01, int(meanD))-base) / (0.01 * total / float64(c.G))
+	base := cost(total/float64(c.GPUs()), int(meanD))
+	s.wD = math.Max(1e-18, cost(total/float64(c.GPUs()), int(meanD)+10)-base) / 10
+	s.wL = math.Max(1e-18, cost(total/float64(c.GPUs())*1.01, int(meanD))-base) / (0.01 * total / float64(c.GPUs()))
 	return s
 }
 
@@ -110,7 +114,7 @@ func (s *annealLayer) set(a []int) {
 
 // mark sets token t's any and once bits on GPU g from its count.
 func (s *annealLayer) mark(t, g int) {
-	w, bit := g*s.c.W+t>>6, uint64(1)<<(t&63)
+	w, bit := g*s.c.Words()+t>>6, uint64(1)<<(t&63)
 	n := s.cnt[t*s.G+g]
 	s.any[w] &^= bit
 	s.once[w] &^= bit
@@ -269,9 +273,9 @@ func (s *annealLayer) anneal(ctx context.Context, start []int, iters int, rng *r
 // tokens not there yet; likewise for g2. Counted on bitsets, a few dozen
 // words per swap.
 func (s *annealLayer) swapDelta(e1, e2 int) (d1, d2 int) {
-	W := s.c.W
+	W := s.c.Words()
 	g1, g2 := s.a[e1], s.a[e2]
-	t1, t2 := s.c.sets[e1], s.c.sets[e2]
+	t1, t2 := s.c.Sets()[e1], s.c.Sets()[e2]
 	any1, once1 := s.any[g1*W:(g1+1)*W], s.once[g1*W:(g1+1)*W]
 	any2, once2 := s.any[g2*W:(g2+1)*W], s.once[g2*W:(g2+1)*W]
 	for w := 0; w < W; w++ {
@@ -282,21 +286,21 @@ func (s *annealLayer) swapDelta(e1, e2 int) (d1, d2 int) {
 	return d1, d2
 }
 
-// homeAnneal improves a single-copy plan layer by layer on the exact home
-// flow cost (homeCost), with `threads` goroutines, until deadline or iters
+// HomeAnneal improves a single-copy plan layer by layer on the exact home
+// flow cost (onenode.Cost), with `threads` goroutines, until deadline or iters
 // moves per restart; each layer anneals from the plan's own partition and,
 // with restarts > 1, from random balanced partitions too. cls are the
-// layers' bitsets (coverLayers). It returns the new plan (the old one
+// layers' bitsets (onenode.Layers). It returns the new plan (the old one
 // where nothing improved) and whether the problem is one homeCost covers.
-func homeAnneal(ctx context.Context, p Problem, cls []*coverLayer, plan *placement.Plan, iters, restarts, threads int, deadline time.Time, seed uint64) (*placement.Plan, bool) {
-	cost, ok := homeCost(p)
+func HomeAnneal(ctx context.Context, sc costmodel.Scenario, cls []*onenode.Layer, plan *placement.Plan, iters, restarts, threads int, deadline time.Time, minLayer time.Duration, seed uint64) (*placement.Plan, bool) {
+	cost, ok := onenode.Cost(sc)
 	if !ok || cls == nil {
 		return plan, false
 	}
-	G, E := p.Cluster.GPUs(), p.Stats.Experts
-	assign := make([][]placement.GPU, p.Stats.Layers)
-	parallelLayers(p.Stats.Layers, max(1, threads), deadline, func(l int, limit time.Duration) {
-		lay := newAnnealLayer(cls[l], p.Stats.Load[l], func(mL float64, mD int) float64 { return cost(mL, float64(mD)) })
+	G, E := sc.Cluster.GPUs(), sc.Stats.Experts
+	assign := make([][]placement.GPU, sc.Stats.Layers)
+	task.Layers(sc.Stats.Layers, max(1, threads), deadline, minLayer, func(l int, limit time.Duration) {
+		lay := newAnnealLayer(cls[l], sc.Stats.Load[l], func(mL float64, mD int) float64 { return cost(mL, float64(mD)) })
 		rng := rand.New(rand.NewPCG(seed, uint64(l)))
 		start := make([]int, E)
 		for s, e := range plan.Layers[l].SlotExpert {

@@ -1,4 +1,4 @@
-package solver_test
+package onenode
 
 import (
 	"context"
@@ -13,118 +13,79 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/mip/highs"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
-	. "github.com/moetuner/moetuner/solver"
+	"github.com/moetuner/moetuner/solver/internal/testkit"
 )
 
-// randomHomeProblem is a small one-node home-flow problem with per-token
-// patterns whose expert sets are skewed towards a few experts, so that
-// groups differ in how many tokens they reach.
-func randomHomeProblem(t *testing.T, rng *rand.Rand, E, G, k, L, T int, mode costmodel.Mode) Problem {
-	t.Helper()
-	tr := &routing.Trace{Tokens: T, Layers: L, TopK: k, Experts: E}
-	for range T {
-		for range L {
-			// Tokens favour one of G clusters of experts (e mod G), and
-			// low ids, so co-activation and load both vary.
-			c := rng.IntN(G)
-			var pick []int
-			for len(pick) < k {
-				e := rng.IntN(E)
-				if rng.IntN(10) < 6 {
-					e = (e/G)*G + c
-				}
-				if rng.IntN(3) == 0 {
-					e = e / 2
-				}
-				if !slices.Contains(pick, e) {
-					pick = append(pick, e)
-				}
+// testBudget is the bound's budget the solver uses.
+var testBudget = Budget{MinLayer: 50 * time.Millisecond, Reserve: 0.15, Short: 4 * time.Second, ShortTol: 0.005, CapShare: 0.1}
+
+// coverSearch runs the exhaustive group search of layer l: whether a group
+// S with |S| ≤ E/G, N(S) ≤ z and π(S) ≥ theta exists (found), and every
+// group the search returned.
+func coverSearch(sc costmodel.Scenario, l int, pi []float64, z int, theta float64) (bool, [][]int) {
+	cl, ok := Layers(sc)
+	if !ok {
+		panic("Layers")
+	}
+	found, st := cl[l].coverSearchAll(context.Background(), pi, z, theta, 1<<30, time.Now().Add(time.Hour))
+	if st == searchTimeout {
+		panic("timeout")
+	}
+	return st == searchFound, found
+}
+
+// swapColumns runs the support-column climb of layer l with routed tokens
+// per group capped at lcap (0: none), returning at most limit groups.
+func swapColumns(sc costmodel.Scenario, l int, pi []float64, z int, seeds [][]int, lcap, limit int) [][]int {
+	cl, ok := Layers(sc)
+	if !ok {
+		panic("Layers")
+	}
+	cl[l].lcap = lcap
+	return cl[l].swapColumns(pi, z, seeds, limit)
+}
+
+// bottleneckPairs runs Bottleneck from plan and returns its corners as
+// (L, D) pairs.
+func bottleneckPairs(t *testing.T, sc costmodel.Scenario, plan *placement.Plan, seed uint64) ([][][2]float64, error) {
+	cls, _ := Layers(sc)
+	c, err := Bottleneck(context.Background(), sc, cls, highs.Backend{}, plan, time.Now().Add(5*time.Second), 2, seed, testBudget)
+	out := make([][][2]float64, len(c))
+	for l, cs := range c {
+		for _, x := range cs {
+			out[l] = append(out[l], [2]float64{x.L, x.D})
+		}
+	}
+	return out, err
+}
+
+// bruteBest is the least modeled time over every balanced assignment,
+// layer by layer (layers are independent in the home flow).
+func bruteBest(t *testing.T, sc costmodel.Scenario, E, G int) float64 {
+	best := 0.0
+	parts := testkit.BalancedPartitions(E, G)
+	for l := 0; l < sc.Stats.Layers; l++ {
+		lbest := math.Inf(1)
+		for _, a := range parts {
+			rows := make([][]int, sc.Stats.Layers)
+			for i := range rows {
+				rows[i] = a
 			}
-			for _, e := range pick {
-				tr.IDs = append(tr.IDs, int16(e))
-			}
+			rep, err := sc.Evaluate(testkit.PlanOf(G, rows...))
+			require.NoError(t, err)
+			lbest = math.Min(lbest, rep.Layers[l].TimeSec)
 		}
+		best += lbest
 	}
-	require.NoError(t, tr.Validate())
-	st := tr.Stats(routing.StatsOptions{})
-	m := fakeModel(E, k)
-	m.Hidden = 256 + rng.IntN(8192)
-	return Problem{Stats: st, Cluster: smallCluster(1, G), Model: m, Flow: costmodel.FlowHome, Mode: mode}
+	return best
 }
 
-// randomBalancedPlan puts E/G random experts on each GPU in every layer.
-func randomBalancedPlan(rng *rand.Rand, L, E, G int) *placement.Plan {
-	row := make([][]placement.GPU, L)
-	for l := range row {
-		row[l] = make([]placement.GPU, E)
-		for i, e := range rng.Perm(E) {
-			row[l][e] = placement.GPU(i / (E / G))
-		}
-	}
-	return placement.FromAssignment(G, row, "rand")
-}
+func contains(s []int16, x int16) bool { return slices.Contains(s, x) }
 
-// layerMaxima computes, independently of the solver, a plan layer's
-// busiest GPU's routed tokens and busiest GPU's distinct tokens.
-func layerMaxima(p Problem, lp placement.LayerPlan, l int) (float64, float64) {
-	G := p.Cluster.GPUs()
-	gpuOf := make(map[int]int)
-	for s, e := range lp.SlotExpert {
-		gpuOf[int(e)] = int(lp.SlotGPU[s])
-	}
-	load := make([]float64, G)
-	dist := make([]float64, G)
-	k := p.Stats.TopK
-	for _, pt := range p.Stats.Patterns {
-		hit := make([]bool, G)
-		for _, e := range pt.Experts[l*k : (l+1)*k] {
-			g := gpuOf[int(e)]
-			load[g] += pt.Count
-			hit[g] = true
-		}
-		for g, h := range hit {
-			if h {
-				dist[g] += pt.Count
-			}
-		}
-	}
-	return slices.Max(load), slices.Max(dist)
-}
-
-// tokenSets returns, for brute force, the tokens of each expert in a
-// one-layer problem (a pattern of count c stands for c tokens) and the
-// token count.
-func tokenSets(p Problem) ([]map[int]bool, int) {
-	sets := make([]map[int]bool, p.Stats.Experts)
-	for e := range sets {
-		sets[e] = map[int]bool{}
-	}
-	tok := 0
-	for _, pt := range p.Stats.Patterns {
-		for range int(pt.Count) {
-			for _, e := range pt.Experts {
-				sets[e][tok] = true
-			}
-			tok++
-		}
-	}
-	return sets, tok
-}
-
-// coverOf returns N(S), the tokens with an expert in S.
-func coverOf(sets []map[int]bool, S []int) int {
-	u := map[int]bool{}
-	for _, e := range S {
-		for x := range sets[e] {
-			u[x] = true
-		}
-	}
-	return len(u)
-}
-
-// homeCost, the layer cost as a function of the two maxima that annealing
+// Cost, the layer cost as a function of the two maxima that annealing
 // and the bound rely on, equals the cost model's layer time on random
 // plans, in both modes.
 func TestHomeCostMatchesEvaluator(t *testing.T) {
@@ -132,16 +93,16 @@ func TestHomeCostMatchesEvaluator(t *testing.T) {
 	for it := range 20 {
 		G := 2 + rng.IntN(4)
 		E := G * (2 + rng.IntN(3))
-		p := randomHomeProblem(t, rng, E, G, 2+rng.IntN(2), 2, 30+rng.IntN(80), costmodel.Mode(it%2))
-		cost, ok := HomeCost(p)
+		sc := testkit.RandomHomeScenario(t, rng, E, G, 2+rng.IntN(2), 2, 30+rng.IntN(80), costmodel.Mode(it%2))
+		cost, ok := Cost(sc)
 		require.True(t, ok)
-		ev, err := costmodel.NewEvaluator(p.Stats, p.Cluster, p.Model, costmodel.Options{Flow: costmodel.FlowHome, Mode: p.Mode})
-		require.NoError(t, err)
 		for range 5 {
-			lp := randomBalancedPlan(rng, 1, E, G).Layers[0]
-			for l := 0; l < p.Stats.Layers; l++ {
-				mL, mD := layerMaxima(p, lp, l)
-				want := ev.LayerTime(l, lp, nil)
+			plan := testkit.RandomBalancedPlan(rng, sc.Stats.Layers, E, G)
+			rep, err := sc.Evaluate(plan)
+			require.NoError(t, err)
+			for l := 0; l < sc.Stats.Layers; l++ {
+				mL, mD := testkit.LayerMaxima(sc.Stats, G, plan.Layers[l], l)
+				want := rep.Layers[l].TimeSec
 				assert.InDelta(t, want, cost(mL, mD), 1e-12*want, "it %d layer %d", it, l)
 			}
 		}
@@ -156,7 +117,7 @@ func TestCoverSearchExhaustive(t *testing.T) {
 	for it := range 60 {
 		G := 2 + rng.IntN(3)
 		E := G * (2 + rng.IntN(3))
-		p := randomHomeProblem(t, rng, E, G, 2+rng.IntN(2), 1, 20+rng.IntN(60), costmodel.Sequential)
+		sc := testkit.RandomHomeScenario(t, rng, E, G, 2+rng.IntN(2), 1, 20+rng.IntN(60), costmodel.Sequential)
 		m := E / G
 		pi := make([]float64, E)
 		for e := range pi {
@@ -164,8 +125,8 @@ func TestCoverSearchExhaustive(t *testing.T) {
 				pi[e] = rng.Float64()
 			}
 		}
-		sets, tok := tokenSets(p)
-		cover := func(S []int) int { return coverOf(sets, S) }
+		sets, tok := testkit.TokenSets(sc.Stats)
+		cover := func(S []int) int { return testkit.CoverOf(sets, S) }
 		z := tok/G + rng.IntN(tok/2+1)
 		theta := 0.5 + rng.Float64()*float64(m)/2
 		want := false
@@ -183,7 +144,7 @@ func TestCoverSearchExhaustive(t *testing.T) {
 				break
 			}
 		}
-		got, groups := CoverSearch(p, 0, pi, z, theta)
+		got, groups := coverSearch(sc, 0, pi, z, theta)
 		name := fmt.Sprintf("it %d: E %d G %d z %d theta %.3f", it, E, G, z, theta)
 		require.Equal(t, want, got, name)
 		for _, S := range groups {
@@ -210,7 +171,8 @@ func TestHomeBottleneckBruteForce(t *testing.T) {
 	// from the exhaustive search, which the small instances above may
 	// never need.
 	t.Run("exhaustive pricing", func(t *testing.T) {
-		defer SetCoverHeuristicStarts(0)()
+		defer func(n int) { coverHeuristicStarts = n }(coverHeuristicStarts)
+		coverHeuristicStarts = 0
 		testHomeBottleneckBruteForce(t)
 	})
 }
@@ -224,13 +186,13 @@ func testHomeBottleneckBruteForce(t *testing.T) {
 		if E > 9 {
 			E, G = 8, 4
 		}
-		p := randomHomeProblem(t, rng, E, G, 2+rng.IntN(2), 2, 30+rng.IntN(60), costmodel.Sequential)
-		plan := randomBalancedPlan(rng, p.Stats.Layers, E, G)
-		corners, err := HomeBottleneckPairs(context.Background(), p, testBackend(t), plan, time.Now().Add(5*time.Second), 2, uint64(it))
+		sc := testkit.RandomHomeScenario(t, rng, E, G, 2+rng.IntN(2), 2, 30+rng.IntN(60), costmodel.Sequential)
+		plan := testkit.RandomBalancedPlan(rng, sc.Stats.Layers, E, G)
+		corners, err := bottleneckPairs(t, sc, plan, uint64(it))
 		require.NoError(t, err)
-		require.Len(t, corners, p.Stats.Layers)
-		parts := balancedPartitions(E, G)
-		for l := 0; l < p.Stats.Layers; l++ {
+		require.Len(t, corners, sc.Stats.Layers)
+		parts := testkit.BalancedPartitions(E, G)
+		for l := 0; l < sc.Stats.Layers; l++ {
 			name := fmt.Sprintf("it %d layer %d: E %d G %d corners %v", it, l, E, G, corners[l])
 			require.NotEmpty(t, corners[l], name)
 			if len(corners[l]) > 1 {
@@ -244,7 +206,7 @@ func testHomeBottleneckBruteForce(t *testing.T) {
 					r[e] = placement.GPU(g)
 				}
 				lp := placement.FromAssignment(G, [][]placement.GPU{r}, "brute").Layers[0]
-				mL, mD := layerMaxima(p, lp, l)
+				mL, mD := testkit.LayerMaxima(sc.Stats, G, lp, l)
 				best = math.Min(best, mD)
 				covered := false
 				for _, c := range corners[l] {
@@ -258,7 +220,7 @@ func testHomeBottleneckBruteForce(t *testing.T) {
 			if uncapped == best {
 				exact++
 			}
-			if uncapped > slices.Max(p.Stats.Load[l]) {
+			if uncapped > slices.Max(sc.Stats.Load[l]) {
 				nontrivial++
 			}
 		}
@@ -267,51 +229,6 @@ func testHomeBottleneckBruteForce(t *testing.T) {
 	assert.GreaterOrEqual(t, exact, layers/2)
 	assert.GreaterOrEqual(t, nontrivial, layers/2)
 	assert.Positive(t, capped)
-}
-
-// Annealing never returns a plan worse than its start, and its plan
-// validates.
-func TestHomeAnnealNeverWorse(t *testing.T) {
-	rng := rand.New(rand.NewPCG(47, 48))
-	for it := range 8 {
-		G := 2 + rng.IntN(4)
-		E := G * (2 + rng.IntN(4))
-		p := randomHomeProblem(t, rng, E, G, 2+rng.IntN(2), 3, 50+rng.IntN(100), costmodel.Mode(it%2))
-		plan := randomBalancedPlan(rng, p.Stats.Layers, E, G)
-		_, before, err := Score(p, plan)
-		require.NoError(t, err)
-		out, ok := HomeAnneal(context.Background(), p, plan, 20000, 2, 2, time.Now().Add(2*time.Second), uint64(it))
-		require.True(t, ok)
-		require.NoError(t, out.Validate(placement.ValidateOptions{Experts: E, Layers: p.Stats.Layers}))
-		_, after, err := Score(p, out)
-		require.NoError(t, err)
-		assert.LessOrEqual(t, after, before*(1+1e-12), "it %d", it)
-	}
-}
-
-// Cancelling a joint solve on the one-node home flow stops the annealing
-// and the bound too, not only HiGHS: the solve ends long before its time
-// limit.
-func TestHomeJointHonoursCancel(t *testing.T) {
-	if testing.Short() {
-		t.Skip("solves FLAME")
-	}
-	p := flameProblem(t, 1, costmodel.FlowHome)
-	ctx, cancel := context.WithCancel(context.Background())
-	// With a 20 s limit the ILP ends at 2 s and the polish at 3 s; the
-	// annealing runs to 6 s, so a cancel at 4.5 s lands in it.
-	go func() {
-		time.Sleep(4500 * time.Millisecond)
-		cancel()
-	}()
-	start := time.Now()
-	res, err := Solve(ctx, p, StrategyJoint, testBackend(t), Options{TimeLimit: 20 * time.Second})
-	took := time.Since(start)
-	t.Logf("cancelled after 4.5 s, returned after %v (err %v)", took.Round(time.Millisecond), err)
-	assert.Less(t, took, 12*time.Second)
-	if err == nil {
-		verify(t, p, res)
-	}
 }
 
 // The support-column climb returns only groups that fit (|S| ≤ E/G,
@@ -324,10 +241,10 @@ func TestSwapColumnsClimb(t *testing.T) {
 	for it := range 80 {
 		G := 2 + rng.IntN(3)
 		E := G * (2 + rng.IntN(3))
-		p := randomHomeProblem(t, rng, E, G, 2+rng.IntN(2), 1, 20+rng.IntN(60), costmodel.Sequential)
+		sc := testkit.RandomHomeScenario(t, rng, E, G, 2+rng.IntN(2), 1, 20+rng.IntN(60), costmodel.Sequential)
 		m := E / G
-		sets, tok := tokenSets(p)
-		cover := func(S []int) int { return coverOf(sets, S) }
+		sets, tok := testkit.TokenSets(sc.Stats)
+		cover := func(S []int) int { return testkit.CoverOf(sets, S) }
 		load := func(S []int) int {
 			n := 0
 			for _, e := range S {
@@ -345,7 +262,7 @@ func TestSwapColumnsClimb(t *testing.T) {
 		z := tok/G + rng.IntN(tok/2+1)
 		lcap := 0
 		if it%2 == 1 {
-			lcap = tok*p.Stats.TopK/G + rng.IntN(tok/2+1)
+			lcap = tok*sc.Stats.TopK/G + rng.IntN(tok/2+1)
 		}
 		fits := func(S []int) bool {
 			return len(S) <= m && cover(S) <= z && (lcap == 0 || load(S) <= lcap)
@@ -370,7 +287,7 @@ func TestSwapColumnsClimb(t *testing.T) {
 			}
 		}
 		name := fmt.Sprintf("it %d: E %d G %d z %d lcap %d", it, E, G, z, lcap)
-		for _, S := range SwapColumns(p, 0, pi, z, seeds, lcap, 1<<30) {
+		for _, S := range swapColumns(sc, 0, pi, z, seeds, lcap, 1<<30) {
 			assert.True(t, fits(S), name)
 			assert.Greater(t, weight(pi, S), 1.0, name)
 			assert.Len(t, S, len(slices.Compact(slices.Sorted(slices.Values(S)))), name)
@@ -406,7 +323,7 @@ func TestSwapColumnsClimb(t *testing.T) {
 					}
 				}
 			}
-			got := SwapColumns(p, 0, pi, z, [][]int{B}, lcap, 1)
+			got := swapColumns(sc, 0, pi, z, [][]int{B}, lcap, 1)
 			if nb > 1+1e-9 {
 				improving++
 				if assert.Len(t, got, 1, "%s: seed %v", name, B) {
@@ -416,4 +333,54 @@ func TestSwapColumnsClimb(t *testing.T) {
 		}
 	}
 	assert.Greater(t, improving, 20, "too few seeds had a neighbour above 1")
+}
+
+// The counting lower bound (home flow, one node) never exceeds the best
+// plan's modeled time, found by brute force over every balanced
+// assignment, in sequential and overlapped mode.
+func TestHomeLowerBoundBruteForce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	for it := 0; it < 24; it++ {
+		G := 2 + rng.IntN(3)
+		E := G * (2 + rng.IntN(2))
+		if E > 9 {
+			E = 8
+			G = 4
+		}
+		k := 2 + rng.IntN(2)
+		L := 2
+		T := 20 + rng.IntN(60)
+		tr := &routing.Trace{Tokens: T, Layers: L, TopK: k, Experts: E}
+		for range T {
+			for range L {
+				perm := rng.Perm(E)
+				hot := rng.IntN(2) // skewed: half the tokens prefer low ids
+				for j := 0; j < k; j++ {
+					e := perm[j]
+					if hot == 1 {
+						e = perm[j] % (E/2 + 1)
+						for contains(tr.IDs[len(tr.IDs)-j:], int16(e)) {
+							e = (e + 1) % E
+						}
+					}
+					tr.IDs = append(tr.IDs, int16(e))
+				}
+			}
+		}
+		require.NoError(t, tr.Validate())
+		st := tr.Stats(routing.StatsOptions{})
+		m := testkit.FakeModel(E, k)
+		m.Hidden = 256 + rng.IntN(8192)
+		mode := costmodel.Mode(it % 2)
+		sc := costmodel.Scenario{Stats: st, Cluster: testkit.SmallCluster(1, G), Model: m, Flow: costmodel.FlowHome, Mode: mode}
+		lb, ok := LowerBound(sc, nil)
+		require.True(t, ok)
+		best := bruteBest(t, sc, E, G)
+		name := fmt.Sprintf("it %d: E %d G %d k %d T %d mode %v", it, E, G, k, T, mode)
+		// The mutation "drop the co-activation term W" makes the bound
+		// exceed the optimum on skewed instances; "divide by G twice" falls
+		// below half of it.
+		assert.LessOrEqual(t, lb, best*(1+1e-12), name)
+		assert.Greater(t, lb, 0.5*best, name)
+	}
 }

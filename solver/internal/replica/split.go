@@ -1,50 +1,17 @@
-package solver
+package replica
 
 import (
-	"fmt"
 	"math"
 
 	"github.com/moetuner/moetuner/placement"
 )
 
-// Split says how an expert's tokens divide among its copies.
-type Split int
-
-const (
-	// SplitEven: every copy serves the same share, as vLLM (by token
-	// position), SGLang's static dispatch and EPLB's own model assume.
-	SplitEven Split = iota
-	// SplitOptimal: the split is chosen per layer to minimise the busiest
-	// GPU's load, as SGLang's dispatch-time LP (--ep-dispatch-algorithm lp)
-	// does per batch; plans then carry LayerPlan.SlotShare.
-	SplitOptimal
-)
-
-// ParseSplit maps "even" or "optimal" to a Split.
-func ParseSplit(s string) (Split, error) {
-	switch s {
-	case "even":
-		return SplitEven, nil
-	case "optimal":
-		return SplitOptimal, nil
-	}
-	return 0, fmt.Errorf("solver: --split %q: want even or optimal", s)
-}
-
-// String returns "even" or "optimal".
-func (s Split) String() string {
-	if s == SplitOptimal {
-		return "optimal"
-	}
-	return "even"
-}
-
-// optimalShares returns per-slot shares of lp that minimise the busiest
+// OptimalShares returns per-slot shares of lp that minimise the busiest
 // GPU's load/speed given load[e] per expert, and that busiest load. It
 // bisects on the busiest load T, testing each T with a max flow from the
 // experts (capacity load[e]) through their copies to the GPUs (capacity
 // T·speed_g); the shares are the flows of the last feasible T.
-func optimalShares(load []float64, lp placement.LayerPlan, speed []float64) ([]float64, float64) {
+func OptimalShares(load []float64, lp placement.LayerPlan, speed []float64) ([]float64, float64) {
 	E, G := len(load), len(speed)
 	total, sp := 0.0, 0.0
 	for _, v := range load {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,44 +13,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/costmodel"
-	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	. "github.com/moetuner/moetuner/solver"
+	"github.com/moetuner/moetuner/solver/internal/testkit"
 )
 
-// balancedPartitions lists every assignment of E experts to G GPUs with
-// E/G each, GPU labels canonical (expert 0 on GPU 0, new GPUs in order).
-func balancedPartitions(E, G int) [][]int {
-	m := E / G
-	var out [][]int
-	cur := make([]int, E)
-	size := make([]int, G)
-	var rec func(e, used int)
-	rec = func(e, used int) {
-		if e == E {
-			out = append(out, append([]int(nil), cur...))
-			return
-		}
-		for g := 0; g < min(used+1, G); g++ {
-			if size[g] == m {
-				continue
-			}
-			cur[e], size[g] = g, size[g]+1
-			nu := used
-			if g == used {
-				nu++
-			}
-			rec(e+1, nu)
-			size[g]--
-		}
-	}
-	rec(0, 0)
-	return out
-}
-
-// The exact-cost lower bound (home flow, one node) never exceeds the best
-// plan's modeled time, found by brute force over every balanced
-// assignment, in sequential and overlapped mode.
+// Joint's certified bound on the exact cost model (home flow, one node)
+// lies between the counting bound and the best plan's modeled time, found
+// by brute force over every balanced assignment, in sequential and
+// overlapped mode, and lifts the counting bound in most instances.
 func TestHomeLowerBoundBruteForce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	raised := 0
@@ -72,7 +44,7 @@ func TestHomeLowerBoundBruteForce(t *testing.T) {
 					e := perm[j]
 					if hot == 1 {
 						e = perm[j] % (E/2 + 1)
-						for contains(tr.IDs[len(tr.IDs)-j:], int16(e)) {
+						for slices.Contains(tr.IDs[len(tr.IDs)-j:], int16(e)) {
 							e = (e + 1) % E
 						}
 					}
@@ -82,25 +54,24 @@ func TestHomeLowerBoundBruteForce(t *testing.T) {
 		}
 		require.NoError(t, tr.Validate())
 		st := tr.Stats(routing.StatsOptions{})
-		m := fakeModel(E, k)
+		m := testkit.FakeModel(E, k)
 		m.Hidden = 256 + rng.IntN(8192)
 		mode := costmodel.Mode(it % 2)
-		p := Problem{Stats: st, Cluster: smallCluster(1, G), Model: m, Flow: costmodel.FlowHome, Mode: mode}
-		lb, ok := HomeLowerBound(p)
+		p := Problem{Stats: st, Cluster: testkit.SmallCluster(1, G), Model: m, Flow: costmodel.FlowHome, Mode: mode}
+		lb, ok := CountingBound(p)
 		require.True(t, ok)
-		ev, err := costmodel.NewEvaluator(st, p.Cluster, m, costmodel.Options{Flow: costmodel.FlowHome, Mode: mode})
-		require.NoError(t, err)
 		best := 0.0
-		parts := balancedPartitions(E, G)
+		parts := testkit.BalancedPartitions(E, G)
 		for l := 0; l < L; l++ {
 			lbest := math.Inf(1)
 			for _, a := range parts {
-				row := make([]placement.GPU, E)
-				for e, g := range a {
-					row[e] = placement.GPU(g)
+				rows := make([][]int, L)
+				for i := range rows {
+					rows[i] = a
 				}
-				lp := placement.FromAssignment(G, [][]placement.GPU{row}, "brute").Layers[0]
-				lbest = math.Min(lbest, ev.LayerTime(l, lp, nil))
+				rep, err := p.Scenario().Evaluate(testkit.PlanOf(G, rows...))
+				require.NoError(t, err)
+				lbest = math.Min(lbest, rep.Layers[l].TimeSec)
 			}
 			best += lbest
 		}
@@ -109,9 +80,8 @@ func TestHomeLowerBoundBruteForce(t *testing.T) {
 		assert.Greater(t, lb, 0.5*best, name)
 		res, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{TimeLimit: 5 * time.Second})
 		require.NoError(t, err)
-		// Joint's bound adds the certified busiest-GPU counts
-		// (coverbound.go): at least the counting bound, never above the
-		// brute-force optimum.
+		// Joint's bound adds the certified busiest-GPU counts: at least the
+		// counting bound, never above the brute-force optimum.
 		assert.GreaterOrEqual(t, res.CostBound, lb*(1-1e-12), name)
 		assert.LessOrEqual(t, res.CostBound, best*(1+1e-12), name)
 		assert.InDelta(t, res.Objective/res.CostBound-1, res.CostGap, 1e-12, name)
@@ -121,13 +91,4 @@ func TestHomeLowerBoundBruteForce(t *testing.T) {
 	}
 	t.Logf("joint's certified bound is above the counting bound in %d of 24 instances", raised)
 	assert.GreaterOrEqual(t, raised, 12)
-}
-
-func contains(s []int16, x int16) bool {
-	for _, v := range s {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }

@@ -1,4 +1,4 @@
-package solver
+package jointilp
 
 import (
 	"context"
@@ -6,30 +6,48 @@ import (
 	"math"
 	"time"
 
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/mip"
+	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
-// chainDescent improves a chain-flow assignment layer by layer with its
+// DescentOptions bound a Descent.
+type DescentOptions struct {
+	Deadline time.Time
+	// StepLimit is the time one layer's ILP gets; a step starts only with
+	// at least MinLeft before the deadline.
+	StepLimit, MinLeft time.Duration
+	MIP                task.MIPSettings
+}
+
+// Descent improves a chain-flow assignment layer by layer with its
 // neighbours fixed (block coordinate descent), iterated until a round
 // changes nothing or the deadline passes. With layers l−1 and l+1 fixed,
 // the traffic into and out of layer l is linear in x[l] over every
 // transition pair, so each step is a small exact ILP (no pair variables).
-// A step is kept only if the exact cost model (Score) says the whole plan
-// got faster, so the result is never worse than the input.
-func chainDescent(ctx context.Context, p Problem, jm *jointModel, backend mip.Backend, opts Options, assign [][]int, deadline time.Time) ([][]int, error) {
+// A step is kept only if the exact cost model (sc.Evaluate) says the whole
+// plan got faster, so the result is never worse than the input.
+func (jm *Model) Descent(ctx context.Context, sc costmodel.Scenario, backend mip.Backend, assign [][]int, opts DescentOptions) ([][]int, error) {
 	cur := make([][]int, len(assign))
 	for l := range assign {
 		cur[l] = append([]int(nil), assign[l]...)
 	}
-	_, best, err := Score(p, assignPlan(jm.G, cur))
+	score := func(a [][]int) (float64, error) {
+		rep, err := sc.Evaluate(AssignPlan(jm.G, a, ""))
+		if err != nil {
+			return 0, err
+		}
+		return rep.TimeSec, nil
+	}
+	best, err := score(cur)
 	if err != nil {
 		return nil, err
 	}
 	for round := 0; ; round++ {
 		changed := false
 		for l := range jm.L {
-			left := time.Until(deadline)
-			if left < 100*time.Millisecond || ctx.Err() != nil {
+			left := time.Until(opts.Deadline)
+			if left < opts.MinLeft || ctx.Err() != nil {
 				return cur, nil
 			}
 			b, lv := jm.buildChainLayer(l, cur)
@@ -43,20 +61,19 @@ func chainDescent(ctx context.Context, p Problem, jm *jointModel, backend mip.Ba
 			for e, g := range cur[l] {
 				start[lv.x[e][g]] = 1
 			}
-			fillEpigraphs(m, start)
-			limit := min(left, max(opts.TimeLimit/time.Duration(4*jm.L), 200*time.Millisecond))
-			ss := runMIP(ctx, backend, m, start, opts, limit)
-			if ss.err != nil {
-				return nil, ss.err
+			fillEpigraphs(b, start)
+			ss := task.RunMIP(ctx, backend, m, start, opts.MIP, min(left, opts.StepLimit))
+			if ss.Err != nil {
+				return nil, ss.Err
 			}
-			if ss.sol.X == nil {
+			if ss.Sol.X == nil {
 				continue
 			}
 			trial := make([][]int, jm.L)
 			copy(trial, cur)
 			trial[l] = make([]int, jm.E)
-			readAssign(ss.sol.X, []layerVars{lv}, []int{l}, trial)
-			_, obj, err := Score(p, assignPlan(jm.G, trial))
+			ReadAssign(ss.Sol.X, []LayerVars{lv}, []int{l}, trial)
+			obj, err := score(trial)
 			if err != nil {
 				return nil, err
 			}
@@ -70,11 +87,16 @@ func chainDescent(ctx context.Context, p Problem, jm *jointModel, backend mip.Ba
 	}
 }
 
-// fillEpigraphs sets every epigraph column (names starting with T) of a
-// start vector to the least value its ≤ rows allow, found by evaluating
-// each row's activity without it; three passes let epigraphs that feed
-// other epigraphs (Tc into T) settle.
-func fillEpigraphs(m *mip.Model, x []float64) {
+// fillEpigraphs sets every epigraph column of a start vector to the least
+// value its ≤ rows allow, found by evaluating each row's activity without
+// it; three passes let epigraphs that feed other epigraphs (Tc into T)
+// settle.
+func fillEpigraphs(f *form, x []float64) {
+	m := f.Model()
+	isEpi := make([]bool, len(m.Cost))
+	for _, j := range f.epi {
+		isEpi[j] = true
+	}
 	for pass := 0; pass < 3; pass++ {
 		for i := range m.RowLower {
 			if !math.IsInf(m.RowLower[i], -1) {
@@ -83,7 +105,7 @@ func fillEpigraphs(m *mip.Model, x []float64) {
 			epi, act := -1, 0.0
 			for k := m.RowStart[i]; k < m.RowStart[i+1]; k++ {
 				c := m.RowIndex[k]
-				if !m.Integer[c] && m.RowValue[k] == -1 && isEpigraph(m.Names[c]) {
+				if isEpi[c] && m.RowValue[k] == -1 {
 					epi = c
 					continue
 				}
@@ -103,17 +125,17 @@ func fillEpigraphs(m *mip.Model, x []float64) {
 // l−1 (or the home dispatch for l = 0), the transition into layer l+1 and,
 // for the last layer, the home combine; layer l+1's compute tail is a
 // constant.
-func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*mip.Builder, layerVars) {
-	b := &mip.Builder{}
+func (jm *Model) buildChainLayer(l int, assign [][]int) (*form, LayerVars) {
+	b := &form{}
 	lv := jm.addLayer(b, l, false)
 	nvs := jm.tb / jm.nv
-	nics := jm.tb / jm.nic / float64(jm.n)
-	s := jm.p.Stats
+	nics := jm.tb / jm.nic / float64(jm.perNode)
+	s := jm.stats
 	// u[e][B]: x summed over node B's GPUs, as (idx, val) terms.
 	nodeTerms := func(e, nb int, coef float64) ([]int, []float64) {
 		var idx []int
 		var val []float64
-		for g := nb * jm.n; g < (nb+1)*jm.n; g++ {
+		for g := nb * jm.perNode; g < (nb+1)*jm.perNode; g++ {
 			idx, val = append(idx, lv.x[e][g]), append(val, coef)
 		}
 		return idx, val
@@ -170,10 +192,10 @@ func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*mip.Builder, laye
 			// out_g = (const or Σ rowsum·x) − stay; in_g likewise.
 			oi := append(append(append([]int{}, outIdx...), stayIdx...), td)
 			ov := append(append(append([]float64{}, scaledVals(outVal, nvs)...), scaledVals(stayVal, nvs)...), -1)
-			b.Row(fmt.Sprintf("dout_%d_%d_%d", tl, td, g), -inf, -constOut*nvs, oi, ov)
+			b.Row(fmt.Sprintf("dout_%d_%d_%d", tl, td, g), -mip.Inf, -constOut*nvs, oi, ov)
 			ii := append(append(append([]int{}, inIdx...), stayIdx...), td)
 			iv := append(append(append([]float64{}, scaledVals(inVal, nvs)...), scaledVals(stayVal, nvs)...), -1)
-			b.Row(fmt.Sprintf("din_%d_%d_%d", tl, td, g), -inf, -constIn*nvs, ii, iv)
+			b.Row(fmt.Sprintf("din_%d_%d_%d", tl, td, g), -mip.Inf, -constIn*nvs, ii, iv)
 		}
 		if jm.N > 1 {
 			for nb := range jm.N {
@@ -199,11 +221,11 @@ func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*mip.Builder, laye
 					}
 				}
 				if srcFixed {
-					b.Row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -inf, -constOut*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
-					b.Row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -inf, -constIn*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
+					b.Row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -mip.Inf, -constOut*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
+					b.Row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -mip.Inf, -constIn*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
 				} else {
-					b.Row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -inf, -constOut*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
-					b.Row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -inf, -constIn*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
+					b.Row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -mip.Inf, -constOut*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
+					b.Row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -mip.Inf, -constIn*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
 				}
 			}
 		}
@@ -216,14 +238,14 @@ func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*mip.Builder, laye
 	}
 	phases, mult, nlat := []int{lv.td}, []float64{1}, 1
 	if l == jm.L-1 {
-		lv.tb = b.Col(fmt.Sprintf("Tb_%d", l), 0, inf, 0, false)
+		lv.tb = b.epiCol(fmt.Sprintf("Tb_%d", l), 0, mip.Inf, 0, false)
 		jm.addHomeComm(b, l, lv, lv.tb, nil)
 		phases, mult, nlat = append(phases, lv.tb), append(mult, 1), 2
 	}
 	jm.addObjective(b, l, &lv, phases, mult, nlat)
 	// Out of layer l into the fixed layer l+1, whose compute is constant.
 	if l+1 < jm.L {
-		td2 := b.Col(fmt.Sprintf("Td_%d", l+1), 0, inf, 0, false)
+		td2 := b.epiCol(fmt.Sprintf("Td_%d", l+1), 0, mip.Inf, 0, false)
 		transition(td2, l+1, false)
 		tc2 := 0.0
 		load := make([]float64, jm.G)
@@ -233,12 +255,12 @@ func (jm *jointModel) buildChainLayer(l int, assign [][]int) (*mip.Builder, laye
 		for g := range jm.G {
 			tc2 = max(tc2, (jm.alpha*load[g]+jm.beta*float64(jm.slots[g]))/jm.speed[g])
 		}
-		tcCol := b.Col(fmt.Sprintf("Tc_%d", l+1), tc2, tc2, 0, false)
-		nl := layerVars{tc: tcCol, td: td2, tb: -1, t: -1}
+		tcCol := b.epiCol(fmt.Sprintf("Tc_%d", l+1), tc2, tc2, 0, false)
+		nl := LayerVars{tc: tcCol, td: td2, tb: -1, t: -1}
 		ph, mu, nlt := []int{td2}, []float64{1}, 1
 		if l+1 == jm.L-1 {
 			// The last layer's combine depends only on layer l+1: constant.
-			tb := b.Col(fmt.Sprintf("Tb_%d", l+1), 0, inf, 0, false)
+			tb := b.epiCol(fmt.Sprintf("Tb_%d", l+1), 0, mip.Inf, 0, false)
 			ng := make([]float64, jm.G)
 			mb := make([]float64, jm.N)
 			for e, g := range assign[l+1] {

@@ -1,4 +1,4 @@
-package solver
+package onenode
 
 import (
 	"math/bits"
@@ -13,7 +13,7 @@ import (
 // column in two or three experts, so these climbs find most of them at a
 // fraction of the search's cost. It returns the distinct groups reaching
 // π(S) > 1, at most limit of them.
-func (c *coverLayer) swapColumns(pi []float64, z int, seeds [][]int, limit int) [][]int {
+func (c *Layer) swapColumns(pi []float64, z int, seeds [][]int, limit int) [][]int {
 	order := make([]int, 0, c.E)
 	for e := 0; e < c.E; e++ {
 		if pi[e] > 0 && c.load[e] <= z && c.fits(c.load[e]) {

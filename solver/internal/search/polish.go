@@ -1,4 +1,7 @@
-package solver
+// Package search improves plans on the exact cost model by local search:
+// slot swaps scored by costmodel's incremental Evaluator (Polish) and
+// annealing on the exact cost of the one-node home flow (HomeAnneal).
+package search
 
 import (
 	"context"
@@ -10,7 +13,7 @@ import (
 	"github.com/moetuner/moetuner/placement"
 )
 
-// polish improves a plan by swapping the GPUs of two slots (two copies of
+// Polish improves a plan by swapping the GPUs of two slots (two copies of
 // different experts on different GPUs), scored with the exact cost model
 // (costmodel.Evaluator), until no swap helps or the deadline passes. Swaps
 // keep every GPU's slot count and never put two copies of one expert on
@@ -20,64 +23,65 @@ import (
 // Evaluator. In the home flow layers are independent; in the chain flow a
 // change to layer l also changes layer l+1's time, so even and odd layers
 // take turns (a layer's cost reads only its neighbours, which the other
-// phase owns).
-func polish(ctx context.Context, p Problem, plan *placement.Plan, deadline time.Time, workers int) (*placement.Plan, error) {
+// phase owns), and after every phase each evaluator takes the layers the
+// others changed.
+func Polish(ctx context.Context, sc costmodel.Scenario, plan *placement.Plan, deadline time.Time, workers int) (*placement.Plan, error) {
 	workers = max(workers, 1)
 	evs := make([]*costmodel.Evaluator, workers)
 	for w := range evs {
-		ev, err := costmodel.NewEvaluator(p.Stats, p.Cluster, p.Model, p.evalOpts())
+		ev, err := sc.NewEvaluator(plan)
 		if err != nil {
 			return nil, err
 		}
 		evs[w] = ev
 	}
-	work := plan.Clone()
-	lps := work.Layers
-	L := len(lps)
-	chain := p.Flow == costmodel.FlowChain
+	L := len(plan.Layers)
+	chain := sc.Flow == costmodel.FlowChain
 	cost := func(ev *costmodel.Evaluator, l int) float64 {
-		var prev *placement.LayerPlan
-		if chain && l > 0 {
-			prev = &lps[l-1]
-		}
-		t := ev.LayerTime(l, lps[l], prev)
+		t := ev.LayerCost(l)
 		if chain && l+1 < L {
-			t += ev.LayerTime(l+1, lps[l+1], &lps[l])
+			t += ev.LayerCost(l + 1)
 		}
 		return t
 	}
 	stopped := func() bool { return ctx.Err() != nil || time.Now().After(deadline) }
 	// polishLayer runs one pass of first-improvement swaps over layer l.
-	polishLayer := func(ev *costmodel.Evaluator, l int) bool {
+	polishLayer := func(ev *costmodel.Evaluator, l int) (bool, error) {
 		improved := false
 		cur := cost(ev, l)
-		gpu, exp := lps[l].SlotGPU, lps[l].SlotExpert
+		lp := ev.Layer(l)
+		gpu, exp := lp.SlotGPU, lp.SlotExpert
 		has := make(map[[2]int]bool, len(gpu))
 		for s := range gpu {
 			has[[2]int{int(gpu[s]), int(exp[s])}] = true
 		}
 		for a := range gpu {
 			if stopped() {
-				return improved
+				return improved, nil
 			}
 			for b := a + 1; b < len(gpu); b++ {
 				ga, gb := gpu[a], gpu[b]
 				if ga == gb || exp[a] == exp[b] || has[[2]int{int(gb), int(exp[a])}] || has[[2]int{int(ga), int(exp[b])}] {
 					continue
 				}
-				gpu[a], gpu[b] = gb, ga
-				if c := cost(ev, l); c < cur*(1-1e-12) {
-					cur, improved = c, true
+				m := costmodel.Move{Kind: costmodel.MoveSwap, Layer: l, Slot: a, Other: b}
+				d, err := ev.Delta(m)
+				if err != nil {
+					return improved, err
+				}
+				if d < -cur*1e-12 {
+					if err := ev.Apply(m); err != nil {
+						return improved, err
+					}
+					cur, improved = cost(ev, l), true
 					delete(has, [2]int{int(ga), int(exp[a])})
 					delete(has, [2]int{int(gb), int(exp[b])})
 					has[[2]int{int(gb), int(exp[a])}] = true
 					has[[2]int{int(ga), int(exp[b])}] = true
-				} else {
-					gpu[a], gpu[b] = ga, gb
 				}
 			}
 		}
-		return improved
+		return improved, nil
 	}
 	phases := [][]int{nil}
 	for l := range L {
@@ -89,11 +93,15 @@ func polish(ctx context.Context, p Problem, plan *placement.Plan, deadline time.
 			phases[l%2] = append(phases[l%2], l)
 		}
 	}
+	owner := make([]int, L) // the evaluator holding layer l's latest slots
+	var firstErr error
+	var errMu sync.Mutex
 	for improved := true; improved && !stopped(); {
 		var any atomic.Bool
 		for _, layers := range phases {
 			var wg sync.WaitGroup
 			next := atomic.Int64{}
+			changed := make([]bool, L)
 			for w := range workers {
 				wg.Add(1)
 				go func() {
@@ -103,17 +111,43 @@ func polish(ctx context.Context, p Problem, plan *placement.Plan, deadline time.
 						if i >= len(layers) {
 							return
 						}
-						if polishLayer(evs[w], layers[i]) {
+						l := layers[i]
+						ok, err := polishLayer(evs[w], l)
+						if err != nil {
+							errMu.Lock()
+							firstErr = err
+							errMu.Unlock()
+							return
+						}
+						owner[l] = w
+						if ok {
+							changed[l] = true
 							any.Store(true)
 						}
 					}
 				}()
 			}
 			wg.Wait()
+			if firstErr != nil {
+				return nil, firstErr
+			}
+			// Every evaluator takes the layers the others changed.
+			for l, c := range changed {
+				if !c {
+					continue
+				}
+				for w, ev := range evs {
+					if w != owner[l] {
+						if err := ev.SetLayer(l, evs[owner[l]].Layer(l)); err != nil {
+							return nil, err
+						}
+					}
+				}
+			}
 		}
 		improved = any.Load()
 	}
-	return canonicalPlan(work), nil
+	return canonicalPlan(evs[0].Plan()), nil
 }
 
 // canonicalPlan lays out slots GPU-major with ascending experts, the form

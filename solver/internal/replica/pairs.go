@@ -1,4 +1,4 @@
-package solver
+package replica
 
 import (
 	"context"
@@ -103,7 +103,7 @@ func pairFeasible(ctx context.Context, backend mip.Backend, load []float64, G1, 
 		perExpert[it.e] = append(perExpert[it.e], z[i])
 	}
 	for e, cols := range perExpert {
-		bd.Row(fmt.Sprintf("one_%d", e), 1, 1, cols, ones(len(cols)))
+		bd.Row(fmt.Sprintf("one_%d", e), 1, 1, cols, mip.Ones(len(cols)))
 	}
 	// Prefix sums.
 	for i, it := range items {
@@ -283,12 +283,12 @@ func pairPack(load []float64, cnt []int, single, double []int, T float64) [][]pl
 // busiest load hi of the current copies, on loads divided by the common
 // speed. It returns a better valid bound and, when it found counts that
 // pack below hi, their copies (nil otherwise).
-func pairRefine(ctx context.Context, backend mip.Backend, load []float64, single, double []int, lo, hi float64, deadline time.Time) (bound float64, copies [][]placement.GPU, busiest float64) {
+func pairRefine(ctx context.Context, backend mip.Backend, load []float64, single, double []int, lo, hi float64, deadline time.Time, opts Options) (bound float64, copies [][]placement.GPU, busiest float64) {
 	bound, busiest = lo, hi
 	probe := func(T float64) (cnt []int, feasible, proven bool) {
 		// Each probe gets a share of the time left, so one hard probe
 		// does not eat the whole budget.
-		until := time.Now().Add(max(500*time.Millisecond, time.Until(deadline)/4))
+		until := time.Now().Add(max(opts.PairProbeMin, time.Duration(opts.PairProbeShare*float64(time.Until(deadline)))))
 		if until.After(deadline) {
 			until = deadline
 		}
@@ -302,7 +302,7 @@ func pairRefine(ctx context.Context, backend mip.Backend, load []float64, single
 	// Raise the bound in growing steps: infeasibility just above a proven
 	// bound is usually quick to prove, near the optimum it is not.
 	low := lo
-	half := time.Now().Add(time.Until(deadline) / 2) // the rest is for plans
+	half := time.Now().Add(time.Duration(opts.PairProofShare * float64(time.Until(deadline)))) // the rest is for plans
 	for step := 1e-9; !done() && time.Now().Before(half) && low*(1+step) < hi; step = max(2*step, 2.5e-3) {
 		T := low * (1 + step)
 		cnt, feasible, proven := probe(T)

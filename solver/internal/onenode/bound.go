@@ -1,4 +1,4 @@
-package solver
+package onenode
 
 import (
 	"math"
@@ -8,32 +8,13 @@ import (
 	"github.com/moetuner/moetuner/placement"
 )
 
-// homeLowerBound is a lower bound, on the exact cost model, on the modeled
-// time of every single-copy plan with E/G experts per GPU, for the home
-// flow on one node with per-token patterns whose home GPU is unknown
-// (spread evenly) and GPUs of equal speed; ok is false otherwise. Per
-// layer:
-//
-//   - compute tail ≥ the mean GPU's compute (Σ load·perToken + E·perExpert)/G;
-//   - a token whose k distinct experts sit on m GPUs has m ≥ k − (pairs of
-//     its experts sharing a GPU), so Σ_g D_g (D_g: tokens reaching GPU g)
-//     ≥ Σ_t k_t − W, where W, the co-activation weight inside GPUs, is at
-//     most ½ Σ_e (its E/G − 1 largest co-activations);
-//   - dispatch: GPU g receives (G−1)/G·D_g tokens, so the busiest port
-//     carries at least (G−1)/G² · Σ_g D_g token copies; combine mirrors it;
-//
-// and the layer time is monotone in the three (sequential or overlapped).
-func homeLowerBound(p Problem) (float64, bool) {
-	return homeLowerBoundWith(p, nil)
-}
-
-// homeCost returns, for the problems homeLowerBound covers, a layer's
-// exact modeled time as a function of its busiest GPU's routed tokens maxL
-// and its busiest GPU's distinct tokens maxD (see homepolish.go); ok is
-// false for other problems.
-func homeCost(p Problem) (cost func(maxL, maxD float64) float64, ok bool) {
-	s, c := p.Stats, p.Cluster
-	if p.Flow != costmodel.FlowHome || c.Nodes != 1 || s.Patterns == nil || p.replicated() || p.Dispatch != placement.DispatchEven {
+// Cost returns, for the single-copy problems LowerBound covers (the
+// caller makes sure plans have one copy per expert), a layer's exact
+// modeled time as a function of its busiest GPU's routed tokens maxL and
+// its busiest GPU's distinct tokens maxD; ok is false for other problems.
+func Cost(sc costmodel.Scenario) (cost func(maxL, maxD float64) float64, ok bool) {
+	s, c := sc.Stats, sc.Cluster
+	if sc.Flow != costmodel.FlowHome || c.Nodes != 1 || s.Patterns == nil || sc.Dispatch != placement.DispatchEven {
 		return nil, false
 	}
 	G, E := c.GPUs(), s.Experts
@@ -51,14 +32,14 @@ func homeCost(p Problem) (cost func(maxL, maxD float64) float64, ok bool) {
 		}
 	}
 	m := E / G
-	perTok, perExp := c.Coefficients(p.Model)
+	perTok, perExp := c.Coefficients(sc.Model)
 	speed := c.SpeedOf(0)
-	tb := p.Model.TokenBytes()
+	tb := sc.Model.TokenBytes()
 	bw := c.NVLinkBytesPerSec()
 	lat := c.NVLinkLatency.Seconds()
 	sigma := c.SigmaValue()
 	chunks := float64(costmodel.DefaultChunks)
-	overlapped := p.Mode == costmodel.Overlapped
+	overlapped := sc.Mode == costmodel.Overlapped
 	return func(maxL, maxD float64) float64 {
 		tail := (maxL*perTok + float64(m)*perExp) / speed
 		bytes := float64(G-1) / float64(G) * maxD * tb
@@ -73,16 +54,31 @@ func homeCost(p Problem) (cost func(maxL, maxD float64) float64, ok bool) {
 	}, true
 }
 
-// homeLowerBoundWith is homeLowerBound with, per layer, certified corners
-// (coverbound.go): the layer costs at least the smallest homeCost over its
-// corners, each raised to the counting bounds (no corners: the counting
-// bounds alone).
-func homeLowerBoundWith(p Problem, corners [][]homeCorner) (float64, bool) {
-	cost, ok := homeCost(p)
+// LowerBound is a lower bound, on the exact cost model, on the modeled
+// time of every single-copy plan with E/G experts per GPU, for the home
+// flow on one node with per-token patterns whose home GPU is unknown
+// (spread evenly) and GPUs of equal speed; ok is false otherwise. Per
+// layer:
+//
+//   - compute tail ≥ the mean GPU's compute (Σ load·perToken + E·perExpert)/G;
+//   - a token whose k distinct experts sit on m GPUs has m ≥ k − (pairs of
+//     its experts sharing a GPU), so Σ_g D_g (D_g: tokens reaching GPU g)
+//     ≥ Σ_t k_t − W, where W, the co-activation weight inside GPUs, is at
+//     most ½ Σ_e (its E/G − 1 largest co-activations);
+//   - dispatch: GPU g receives (G−1)/G·D_g tokens, so the busiest port
+//     carries at least (G−1)/G² · Σ_g D_g token copies; combine mirrors it;
+//
+// and the layer time is monotone in the three (sequential or overlapped).
+//
+// With corners (certified per layer by Bottleneck), each layer costs at
+// least the smallest Cost over its corners, each raised to the counting
+// bounds; nil corners give the counting bounds alone.
+func LowerBound(sc costmodel.Scenario, corners [][]Corner) (float64, bool) {
+	cost, ok := Cost(sc)
 	if !ok {
 		return 0, false
 	}
-	s, c := p.Stats, p.Cluster
+	s, c := sc.Stats, sc.Cluster
 	G, E, L, k := c.GPUs(), s.Experts, s.Layers, s.TopK
 	m := E / G
 	total, tokens := 0.0, 0.0

@@ -1,4 +1,4 @@
-package solver
+package jointilp
 
 import (
 	"math"
@@ -33,9 +33,9 @@ func TestChainLayerILPMatchesModel(t *testing.T) {
 		require.NoError(t, err)
 		c = c.WithNodes(tc.nodes)
 		c.GPUsPerNode = tc.per
-		p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: c, Flow: costmodel.FlowChain, Mode: tc.mode,
+		sc := costmodel.Scenario{Stats: tr.Stats(routing.StatsOptions{}), Cluster: c, Flow: costmodel.FlowChain, Mode: tc.mode,
 			Model: costmodel.Model{Name: "t", Layers: L, Experts: E, TopK: 2, Hidden: 4096, FFN: 14336, BytesPerActivation: 2}}
-		jm, err := newJointModel(p, E*E)
+		jm, err := New(sc, E*E)
 		require.NoError(t, err)
 		base := [][]int{{0, 0, 1, 1, 2, 2}, {2, 1, 0, 2, 1, 0}, {1, 2, 2, 0, 0, 1}}
 		for l := range L {
@@ -68,15 +68,15 @@ func TestChainLayerILPMatchesModel(t *testing.T) {
 				for e, g := range a {
 					x[lv.x[e][g]] = 1
 				}
-				fillEpigraphs(m, x)
+				fillEpigraphs(b, x)
 				require.NoError(t, m.Check(x, 1e-9))
 				trial := [][]int{base[0], base[1], base[2]}
 				trial[l] = a
-				d := m.Value(x) - jm.objective(trial)
+				d := m.Value(x) - jm.Objective(trial)
 				if math.IsNaN(diff) {
 					diff = d
 				}
-				assert.InDelta(t, diff, d, 1e-6*math.Abs(jm.objective(trial)), "nodes %d layer %d assignment %v", tc.nodes, l, a)
+				assert.InDelta(t, diff, d, 1e-6*math.Abs(jm.Objective(trial)), "nodes %d layer %d assignment %v", tc.nodes, l, a)
 			}
 		}
 	}

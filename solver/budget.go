@@ -1,0 +1,139 @@
+package solver
+
+import (
+	"time"
+
+	"github.com/moetuner/moetuner/solver/internal/onenode"
+	"github.com/moetuner/moetuner/solver/internal/replica"
+)
+
+// budget is every split of a solve's time, in one place. Shares are of the
+// solve's limit (the smaller of Options.TimeLimit and the context's
+// deadline), measured from its start. Each entry says why it is what it is
+// and on which instances it was chosen; the instances are those of
+// BENCHMARKS.md: Mixtral-8x7B counts on 4 GPUs, FLAME-MoE-290M per-token
+// on 8 GPUs (one node) and on 2 nodes × 4, SGLang's DeepSeek-V3 prefill
+// counts on 4 nodes × 8 with 32 redundant slots.
+type budget struct {
+	// JointILP is the joint ILP's share in the home flow; the exact-cost
+	// swap polish gets the rest. The polish converges in well under the
+	// remaining fifth on FLAME (2 nodes) and Mixtral, while HiGHS's
+	// incumbent still improves late in the ILP's share.
+	JointILP float64
+	// ChainILP is the monolithic chain-flow ILP's share; the layer-by-layer
+	// descent (exact small ILPs) runs to ChainDescentEnd, the polish to the
+	// end. The descent finds the transitions the monolithic ILP's pair
+	// budget leaves out (FLAME, 2 nodes × 4, chain flow).
+	ChainILP, ChainDescentEnd float64
+	// DescentStep is one descent step's share of the limit per layer (the
+	// limit over DescentSteps·L), at least DescentStepMin; a step starts
+	// only with DescentMinLeft left.
+	DescentSteps                   int
+	DescentStepMin, DescentMinLeft time.Duration
+
+	// One node, home flow, per-token patterns: the layer cost depends only
+	// on the busiest GPU's routed and distinct tokens, which annealing
+	// optimises directly and column generation bounds, so the ILP (a weak
+	// pairwise proxy there) gets OneNodeILP, the polish runs to
+	// OneNodePolishEnd, the annealing to OneNodeAnnealEnd and the bound the
+	// rest. Chosen on FLAME (8 GPUs): annealing to 20 % or 35 % was within
+	// noise of 25 %; the certified gap was 0.65–0.76 % at 10 s.
+	OneNodeILP, OneNodePolishEnd, OneNodeAnnealEnd float64
+	// ReAnnealLeft: when the bound converges with more than this share of
+	// the limit left, the rest goes to another annealing.
+	ReAnnealLeft float64
+	// AnnealMovesPerExpert caps each annealing restart at this many moves
+	// per expert (a work cap, so short limits do not stop early and long
+	// ones do not anneal forever); with 20000 a 60 s FLAME run stopped its
+	// annealing early, without a cap the bound's brute-force test took 40×
+	// longer.
+	AnnealMovesPerExpert int
+	// AnnealRestarts are the first annealing's restarts (the plan's own
+	// partition, then random balanced ones); a re-annealing has one.
+	AnnealRestarts int
+	// Bound holds the one-node bound's own rules.
+	Bound onenode.Budget
+
+	// PaperStage1 is the paper's ILP 1 share (its layers in parallel); ILP
+	// 2 gets the rest, at least PaperStage2Min.
+	PaperStage1    float64
+	PaperStage2Min time.Duration
+
+	// ReplicaLayers is the replicated path's share for its layers when an
+	// exact-cost polish follows (per-token statistics); the polish gets
+	// the rest. The layers' packing and swaps converge in milliseconds on
+	// DeepSeek-V3 (58 layers, 288 slots) and in seconds with expert groups.
+	ReplicaLayers float64
+	// Replica holds the replicated path's other rules (node spreading
+	// grace, the exact pair method's probes).
+	Replica replica.Options
+
+	// MinLayer is the least time any one layer's sub-problem gets, so a
+	// layer started near the deadline still runs its cheap first steps.
+	MinLayer time.Duration
+	// Watchdog is how far past the limit the backstop context of a solve
+	// ends (as a share of the limit, plus WatchdogFixed): HiGHS does not
+	// always honour its own time limit.
+	Watchdog      float64
+	WatchdogFixed time.Duration
+}
+
+var defaultBudget = budget{
+	JointILP:        0.8,
+	ChainILP:        0.5,
+	ChainDescentEnd: 0.8,
+	DescentSteps:    4,
+	DescentStepMin:  200 * time.Millisecond,
+	DescentMinLeft:  100 * time.Millisecond,
+
+	OneNodeILP:           0.02,
+	OneNodePolishEnd:     0.03,
+	OneNodeAnnealEnd:     0.25,
+	ReAnnealLeft:         0.05,
+	AnnealMovesPerExpert: 100000,
+	AnnealRestarts:       2,
+	Bound: onenode.Budget{
+		MinLayer: 50 * time.Millisecond,
+		// The proofs at the end of a layer's search take about a sixth
+		// of its time on FLAME.
+		Reserve: 0.15,
+		// Under 4 s a layer cannot afford the probes nearest the LP bound
+		// (each costs an exhaustive search); stopping within 0.5 % of the
+		// plan gave the best 10 s certificates on FLAME.
+		Short:    4 * time.Second,
+		ShortTol: 0.005,
+		// A load-capped second pass needs a tenth of the layer's time to
+		// reach its own convergence on FLAME.
+		CapShare: 0.1,
+	},
+
+	PaperStage1:    0.5,
+	PaperStage2Min: time.Second,
+
+	ReplicaLayers: 0.8,
+	Replica: replica.Options{
+		// Node spreading under local dispatch permutes whole GPUs; it
+		// needs well under a second on DeepSeek-V3 and may finish after
+		// its layer's share.
+		SpreadGrace: time.Second,
+		// A HiGHS feasibility probe of the pair method needs about half a
+		// second to prove infeasibility on 32-GPU layers.
+		PairProbeMin:   500 * time.Millisecond,
+		PairProbeShare: 0.25,
+		PairProofShare: 0.5,
+	},
+
+	MinLayer:      50 * time.Millisecond,
+	Watchdog:      0.1,
+	WatchdogFixed: time.Second,
+}
+
+// at returns the instant share·limit after start.
+func at(start time.Time, limit time.Duration, share float64) time.Time {
+	return start.Add(time.Duration(share * float64(limit)))
+}
+
+// of returns share·limit.
+func of(limit time.Duration, share float64) time.Duration {
+	return time.Duration(share * float64(limit))
+}

@@ -1,5 +1,0 @@
-package solver
-
-import "math"
-
-var inf = math.Inf(1)

@@ -1,0 +1,496 @@
+package replica
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/mip"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+	"github.com/moetuner/moetuner/solver/internal/search"
+	"github.com/moetuner/moetuner/solver/internal/task"
+)
+
+// Across says how a plan made for several workloads (Problem.Scenarios)
+// combines them.
+type Across int
+
+const (
+	// AcrossMean minimises the mean over workloads of the per-layer
+	// busiest/mean GPU load.
+	AcrossMean Across = iota
+	// AcrossWorst minimises the worst workload's busiest/mean.
+	AcrossWorst
+)
+
+// String returns "mean" or "worst".
+func (a Across) String() string {
+	if a == AcrossWorst {
+		return "worst"
+	}
+	return "mean"
+}
+
+// LayerBalance is the certified balance of one layer: the busiest GPU's
+// load (tokens divided by speed), the mean, and a lower bound on the
+// busiest load of any plan with the same slots.
+type LayerBalance struct {
+	Busiest, Mean, Bound float64
+	// Under local dispatch: Traffic is the layer's token-expert pairs that
+	// cross a NIC (per phase, sources uniform), Σ_e P_e·(N − nodes with
+	// e)/N, and TrafficBound a lower bound on it for any plan whose
+	// busiest GPU is at most Busiest (see trafficBound). 0 otherwise.
+	Traffic, TrafficBound float64
+}
+
+// Gap is Busiest/Bound − 1.
+func (b LayerBalance) Gap() float64 {
+	if b.Bound <= 0 {
+		return 0
+	}
+	return b.Busiest/b.Bound - 1
+}
+
+// BalanceReport certifies a replicated plan's load balance layer by layer.
+type BalanceReport struct {
+	Layers []LayerBalance
+	// MaxGap and MeanGap summarise Layers' Gap.
+	MaxGap, MeanGap float64
+	// TrafficGap, under local dispatch with count-only statistics (where
+	// Traffic is exactly what crosses the NICs), is Σ Traffic /
+	// Σ TrafficBound − 1 over the layers: how far the cross-node traffic
+	// is from the least any plan at most as unbalanced (layer by layer)
+	// could have. 0 otherwise.
+	TrafficGap float64
+	// Workload[s] is the mean over layers of busiest/mean for workload s
+	// (Problem.Workloads), nil without workloads.
+	Workload []float64
+}
+
+// replicaLayout is the per-problem slot layout for replicated plans.
+type replicaLayout struct {
+	slots []int // per GPU per layer
+	total int
+}
+
+func (p Problem) layout() (replicaLayout, error) {
+	G := p.Cluster.GPUs()
+	E := p.Stats.Experts
+	var lay replicaLayout
+	if p.SlotsPerGPU != nil {
+		if len(p.SlotsPerGPU) != G {
+			return lay, fmt.Errorf("solver: SlotsPerGPU has %d entries for %d GPUs", len(p.SlotsPerGPU), G)
+		}
+		lay.slots = append([]int(nil), p.SlotsPerGPU...)
+	} else {
+		R := E + p.RedundantSlots
+		if R%G != 0 {
+			return lay, &task.Infeasible{Constraint: "slots", Detail: fmt.Sprintf("%d experts + %d redundant slots = %d slots per layer do not divide over %d GPUs; use %d or %d redundant slots", E, p.RedundantSlots, R, G, p.RedundantSlots-R%G, p.RedundantSlots+G-R%G)}
+		}
+		lay.slots = make([]int, G)
+		for g := range lay.slots {
+			lay.slots[g] = R / G
+		}
+	}
+	for _, s := range lay.slots {
+		lay.total += s
+	}
+	if lay.total < E {
+		return lay, &task.Infeasible{Constraint: "slots", Detail: fmt.Sprintf("%d slots per layer cannot hold %d experts", lay.total, E)}
+	}
+	if eb := p.Model.ExpertBytes(); eb > 0 {
+		for g, s := range lay.slots {
+			have := p.Cluster.MemOf(g)
+			need := int64(s) * eb * int64(p.Stats.Layers)
+			if have > 0 && need > have {
+				return lay, &task.Infeasible{Constraint: "memory", Detail: fmt.Sprintf("GPU %d needs %.2f GiB for %d expert slots × %d layers × %.1f MiB but has %.2f GiB: %.2f GiB missing; use fewer redundant slots, fewer slots on this GPU or more GPUs", g, gib(need), s, p.Stats.Layers, float64(eb)/(1<<20), gib(have), gib(need-have))}
+			}
+		}
+	}
+	return lay, nil
+}
+
+func gib(b int64) float64 { return float64(b) / (1 << 30) }
+
+// workloadLoads returns per layer the [S][E] loads the packer balances.
+func (p Problem) workloadLoads(l int) [][]float64 {
+	if len(p.Workloads) == 0 {
+		return [][]float64{p.Stats.Load[l]}
+	}
+	out := make([][]float64, len(p.Workloads))
+	for s, st := range p.Workloads {
+		out[s] = st.Load[l]
+	}
+	return out
+}
+
+// Problem is a placement with replicas: the scenario, the slots, and what
+// constrains them.
+type Problem struct {
+	costmodel.Scenario
+	// RedundantSlots adds slots per layer beyond one per expert; SlotsPerGPU,
+	// when set, gives every GPU its own slot count (it wins).
+	RedundantSlots int
+	SlotsPerGPU    []int
+	// ExpertGroups > 0 keeps each group of E/ExpertGroups consecutive
+	// experts, and all its copies, on one node.
+	ExpertGroups int
+	// Workloads, when set, are several loads the plan must serve at once,
+	// combined by Across.
+	Workloads []*routing.Stats
+	Across    Across
+	// Current, when set, is the running plan: start from it, change at
+	// most MaxMoves slots per layer (0: no bound), or only moves worth
+	// MoveCost each (in units of busiest/mean).
+	Current  *placement.Plan
+	MaxMoves int
+	MoveCost float64
+}
+
+// Options bound a solve; the solver facade fills them from its budget
+// table.
+type Options struct {
+	// Deadline ends the solve; the layers get LayerShare of the time until
+	// it when a polish on the exact cost model follows (1 otherwise).
+	Start      time.Time
+	Deadline   time.Time
+	LayerShare float64
+	Parallel   int
+	MinLayer   time.Duration
+	// SpreadGrace is how far past its share a layer's node spreading under
+	// local dispatch may run (it is cheap and saves NIC traffic).
+	SpreadGrace time.Duration
+	// PairProbeMin and PairProbeShare bound one feasibility probe of the
+	// exact pair method (the larger of the two, the share being of the
+	// time left); PairProofShare of the layer's time goes to proving the
+	// bound, the rest to finding plans.
+	PairProbeMin   time.Duration
+	PairProbeShare float64
+	PairProofShare float64
+	NoPolish       bool
+}
+
+// Result is the plan with its certified balance; TimedOut when the
+// deadline passed.
+type Result struct {
+	Plan     *placement.Plan
+	Balance  *BalanceReport
+	Optimal  bool
+	TimedOut bool
+}
+
+// Solve places every layer with replication: replica counts by
+// apportionment (which minimises the largest replica), copies packed
+// largest first, then improved by swaps; every layer's busiest load is
+// certified against the bound max(mean, largest replica under the best
+// apportionment). Layers run in parallel. With per-token statistics the
+// plan is then polished on the exact cost model.
+func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*Result, error) {
+	lay, err := p.layout()
+	if err != nil {
+		return nil, err
+	}
+	s := p.Stats
+	G, E, L := p.Cluster.GPUs(), s.Experts, s.Layers
+	speed := make([]float64, G)
+	for g := range speed {
+		speed[g] = p.Cluster.SpeedOf(g)
+	}
+	groups := p.ExpertGroups
+	if groups > 0 && (E%groups != 0 || groups%p.Cluster.Nodes != 0) {
+		return nil, &task.Infeasible{Constraint: "expert groups", Detail: fmt.Sprintf("%d groups must divide %d experts and be a multiple of %d nodes", groups, E, p.Cluster.Nodes)}
+	}
+	deadline := opts.Deadline
+	polishable := !opts.NoPolish && p.Current == nil && len(p.Workloads) == 0 && (s.Patterns != nil || (p.Flow == costmodel.FlowChain && s.Transitions != nil))
+	layersDone := deadline
+	if polishable {
+		layersDone = opts.Start.Add(time.Duration(opts.LayerShare * float64(deadline.Sub(opts.Start))))
+	}
+	copies := make([][][]placement.GPU, L)
+	bal := make([]LayerBalance, L)
+	errs := make([]error, L)
+	task.Layers(L, opts.Parallel, layersDone, opts.MinLayer, func(l int, limit time.Duration) {
+		if ctx.Err() != nil {
+			errs[l] = ctx.Err()
+			return
+		}
+		copies[l], bal[l], errs[l] = placeLayer(ctx, p, backend, l, lay, speed, groups, time.Now().Add(limit), opts)
+	})
+	for _, e := range errs {
+		if e != nil {
+			return nil, e
+		}
+	}
+	plan := placement.FromReplicas(G, copies, "joint")
+	// With per-token statistics the cost model sees which tokens share
+	// GPUs and nodes: trade balance against communication by polishing on
+	// the exact cost model (not for incremental re-placement, whose move
+	// budget a polish would break).
+	if polishable {
+		before, err := p.Evaluate(plan)
+		if err != nil {
+			return nil, err
+		}
+		polished, err := search.Polish(ctx, p.Scenario, plan, deadline, opts.Parallel)
+		if err != nil {
+			return nil, err
+		}
+		if after, err := p.Evaluate(polished); err == nil && after.TimeSec < before.TimeSec {
+			plan = polished
+			for l := range L {
+				copies[l] = plan.ExpertGPUs(l)
+				bal[l] = layerBalance(p.Stats.Load[l], copies[l], speed, lay, G, p.localP())
+			}
+		}
+	}
+	res := &Result{Plan: plan}
+	br := &BalanceReport{Layers: bal}
+	for _, b := range bal {
+		br.MaxGap = math.Max(br.MaxGap, b.Gap())
+		br.MeanGap += b.Gap() / float64(L)
+	}
+	if len(p.Workloads) > 0 {
+		br.Workload = make([]float64, len(p.Workloads))
+		for si, st := range p.Workloads {
+			for l := range L {
+				br.Workload[si] += busiestOverMean(st.Load[l], copies[l], speed, p.localP()) / float64(L)
+			}
+		}
+	}
+	res.Optimal = br.MaxGap <= 1e-9
+	res.TimedOut = time.Now().After(deadline)
+	if p.Dispatch == placement.DispatchLocal && p.Stats.Patterns == nil {
+		t, tb := 0.0, 0.0
+		for _, b := range bal {
+			t += b.Traffic
+			tb += b.TrafficBound
+		}
+		if tb > 0 {
+			br.TrafficGap = t/tb - 1
+		}
+	}
+	res.Balance = br
+	return res, nil
+}
+
+// busiestOverMean scores one layer of copies under a load vector (even
+// split, or local dispatch with P GPUs per node when P > 0).
+func busiestOverMean(load []float64, copies [][]placement.GPU, speed []float64, P int) float64 {
+	gl := gpuLoads(load, copies, speed, P)
+	total, sp := 0.0, 0.0
+	for e := range copies {
+		total += load[e]
+	}
+	for _, v := range speed {
+		sp += v
+	}
+	m := 0.0
+	for _, v := range gl {
+		m = math.Max(m, v)
+	}
+	if total == 0 {
+		return 1
+	}
+	return m / (total / sp)
+}
+
+// placeLayer places one layer (see solveReplicated).
+func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay replicaLayout, speed []float64, groups int, deadline time.Time, opts Options) ([][]placement.GPU, LayerBalance, error) {
+	E, G := p.Stats.Experts, p.Cluster.GPUs()
+	w := p.workloadLoads(l)
+	pk := newPacker(G, lay.slots, speed, w, p.Across)
+	agg := pk.aggWeight()
+	all := make([]int, G)
+	for g := range all {
+		all[g] = g
+	}
+	if p.Current != nil {
+		if err := pk.load(p.Current, l, E); err != nil {
+			return nil, LayerBalance{}, err
+		}
+		pk.improveCost(all, deadline, p.MaxMoves, p.MoveCost)
+	} else if groups > 0 {
+		if err := pk.packGroups(p, agg, groups, all, deadline); err != nil {
+			return nil, LayerBalance{}, err
+		}
+	} else {
+		experts := make([]int, E)
+		for e := range experts {
+			experts[e] = e
+		}
+		cnt, err := apportion(agg, experts, lay.total, G)
+		if err != nil {
+			return nil, LayerBalance{}, err
+		}
+		// Local dispatch: at most one copy per node keeps every copy's
+		// share exact and each node's tokens local, when the cap does not
+		// raise the largest replica above the balance bound.
+		if N := p.Cluster.Nodes; p.Dispatch == placement.DispatchLocal && N > 1 && N < G {
+			if capped, err := apportion(agg, experts, lay.total, N); err == nil {
+				mean := 0.0
+				for _, v := range agg {
+					mean += v / float64(G)
+				}
+				if maxReplica(agg, capped) <= math.Max(maxReplica(agg, cnt), mean)*(1+1e-9) {
+					pk.maxCopies, pk.perNode = N, p.Cluster.GPUsPerNode
+					if pk.pack(capped, all) == nil {
+						cnt = nil // packed with copies on distinct nodes
+					} else {
+						pk.maxCopies, pk.perNode = G, 0
+					}
+				}
+			}
+		}
+		if cnt != nil {
+			if err := pk.pack(cnt, all); err != nil {
+				return nil, LayerBalance{}, err
+			}
+		}
+		pk.improve(all, deadline, 0)
+		if pk.perNode > 0 && len(w) == 1 {
+			pk = trafficFirst(pk, agg, lay, all, deadline)
+		}
+	}
+	cp := pk.copies(E)
+	if p.Dispatch == placement.DispatchLocal && groups == 0 && p.Current == nil {
+		cp = spreadNodes(p, p.Stats.Load[l], cp, lay, speed, deadline.Add(opts.SpreadGrace))
+	}
+	b := layerBalance(p.Stats.Load[l], cp, speed, lay, G, p.localP())
+	// One or two slots per GPU of equal speed: the exact pair method
+	// proves a stronger bound and often packs to it.
+	if backend != nil && groups == 0 && p.Current == nil && len(w) == 1 && p.Dispatch == placement.DispatchEven && b.Gap() > 1e-6 {
+		if single, double, ok := pairLayout(lay, speed); ok {
+			s0 := speed[0]
+			load := make([]float64, E)
+			for e, x := range p.Stats.Load[l] {
+				load[e] = x / s0
+			}
+			bound, better, _ := pairRefine(ctx, backend, load, single, double, b.Bound, b.Busiest, deadline, opts)
+			if better != nil {
+				if nb := layerBalance(p.Stats.Load[l], better, speed, lay, G, 0); nb.Busiest < b.Busiest {
+					cp, b = better, nb
+				}
+			}
+			b.Bound = math.Max(b.Bound, math.Min(bound, b.Busiest))
+		}
+	}
+	return cp, b, nil
+}
+
+// trafficFirst tries, under local dispatch with copies on distinct nodes,
+// the copy counts that cut cross-node traffic most among those that fit
+// under pk's busiest load (trafficCounts), packed and improved the same
+// way; it keeps them if the busiest load stays within max(pk's, 0.1 %
+// above the bound) and the traffic drops, else returns pk.
+func trafficFirst(pk *packer, agg []float64, lay replicaLayout, all []int, deadline time.Time) *packer {
+	obj, _ := pk.score()
+	maxSp := slices.Max(pk.speed)
+	N := pk.G / pk.perNode
+	cnt := trafficCounts(agg, lay.total, N, obj*pk.norm[0]*maxSp)
+	if cnt == nil || slices.Equal(cnt, pk.cnt) {
+		return pk
+	}
+	alt := newPacker(pk.G, pk.slots, pk.speed, pk.w, pk.across)
+	alt.maxCopies, alt.perNode = N, pk.perNode
+	if alt.pack(cnt, all) != nil {
+		return pk
+	}
+	alt.improve(all, deadline, 0)
+	altObj, _ := alt.score()
+	if altObj > math.Max(obj, pk.lowerBound()*1.001)*(1+1e-12) {
+		return pk
+	}
+	if countsTraffic(agg, alt.cnt, N) >= countsTraffic(agg, pk.cnt, N) {
+		return pk
+	}
+	return alt
+}
+
+// layerBalance certifies one layer's busiest load under load: the bound is
+// max(mean, largest replica under the apportionment that minimises it).
+func layerBalance(load []float64, copies [][]placement.GPU, speed []float64, lay replicaLayout, G, P int) LayerBalance {
+	total, sp, maxSp := 0.0, 0.0, 0.0
+	for _, v := range load {
+		total += v
+	}
+	for _, v := range speed {
+		sp += v
+		maxSp = math.Max(maxSp, v)
+	}
+	experts := make([]int, len(load))
+	for e := range experts {
+		experts[e] = e
+	}
+	mean := total / sp
+	b := LayerBalance{Mean: mean, Busiest: busiestOverMean(load, copies, speed, P) * mean, Bound: mean}
+	// apportion only fails for impossible slot counts, which layout()
+	// has ruled out; the bound then stays at the mean.
+	if cnt, err := apportion(load, experts, lay.total, G); err == nil {
+		b.Bound = math.Max(mean, maxReplica(load, cnt)/maxSp)
+	}
+	if P > 0 {
+		N := G / P
+		b.Traffic = nodeTraffic(load, copies, P, N)
+		if cnt := trafficCounts(load, lay.total, N, b.Busiest*maxSp); cnt != nil {
+			b.TrafficBound = countsTraffic(load, cnt, N)
+		}
+	}
+	return b
+}
+
+// trafficCounts returns the copy counts that minimise the cross-node
+// traffic of local dispatch, Σ_e load_e·(N − min(n_e, N))/N, among those
+// whose every copy fits under maxCopy (n_e ≥ ⌈load_e/maxCopy⌉), with
+// Σ n_e = slots: the necessary minimum, then spare slots to the heaviest
+// experts up to N copies each (each such copy saves load_e/N). Since any
+// plan whose busiest GPU is at most maxCopy/max speed has copies no larger
+// than maxCopy, their traffic bounds every such plan's from below. nil when
+// the minimum exceeds slots.
+func trafficCounts(load []float64, slots, N int, maxCopy float64) []int {
+	E := len(load)
+	cnt := make([]int, E)
+	used := 0
+	for e, x := range load {
+		cnt[e] = 1
+		if maxCopy > 0 {
+			cnt[e] = max(1, int(math.Ceil(x/maxCopy-1e-9)))
+		}
+		used += cnt[e]
+	}
+	if used > slots {
+		return nil
+	}
+	order := make([]int, E)
+	for e := range order {
+		order[e] = e
+	}
+	sort.SliceStable(order, func(i, j int) bool { return load[order[i]] > load[order[j]] })
+	spare := slots - used
+	for _, e := range order {
+		for spare > 0 && cnt[e] < N {
+			cnt[e]++
+			spare--
+		}
+	}
+	// Copies beyond N save nothing; put any left on the lightest experts.
+	for i := len(order) - 1; spare > 0 && i >= 0; i-- {
+		cnt[order[i]]++
+		spare--
+	}
+	return cnt
+}
+
+// countsTraffic is the local-dispatch traffic of counts cnt with every
+// expert's copies on distinct nodes.
+func countsTraffic(load []float64, cnt []int, N int) float64 {
+	t := 0.0
+	for e, x := range load {
+		t += x * float64(N-min(cnt[e], N)) / float64(N)
+	}
+	return t
+}

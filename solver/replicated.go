@@ -1,0 +1,49 @@
+package solver
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"github.com/moetuner/moetuner/mip"
+	"github.com/moetuner/moetuner/solver/internal/replica"
+)
+
+// solveReplicated runs the joint strategy with replicas (see the package
+// doc), with b's time splits.
+func solveReplicated(ctx context.Context, p Problem, backend mip.Backend, opts Options, b budget, start time.Time) (*Result, error) {
+	ro := b.Replica
+	ro.Start = start
+	ro.Deadline = start.Add(opts.TimeLimit)
+	ro.LayerShare = b.ReplicaLayers
+	ro.Parallel = opts.Parallel
+	ro.MinLayer = b.MinLayer
+	ro.NoPolish = opts.NoPolish
+	rp := replica.Problem{
+		Scenario:       p.Scenario(),
+		RedundantSlots: p.RedundantSlots,
+		SlotsPerGPU:    p.SlotsPerGPU,
+		ExpertGroups:   p.ExpertGroups,
+		Workloads:      p.Workloads,
+		Across:         replica.Across(p.Across),
+		Current:        p.Current,
+		MaxMoves:       opts.MaxMoves,
+		MoveCost:       p.MoveCost,
+	}
+	rr, err := replica.Solve(ctx, rp, backend, ro)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Plan: rr.Plan, Status: StatusFeasible, Balance: publicBalance(rr.Balance)}
+	if rr.Optimal {
+		res.Status = StatusOptimal
+	}
+	if rr.TimedOut {
+		res.Status = StatusTimeLimit
+	}
+	// For replicated plans the certified quantity is the busiest-GPU load:
+	// Gap is the largest per-layer gap to its bound.
+	res.Gap = res.Balance.MaxGap
+	res.Bound, res.ModelObjective = math.NaN(), math.NaN()
+	return res, nil
+}
