@@ -367,3 +367,17 @@ func (s *Stats) LayerTotal(l Layer) float64 {
 	}
 	return t
 }
+
+// AssumeTopK gives count-only stats that do not record their top-k (such
+// as logical_count files) the model's k: TopK becomes k and Tokens the
+// first layer's routings over k. Stats that record a top-k, or k ≤ 0, are
+// left unchanged.
+func (s *Stats) AssumeTopK(k int) {
+	if s.TopK != 0 || k <= 0 {
+		return
+	}
+	s.TopK = k
+	if len(s.Load) > 0 {
+		s.Tokens = s.LayerTotal(0) / float64(k)
+	}
+}

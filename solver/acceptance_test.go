@@ -72,7 +72,7 @@ func verify(t *testing.T, p Problem, res *Result) {
 
 func TestMixtralJointBusiestGPUIsOptimal(t *testing.T) {
 	p := mixtralProblem(t)
-	res, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{TimeLimit: 60 * time.Second, RelGap: -1})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 60 * time.Second, RelGap: -1})
 	require.NoError(t, err)
 	verify(t, p, res)
 	assert.Equal(t, StatusOptimal, res.Status)
@@ -111,7 +111,7 @@ func TestMixtralMoETunerILP1IsOptimal(t *testing.T) {
 	parts := stirlingPartitions(8, 4)
 	require.Len(t, parts, 1701)
 	p := mixtralProblem(t)
-	res, err := Solve(context.Background(), p, StrategyMoETuner, testBackend(t), Options{TimeLimit: 60 * time.Second, RelGap: -1})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyMoETuner, TimeLimit: 60 * time.Second, RelGap: -1})
 	require.NoError(t, err)
 	verify(t, p, res)
 	want := 0.0
@@ -158,7 +158,7 @@ func TestMoETunerEq13Infeasible(t *testing.T) {
 	stats := routing.StatsFromLoad([][]float64{{300, 150, 150, 150, 150, 100, 100, 100}}, 2)
 	m := testkit.FakeModel(8, 2)
 	p := Problem{Stats: stats, Cluster: testkit.SmallCluster(1, 4), Model: m}
-	_, err := Solve(context.Background(), p, StrategyMoETuner, testBackend(t), Options{TimeLimit: 20 * time.Second, RelGap: -1})
+	_, err := Solve(context.Background(), p, Options{Strategy: StrategyMoETuner, TimeLimit: 20 * time.Second, RelGap: -1})
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ErrInfeasible)
 	var ie *InfeasibleError
@@ -168,13 +168,13 @@ func TestMoETunerEq13Infeasible(t *testing.T) {
 	// E·L not divisible by G.
 	stats = routing.StatsFromLoad([][]float64{{3, 2, 1, 1, 1, 1}}, 2)
 	p = Problem{Stats: stats, Cluster: testkit.SmallCluster(1, 4), Model: testkit.FakeModel(6, 2)}
-	_, err = Solve(context.Background(), p, StrategyMoETuner, testBackend(t), Options{})
+	_, err = Solve(context.Background(), p, Options{Strategy: StrategyMoETuner})
 	assert.ErrorIs(t, err, ErrInfeasible)
 
 	// The equal-size variant always meets Eq. 13.
 	stats = routing.StatsFromLoad([][]float64{{300, 150, 150, 150, 150, 100, 100, 100}}, 2)
 	p = Problem{Stats: stats, Cluster: testkit.SmallCluster(1, 4), Model: m}
-	res, err := Solve(context.Background(), p, StrategyMoETuner, testBackend(t), Options{MoETunerEqualSizes: true, RelGap: -1})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyMoETuner, MoETunerEqualSizes: true, RelGap: -1})
 	require.NoError(t, err)
 	verify(t, p, res)
 }
@@ -190,11 +190,11 @@ func TestFLAMEJointBeatsBaselines(t *testing.T) {
 		for _, flow := range []costmodel.Flow{costmodel.FlowHome, costmodel.FlowChain} {
 			t.Run(flow.String()+"-"+string(rune('0'+nodes))+"node", func(t *testing.T) {
 				p := flameProblem(t, nodes, flow)
-				res, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{TimeLimit: 8 * time.Second})
+				res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 8 * time.Second})
 				require.NoError(t, err)
 				verify(t, p, res)
 				for _, st := range []Strategy{StrategyContiguous, StrategyGreedy} {
-					base, err := Solve(context.Background(), p, st, nil, Options{})
+					base, err := Solve(context.Background(), p, Options{Strategy: st})
 					require.NoError(t, err)
 					assert.Less(t, res.Objective, base.Objective, "joint vs %s", st)
 				}
@@ -227,7 +227,7 @@ func TestFLAMEHoldout(t *testing.T) {
 	for _, flow := range []costmodel.Flow{costmodel.FlowHome, costmodel.FlowChain} {
 		p := flameProblem(t, 1, flow)
 		p.Stats = train
-		res, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{TimeLimit: 6 * time.Second})
+		res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 6 * time.Second})
 		require.NoError(t, err)
 		cont, err := baseline.Contiguous(8, 64, 8)
 		require.NoError(t, err)
@@ -260,7 +260,7 @@ func TestChainPermutationOracle(t *testing.T) {
 		}
 	}
 	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(1, 4), Model: testkit.FakeModel(E, 1), Flow: costmodel.FlowChain}
-	res, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{TimeLimit: 20 * time.Second, RelGap: -1})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 20 * time.Second, RelGap: -1})
 	require.NoError(t, err)
 	verify(t, p, res)
 	for l := 1; l < L; l++ {
@@ -279,27 +279,27 @@ func TestChainPermutationOracle(t *testing.T) {
 func TestBaselinesAreHeuristic(t *testing.T) {
 	p := mixtralProblem(t)
 	for _, st := range []Strategy{StrategyContiguous, StrategyRoundRobin, StrategyGreedy} {
-		res, err := Solve(context.Background(), p, st, nil, Options{})
+		res, err := Solve(context.Background(), p, Options{Strategy: st})
 		require.NoError(t, err)
 		verify(t, p, res)
 		assert.Equal(t, StatusHeuristic, res.Status)
 		assert.True(t, math.IsNaN(res.Gap))
 	}
-	_, err := Solve(context.Background(), p, StrategyJoint, nil, Options{})
+	_, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint})
 	assert.Error(t, err)
 }
 
 func TestSolveErrors(t *testing.T) {
 	p := mixtralProblem(t)
 	p.Cluster = testkit.SmallCluster(1, 16)
-	_, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{})
+	_, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint})
 	assert.ErrorIs(t, err, ErrInfeasible, "16 GPUs for 8 experts")
 	p = mixtralProblem(t)
 	p.Cluster = testkit.SmallCluster(1, 3)
-	_, err = Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{})
+	_, err = Solve(context.Background(), p, Options{Strategy: StrategyJoint})
 	assert.ErrorIs(t, err, ErrInfeasible, "8 experts on 3 GPUs")
 	p.Stats = nil
-	_, err = Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{})
+	_, err = Solve(context.Background(), p, Options{Strategy: StrategyJoint})
 	assert.Error(t, err)
 	_, err = ParseStrategy("nope")
 	assert.Error(t, err)

@@ -15,17 +15,18 @@ import (
 // run), the busiest/mean GPU load, and the proven gap of the ILP model.
 func benchSolve(b *testing.B, p Problem, st Strategy, opts Options) {
 	ctx := context.Background()
-	cont, err := Solve(ctx, p, StrategyContiguous, nil, Options{})
+	cont, err := Solve(ctx, p, Options{Strategy: StrategyContiguous})
 	if err != nil {
 		b.Fatal(err)
 	}
-	greedy, err := Solve(ctx, p, StrategyGreedy, nil, Options{})
+	greedy, err := Solve(ctx, p, Options{Strategy: StrategyGreedy})
 	if err != nil {
 		b.Fatal(err)
 	}
 	var res *Result
 	for b.Loop() {
-		res, err = Solve(ctx, p, st, testBackend(b), opts)
+		opts.Strategy = st
+		res, err = Solve(ctx, p, opts)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -58,7 +58,7 @@ func deepseekProblem(t testing.TB, stats *routing.Stats) Problem {
 
 func TestDeepSeekReplicatedBalance(t *testing.T) {
 	p := deepseekProblem(t, deepseekStats(t, "prefill_in4096"))
-	res, err := Solve(context.Background(), p, StrategyJoint, nil, Options{TimeLimit: 60 * time.Second})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 60 * time.Second})
 	require.NoError(t, err)
 	verify(t, p, res)
 	require.NotNil(t, res.Balance)
@@ -85,7 +85,7 @@ func TestDeepSeekRobustAcrossWorkloads(t *testing.T) {
 	}
 	p := deepseekProblem(t, sum)
 	p.Workloads = scen
-	res, err := Solve(context.Background(), p, StrategyJoint, nil, Options{TimeLimit: 15 * time.Second})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 15 * time.Second})
 	require.NoError(t, err)
 	verify(t, p, res)
 	m := 0.0
@@ -93,7 +93,7 @@ func TestDeepSeekRobustAcrossWorkloads(t *testing.T) {
 		m += v / float64(len(res.Balance.Workload))
 	}
 	// EPLB planned on the summed counts, scored on each workload.
-	ep, err := Solve(context.Background(), p, StrategyEPLB, nil, Options{})
+	ep, err := Solve(context.Background(), p, Options{Strategy: StrategyEPLB})
 	require.NoError(t, err)
 	epMean, epWorst := 0.0, 0.0
 	for _, st := range scen {
@@ -115,13 +115,13 @@ func TestDeepSeekRobustAcrossWorkloads(t *testing.T) {
 // policy.
 func TestDeepSeekAgainstEPLB(t *testing.T) {
 	p := deepseekProblem(t, deepseekStats(t, "prefill_in4096"))
-	joint, err := Solve(context.Background(), p, StrategyJoint, nil, Options{TimeLimit: 60 * time.Second})
+	joint, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 60 * time.Second})
 	require.NoError(t, err)
 	verify(t, p, joint)
-	global, err := Solve(context.Background(), p, StrategyEPLB, nil, Options{})
+	global, err := Solve(context.Background(), p, Options{Strategy: StrategyEPLB})
 	require.NoError(t, err)
 	verify(t, p, global)
-	hier, err := Solve(context.Background(), p, StrategyEPLBHierarchical, nil, Options{})
+	hier, err := Solve(context.Background(), p, Options{Strategy: StrategyEPLBHierarchical})
 	require.NoError(t, err)
 	verify(t, p, hier)
 	assert.Less(t, joint.Report.MaxImbalance, global.Report.MaxImbalance)
@@ -140,12 +140,12 @@ func TestDeepSeekAgainstEPLB(t *testing.T) {
 func TestDeepSeekLocalDispatchCrossNode(t *testing.T) {
 	p := deepseekProblem(t, deepseekStats(t, "prefill_in4096"))
 	p.Dispatch = placement.DispatchLocal
-	joint, err := Solve(context.Background(), p, StrategyJoint, nil, Options{TimeLimit: 60 * time.Second})
+	joint, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 60 * time.Second})
 	require.NoError(t, err)
 	verify(t, p, joint)
-	global, err := Solve(context.Background(), p, StrategyEPLB, nil, Options{})
+	global, err := Solve(context.Background(), p, Options{Strategy: StrategyEPLB})
 	require.NoError(t, err)
-	hier, err := Solve(context.Background(), p, StrategyEPLBHierarchical, nil, Options{})
+	hier, err := Solve(context.Background(), p, Options{Strategy: StrategyEPLBHierarchical})
 	require.NoError(t, err)
 	for l, b := range joint.Balance.Layers {
 		assert.LessOrEqual(t, b.Gap(), 0.005, "layer %d", l)
@@ -174,17 +174,17 @@ func BenchmarkDeepSeek(b *testing.B) {
 			p := base
 			p.Dispatch = d
 			ctx := context.Background()
-			hier, err := Solve(ctx, p, StrategyEPLBHierarchical, nil, Options{})
+			hier, err := Solve(ctx, p, Options{Strategy: StrategyEPLBHierarchical})
 			if err != nil {
 				b.Fatal(err)
 			}
-			global, err := Solve(ctx, p, StrategyEPLB, nil, Options{})
+			global, err := Solve(ctx, p, Options{Strategy: StrategyEPLB})
 			if err != nil {
 				b.Fatal(err)
 			}
 			var res *Result
 			for b.Loop() {
-				if res, err = Solve(ctx, p, StrategyJoint, nil, Options{TimeLimit: 60 * time.Second}); err != nil {
+				if res, err = Solve(ctx, p, Options{Strategy: StrategyJoint, TimeLimit: 60 * time.Second}); err != nil {
 					b.Fatal(err)
 				}
 			}

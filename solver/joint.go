@@ -102,6 +102,9 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 		res.Gap = (modelObj - res.Bound) / modelObj
 	}
 	res.Status = mipStatus(solved.Tally)
+	if solved.TimedOut {
+		res.Status = StatusTimeLimit
+	}
 	if jm.Chain() && !opts.NoPolish {
 		// The monolithic ILP keeps only the heaviest transition pairs; with
 		// neighbours fixed every pair is linear, so descend layer by layer.

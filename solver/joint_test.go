@@ -18,75 +18,85 @@ import (
 	"github.com/moetuner/moetuner/solver/internal/testkit"
 )
 
-// TestJointReachesBruteForceOptimum checks that HiGHS's plan has the
-// smallest ILP-model objective over every assignment, in both flows, on 1
-// and 2 nodes, and that the objective is recomputed consistently.
+// TestJointReachesBruteForceOptimum checks joint's plan against brute force
+// over every assignment on the exact cost model (costmodel, not the ILP's
+// own model, which the solver checks itself against): the plan's
+// Objective is that model's value of its plan, never below the optimum,
+// and within tol of it, in both flows, on 1 and 2 nodes. tol is 0 where
+// the ILP and the polish reach the optimum (the home flow) and a measured
+// margin in the chain flow. A solver that returned its warm start (the
+// best baseline) fails home-2nodes-top2, where the baseline is 0.9 % off.
 func TestJointReachesBruteForceOptimum(t *testing.T) {
-	backend := testBackend(t)
 	cases := []struct {
 		name          string
 		nodes, per    int
 		flow          costmodel.Flow
 		mode          costmodel.Mode
 		experts, topK int
+		tol           float64
 	}{
-		{"home-1node-top2", 1, 3, costmodel.FlowHome, costmodel.Sequential, 6, 2},
-		{"home-2nodes-top2", 2, 2, costmodel.FlowHome, costmodel.Sequential, 8, 2},
-		{"home-1node-top3-overlap", 1, 3, costmodel.FlowHome, costmodel.Overlapped, 6, 3},
-		{"chain-1node-top2", 1, 3, costmodel.FlowChain, costmodel.Sequential, 6, 2},
-		{"chain-2nodes-top1", 2, 1, costmodel.FlowChain, costmodel.Sequential, 6, 1},
-		{"chain-2x2-top2", 2, 2, costmodel.FlowChain, costmodel.Sequential, 4, 2},
-		{"chain-1node-overlap", 1, 3, costmodel.FlowChain, costmodel.Overlapped, 6, 2},
+		{"home-1node-top2", 1, 3, costmodel.FlowHome, costmodel.Sequential, 6, 2, 1e-9},
+		{"home-2nodes-top2", 2, 2, costmodel.FlowHome, costmodel.Sequential, 8, 2, 1e-9},
+		{"home-1node-top3-overlap", 1, 3, costmodel.FlowHome, costmodel.Overlapped, 6, 3, 1e-9},
+		// The chain ILP prices transitions pairwise between GPUs and the
+		// descent and polish do not always close the rest: 0.28 % off on
+		// chain-2x2-top2, 0.003 % on chain-1node-overlap.
+		{"chain-1node-top2", 1, 3, costmodel.FlowChain, costmodel.Sequential, 6, 2, 0.01},
+		{"chain-2nodes-top1", 2, 1, costmodel.FlowChain, costmodel.Sequential, 6, 1, 0.01},
+		{"chain-2x2-top2", 2, 2, costmodel.FlowChain, costmodel.Sequential, 4, 2, 0.01},
+		{"chain-1node-overlap", 1, 3, costmodel.FlowChain, costmodel.Overlapped, 6, 2, 0.01},
 	}
+	beatBaseline := 0
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(i), 7))
 			tr := testkit.RandomTrace(rng, 400, 2, tc.experts, tc.topK)
 			stats := tr.Stats(routing.StatsOptions{})
 			p := Problem{Stats: stats, Cluster: testkit.SmallCluster(tc.nodes, tc.per), Model: testkit.FakeModel(tc.experts, tc.topK), Flow: tc.flow, Mode: tc.mode}
-			res, err := Solve(context.Background(), p, StrategyJoint, backend, Options{TimeLimit: 30 * time.Second, RelGap: -1, NoPolish: true})
+			res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 30 * time.Second, RelGap: -1})
 			require.NoError(t, err)
-			require.Equal(t, StatusOptimal, res.Status)
-			all := testkit.Assignments(tc.experts, p.Cluster.GPUs())
-			obj := func(a0, a1 []int) float64 {
-				v, err := JointModelObjective(p, testkit.PlanOf(p.Cluster.GPUs(), a0, a1), Options{})
+			G := p.Cluster.GPUs()
+			all := testkit.Assignments(tc.experts, G)
+			exact := func(a0, a1 []int) *costmodel.Report {
+				rep, err := p.Scenario().Evaluate(testkit.PlanOf(G, a0, a1))
 				require.NoError(t, err)
-				return v
+				return rep
 			}
 			best := math.Inf(1)
 			if tc.flow == costmodel.FlowHome {
-				// Layers are independent: minimise each with the other fixed.
-				b0 := all[0]
-				for _, a0 := range all {
-					if obj(a0, all[0]) < obj(b0, all[0]) {
-						b0 = a0
-					}
+				// Layers are independent: the optimum is each layer's best.
+				b0, b1 := math.Inf(1), math.Inf(1)
+				for _, a := range all {
+					rep := exact(a, a)
+					b0 = math.Min(b0, rep.Layers[0].TimeSec)
+					b1 = math.Min(b1, rep.Layers[1].TimeSec)
 				}
-				for _, a1 := range all {
-					best = math.Min(best, obj(b0, a1))
-				}
+				best = b0 + b1
 			} else {
 				for _, a0 := range all {
 					for _, a1 := range all {
-						best = math.Min(best, obj(a0, a1))
+						best = math.Min(best, exact(a0, a1).TimeSec)
 					}
 				}
 			}
-			// Proven optimal: HiGHS's bound is the optimum, which brute force
-			// must reproduce; the returned plan (the better of the ILP's and
-			// the warm start under the exact cost model) cannot beat it.
-			assert.InDelta(t, best, res.Bound, 1e-9*best, "ILP optimum vs brute force")
-			assert.GreaterOrEqual(t, res.ModelObjective, best*(1-1e-9))
-			assert.LessOrEqual(t, res.Objective, res.BaselineObjective*(1+1e-12), "never worse than the warm start")
+			own, err := p.Scenario().Evaluate(res.Plan)
+			require.NoError(t, err)
+			assert.InDelta(t, own.TimeSec, res.Objective, 1e-12*best, "Objective is the plan's modeled time")
+			assert.GreaterOrEqual(t, res.Objective, best*(1-1e-12), "below the brute-force optimum")
+			assert.LessOrEqual(t, res.Objective, best*(1+tc.tol), "joint %.6g vs brute-force optimum %.6g (baseline %.6g)", res.Objective, best, res.BaselineObjective)
+			if res.BaselineObjective > best*(1+tc.tol) {
+				beatBaseline++
+			}
+			t.Logf("joint %.6g, optimum %.6g (+%.3g%%), baseline %.6g", res.Objective, best, 100*(res.Objective/best-1), res.BaselineObjective)
 		})
 	}
+	assert.GreaterOrEqual(t, beatBaseline, 1, "the baseline is optimal everywhere: the test cannot tell joint from its warm start")
 }
 
 // TestJointCountOnlyIsExact: with expert counts only, the joint ILP's model
 // is the cost model itself (up to nothing), so its objective equals
 // costmodel.Evaluate's.
 func TestJointCountOnlyIsExact(t *testing.T) {
-	backend := testBackend(t)
 	rng := rand.New(rand.NewPCG(3, 3))
 	load := make([][]float64, 3)
 	for l := range load {
@@ -98,7 +108,7 @@ func TestJointCountOnlyIsExact(t *testing.T) {
 	stats := routing.StatsFromLoad(load, 2)
 	for _, nodes := range []int{1, 2} {
 		p := Problem{Stats: stats, Cluster: testkit.SmallCluster(nodes, 4/nodes), Model: testkit.FakeModel(8, 2)}
-		res, err := Solve(context.Background(), p, StrategyJoint, backend, Options{TimeLimit: 20 * time.Second, RelGap: -1, NoPolish: true})
+		res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 20 * time.Second, RelGap: -1, NoPolish: true})
 		require.NoError(t, err)
 		assert.InDelta(t, res.Objective, res.ModelObjective, 1e-9*res.Objective, "nodes=%d", nodes)
 	}

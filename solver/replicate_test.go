@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/mip"
 	"github.com/moetuner/moetuner/solver/internal/testkit"
 
@@ -50,7 +49,7 @@ func TestReplicatedBoundIsValidAndTight(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			p := replicatedProblem([][]float64{tc.load}, 1, tc.G, tc.R)
-			res, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{TimeLimit: 10 * time.Second})
+			res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 10 * time.Second})
 			require.NoError(t, err)
 			verify(t, p, res)
 			opt := bruteBusiest(tc.load, tc.G, (len(tc.load)+tc.R)/tc.G)
@@ -66,20 +65,20 @@ func TestReplicatedBoundIsValidAndTight(t *testing.T) {
 func TestReplicatedErrors(t *testing.T) {
 	load := [][]float64{{5, 4, 3, 2, 1, 1}}
 	p := replicatedProblem(load, 1, 4, 1) // 7 slots on 4 GPUs
-	_, err := Solve(context.Background(), p, StrategyJoint, nil, Options{})
+	_, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint})
 	assert.ErrorIs(t, err, ErrInfeasible)
 	assert.Contains(t, err.Error(), "redundant slots")
 
 	p = replicatedProblem(load, 1, 2, 2)
 	p.Cluster.GPUMemBytes = 1 << 30 // 1 GiB for 4 Mixtral-size experts
-	_, err = Solve(context.Background(), p, StrategyJoint, nil, Options{})
+	_, err = Solve(context.Background(), p, Options{Strategy: StrategyJoint})
 	assert.ErrorIs(t, err, ErrInfeasible)
 	assert.Contains(t, err.Error(), "GiB missing")
 
 	// Per-GPU memory: only GPU 1 is short.
 	p = replicatedProblem(load, 1, 2, 2)
 	p.Cluster.MemBytes = []int64{1 << 40, 1 << 30}
-	_, err = Solve(context.Background(), p, StrategyJoint, nil, Options{})
+	_, err = Solve(context.Background(), p, Options{Strategy: StrategyJoint})
 	assert.ErrorIs(t, err, ErrInfeasible)
 	assert.Contains(t, err.Error(), "GPU 1 needs")
 }
@@ -89,7 +88,7 @@ func TestReplicatedHeterogeneousSpeed(t *testing.T) {
 	p := replicatedProblem(load, 1, 2, 0)
 	p.Cluster.Speed = []float64{3, 1}
 	p.SlotsPerGPU = []int{6, 2}
-	res, err := Solve(context.Background(), p, StrategyJoint, nil, Options{})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint})
 	require.NoError(t, err)
 	verify(t, p, res)
 	lr := res.Report.Layers[0]
@@ -104,7 +103,7 @@ func TestReplicatedGroupsStayOnNode(t *testing.T) {
 	}
 	p := replicatedProblem([][]float64{load, load}, 2, 2, 4) // 20 slots, 5 per GPU
 	p.ExpertGroups = 4
-	res, err := Solve(context.Background(), p, StrategyJoint, nil, Options{})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint})
 	require.NoError(t, err)
 	verify(t, p, res)
 	for l := range res.Plan.Layers {
@@ -131,33 +130,58 @@ func TestReplicatedGroupsStayOnNode(t *testing.T) {
 	}
 }
 
+// Incremental re-placement stays within its move budget and uses it: with
+// one swap allowed (two slots) it makes a swap that lowers the busiest
+// GPU, as brute force over every single swap shows one exists; more moves
+// never end worse. Returning Current unchanged fails the first check;
+// ignoring the budget fails the second.
 func TestIncrementalRespectsMoveBudget(t *testing.T) {
 	old := [][]float64{{100, 90, 80, 70, 60, 50, 40, 30}}
 	p := replicatedProblem(old, 1, 4, 0)
-	cur, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{})
+	cur, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint})
 	require.NoError(t, err)
 	// Traffic shifts: the two coldest experts become the hottest.
 	newLoad := [][]float64{{30, 40, 50, 60, 70, 80, 200, 190}}
+	q := replicatedProblem(newLoad, 1, 4, 0)
+	q.Current = cur.Plan
+	curRep, err := q.Scenario().Evaluate(cur.Plan)
+	require.NoError(t, err)
+	// The best single swap, by brute force.
+	bestSwap := curRep.Layers[0].MaxTokens
+	lp := cur.Plan.Layers[0]
+	for a := range lp.SlotGPU {
+		for b := a + 1; b < len(lp.SlotGPU); b++ {
+			if lp.SlotGPU[a] == lp.SlotGPU[b] {
+				continue
+			}
+			sw := cur.Plan.Clone()
+			sw.Layers[0].SlotGPU[a], sw.Layers[0].SlotGPU[b] = lp.SlotGPU[b], lp.SlotGPU[a]
+			rep, err := q.Scenario().Evaluate(sw)
+			require.NoError(t, err)
+			bestSwap = math.Min(bestSwap, rep.Layers[0].MaxTokens)
+		}
+	}
+	require.Less(t, bestSwap, curRep.Layers[0].MaxTokens, "the instance must have a beneficial swap")
+	prev := math.Inf(1)
 	for _, k := range []int{2, 4, 0} {
-		q := replicatedProblem(newLoad, 1, 4, 0)
-		q.Current = cur.Plan
-		res, err := Solve(context.Background(), q, StrategyJoint, nil, Options{MaxMoves: k})
+		res, err := Solve(context.Background(), q, Options{Strategy: StrategyJoint, MaxMoves: k})
 		require.NoError(t, err)
 		verify(t, q, res)
 		moved := changedSlots(cur.Plan, res.Plan)
+		busiest := res.Report.Layers[0].MaxTokens
 		if k > 0 {
-			assert.LessOrEqual(t, moved, k)
+			assert.LessOrEqual(t, moved, k, "k=%d", k)
 		}
-		before, err := baseline.Contiguous(1, 8, 4)
-		require.NoError(t, err)
-		_ = before
-		curRep, err := q.Scenario().Evaluate(cur.Plan)
-		require.NoError(t, err)
-		assert.LessOrEqual(t, res.Objective, curRep.TimeSec*(1+1e-12), "k=%d never worse than staying", k)
+		if k == 2 {
+			assert.Equal(t, 2, moved, "one swap")
+			assert.LessOrEqual(t, busiest, bestSwap*(1+1e-12), "k=2 makes the best single swap")
+		}
+		assert.Less(t, busiest, curRep.Layers[0].MaxTokens, "k=%d must improve on staying", k)
+		assert.LessOrEqual(t, busiest, prev*(1+1e-12), "k=%d: more moves never end worse", k)
+		prev = busiest
 	}
 }
 
-// changedSlots counts (GPU, expert) copies present in b but not in a.
 func changedSlots(a, b *placement.Plan) int {
 	n := 0
 	for l := range a.Layers {
@@ -184,10 +208,10 @@ func TestOptimalSplitMatchesLP(t *testing.T) {
 	for _, speed := range [][]float64{nil, {1, 2, 1, 1}} {
 		p := replicatedProblem(load, 1, 4, 4)
 		p.Cluster.Speed = speed
-		even, err := Solve(context.Background(), p, StrategyJoint, nil, Options{})
+		even, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint})
 		require.NoError(t, err)
 		p.Split = SplitOptimal
-		opt, err := Solve(context.Background(), p, StrategyJoint, nil, Options{})
+		opt, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint})
 		require.NoError(t, err)
 		verify(t, p, opt)
 		for l, lp := range opt.Plan.Layers {
@@ -268,10 +292,10 @@ func TestReplicatedLocalDispatchSpreadsNodes(t *testing.T) {
 	even := replicatedProblem(load, 2, 4, 8) // 24 slots, 3 per GPU
 	local := even
 	local.Dispatch = placement.DispatchLocal
-	re, err := Solve(context.Background(), even, StrategyJoint, nil, Options{TimeLimit: 5 * time.Second})
+	re, err := Solve(context.Background(), even, Options{Strategy: StrategyJoint, TimeLimit: 5 * time.Second})
 	require.NoError(t, err)
 	verify(t, even, re)
-	rl, err := Solve(context.Background(), local, StrategyJoint, nil, Options{TimeLimit: 5 * time.Second})
+	rl, err := Solve(context.Background(), local, Options{Strategy: StrategyJoint, TimeLimit: 5 * time.Second})
 	require.NoError(t, err)
 	verify(t, local, rl)
 	// The even plan scored under local dispatch, for a like-for-like
@@ -305,7 +329,7 @@ func TestReplicatedLocalDispatchSpreadsNodes(t *testing.T) {
 	}
 	skew := replicatedProblem(load, 2, 4, 8)
 	skew.Dispatch = placement.DispatchLocal
-	rs, err := Solve(context.Background(), skew, StrategyJoint, nil, Options{TimeLimit: 5 * time.Second})
+	rs, err := Solve(context.Background(), skew, Options{Strategy: StrategyJoint, TimeLimit: 5 * time.Second})
 	require.NoError(t, err)
 	verify(t, skew, rs)
 	for l, b := range rs.Balance.Layers {
@@ -315,11 +339,11 @@ func TestReplicatedLocalDispatchSpreadsNodes(t *testing.T) {
 
 	chain := local
 	chain.Flow = costmodel.FlowChain
-	_, err = Solve(context.Background(), chain, StrategyJoint, nil, Options{TimeLimit: time.Second})
+	_, err = Solve(context.Background(), chain, Options{Strategy: StrategyJoint, TimeLimit: time.Second})
 	assert.ErrorContains(t, err, "home flow only")
 	split := local
 	split.Split = SplitOptimal
-	_, err = Solve(context.Background(), split, StrategyJoint, nil, Options{TimeLimit: time.Second})
+	_, err = Solve(context.Background(), split, Options{Strategy: StrategyJoint, TimeLimit: time.Second})
 	assert.ErrorContains(t, err, "choose one")
 }
 
@@ -347,7 +371,7 @@ func TestReplicatedPairsExact(t *testing.T) {
 			load[e] = math.Round(1000 / math.Pow(float64(e+1), 0.5+rng.Float64()))
 		}
 		p := Problem{Stats: routing.StatsFromLoad([][]float64{load}, 2), Cluster: testkit.SmallCluster(1, G), Model: testkit.FakeModel(E, 2), SlotsPerGPU: slots}
-		res, err := Solve(context.Background(), p, StrategyJoint, testBackend(t), Options{TimeLimit: 10 * time.Second})
+		res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 10 * time.Second})
 		require.NoError(t, err, "load %v slots %v", load, slots)
 		verify(t, p, res)
 		opt := testkit.BruteBusiestSlots(load, slots)
@@ -375,7 +399,7 @@ func TestReplicatedPairsExact(t *testing.T) {
 func TestPackMixedSlotsRegression(t *testing.T) {
 	load := []float64{1000, 361, 488}
 	p := Problem{Stats: routing.StatsFromLoad([][]float64{load}, 2), Cluster: testkit.SmallCluster(1, 3), Model: testkit.FakeModel(3, 2), SlotsPerGPU: []int{1, 2, 2}}
-	res, err := Solve(context.Background(), p, StrategyJoint, nil, Options{TimeLimit: time.Second})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: time.Second})
 	require.NoError(t, err)
 	verify(t, p, res)
 	assert.InDelta(t, testkit.BruteBusiestSlots(load, []int{1, 2, 2}), res.Balance.Layers[0].Busiest, 1e-9)

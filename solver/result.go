@@ -1,8 +1,10 @@
 package solver
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/moetuner/moetuner/costmodel"
@@ -68,6 +70,10 @@ const (
 	StatusInfeasible
 	// StatusHeuristic: no ILP was involved (baselines).
 	StatusHeuristic
+	// StatusStopped: the context's deadline or a cancel cut the solve
+	// short; the plan is the best validated one found by then (with Note
+	// saying so when it is a baseline).
+	StatusStopped
 )
 
 // String names the status.
@@ -83,6 +89,8 @@ func (s Status) String() string {
 		return "infeasible"
 	case StatusHeuristic:
 		return "heuristic"
+	case StatusStopped:
+		return "stopped"
 	}
 	return "unknown"
 }
@@ -266,4 +274,43 @@ func publicBalance(b *replica.BalanceReport) *BalanceReport {
 		out.Layers = append(out.Layers, LayerBalance{Busiest: lb.Busiest, Mean: lb.Mean, Bound: lb.Bound, Traffic: lb.Traffic, TrafficBound: lb.TrafficBound})
 	}
 	return out
+}
+
+// MarshalText encodes s by name (String).
+func (s Status) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText decodes a name that String returns.
+func (s *Status) UnmarshalText(b []byte) error {
+	for st := StatusOptimal; st <= StatusStopped; st++ {
+		if st.String() == string(b) {
+			*s = st
+			return nil
+		}
+	}
+	return fmt.Errorf("solver: unknown status %q", b)
+}
+
+// jsonFloat encodes NaN and ±Inf as null, which JSON has no numbers for.
+type jsonFloat float64
+
+func (f jsonFloat) MarshalJSON() ([]byte, error) {
+	v := float64(f)
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return []byte("null"), nil
+	}
+	return json.Marshal(v)
+}
+
+// MarshalJSON encodes r with its unset quantities (NaN: no ILP, no bound)
+// as null, so that a service can log or ship a Result.
+func (r Result) MarshalJSON() ([]byte, error) {
+	type plain Result // without this method
+	return json.Marshal(struct {
+		plain
+		Objective, ModelObjective, Bound, Gap jsonFloat
+		Stage1Objective, Stage2Objective      jsonFloat
+		BaselineObjective, CostBound, CostGap jsonFloat
+	}{plain(r), jsonFloat(r.Objective), jsonFloat(r.ModelObjective), jsonFloat(r.Bound), jsonFloat(r.Gap),
+		jsonFloat(r.Stage1Objective), jsonFloat(r.Stage2Objective),
+		jsonFloat(r.BaselineObjective), jsonFloat(r.CostBound), jsonFloat(r.CostGap)})
 }

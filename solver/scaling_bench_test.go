@@ -51,7 +51,7 @@ func BenchmarkScaling(b *testing.B) {
 				p := Problem{Stats: stats, Cluster: c, Model: m, RedundantSlots: slots - E}
 				var res *Result
 				for b.Loop() {
-					res, err = Solve(context.Background(), p, StrategyJoint, testBackend(b), Options{TimeLimit: 60 * time.Second})
+					res, err = Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 60 * time.Second})
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -61,7 +61,7 @@ func BenchmarkScaling(b *testing.B) {
 				if E >= G && E%G == 0 {
 					pg := p
 					pg.RedundantSlots = 0
-					g, err := Solve(context.Background(), pg, StrategyGreedy, nil, Options{})
+					g, err := Solve(context.Background(), pg, Options{Strategy: StrategyGreedy})
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"time"
 
 	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/mip"
+	"github.com/moetuner/moetuner/mip/highs"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	"github.com/moetuner/moetuner/solver/internal/onenode"
@@ -66,15 +68,48 @@ func (p Problem) Scenario() costmodel.Scenario {
 	return costmodel.Scenario{Stats: p.Stats, Cluster: p.Cluster, Model: p.Model, Flow: p.Flow, Mode: p.Mode, Dispatch: p.Dispatch}
 }
 
+// withDefaults fills in what p leaves out the way the command line does:
+// the model preset matching the statistics' shape when Model is zero
+// (costmodel.InferModel), and the model's top-k for count-only statistics
+// that do not record theirs (routing.Stats.AssumeTopK, on a copy).
+func (p Problem) withDefaults() (Problem, error) {
+	if p.Stats == nil {
+		return p, errors.New("solver: problem has no statistics")
+	}
+	if p.Model.Experts == 0 && p.Model.Name == "" {
+		m, err := costmodel.InferModel(p.Stats)
+		if err != nil {
+			return p, fmt.Errorf("%w (Problem.Model)", err)
+		}
+		p.Model = m
+	}
+	if p.Stats.TopK == 0 && p.Model.TopK > 0 {
+		s := *p.Stats
+		s.AssumeTopK(p.Model.TopK)
+		p.Stats = &s
+	}
+	return p, nil
+}
+
 // replicated reports whether p needs the replicated (slot-based) solver.
 func (p Problem) replicated() bool {
 	return p.RedundantSlots > 0 || p.SlotsPerGPU != nil || p.ExpertGroups > 0 || len(p.Workloads) > 0 || p.Current != nil
 }
 
-// Options tune a solve. The zero value works.
+// Options tune a solve. The zero value works: the joint strategy with
+// HiGHS, 60 s at most, as many parallel sub-problems as the host has
+// cores.
 type Options struct {
-	// TimeLimit bounds the whole solve (default 60 s). It is passed to
-	// HiGHS and enforced by a wall-clock watchdog as well.
+	// Strategy is the placement method (default StrategyJoint).
+	Strategy Strategy
+	// Backend solves the ILPs (default HiGHS, mip/highs, linked
+	// statically; a build without cgo has none, and then only the
+	// strategies without ILPs work).
+	Backend mip.Backend
+	// TimeLimit bounds the whole solve (default 60 s). The budget every
+	// time split is a share of is the smaller of TimeLimit and the time
+	// left before the context's deadline. It is passed to HiGHS and
+	// enforced by a wall-clock watchdog as well.
 	TimeLimit time.Duration
 	// RelGap is the relative MIP gap at which HiGHS stops (default 1e-4
 	// for joint, 0.025 for moetuner as in the paper; set a negative value
@@ -84,7 +119,7 @@ type Options struct {
 	// problems are also solved Parallel at a time.
 	Threads int
 	// Parallel is how many independent sub-problems run at once (default
-	// 2, the cores of the reference machine).
+	// runtime.GOMAXPROCS(0)).
 	Parallel int
 	// Seed is HiGHS's random seed (default 0).
 	Seed int
@@ -105,9 +140,19 @@ type Options struct {
 	Progress func(Progress)
 }
 
-func (o Options) withDefaults(st Strategy) Options {
+// DefaultTimeLimit is Options.TimeLimit's default.
+const DefaultTimeLimit = 60 * time.Second
+
+func (o Options) withDefaults() Options {
+	if o.Strategy == "" {
+		o.Strategy = StrategyJoint
+	}
+	if o.Backend == nil {
+		o.Backend = highs.Backend{}
+	}
+	st := o.Strategy
 	if o.TimeLimit <= 0 {
-		o.TimeLimit = 60 * time.Second
+		o.TimeLimit = DefaultTimeLimit
 	}
 	if o.RelGap == 0 {
 		o.RelGap = 1e-4
@@ -122,7 +167,7 @@ func (o Options) withDefaults(st Strategy) Options {
 		o.Threads = 1
 	}
 	if o.Parallel <= 0 {
-		o.Parallel = 2
+		o.Parallel = runtime.GOMAXPROCS(0)
 	}
 	return o
 }
@@ -157,20 +202,33 @@ func (p Problem) check() error {
 	return nil
 }
 
-// Solve places experts with strategy st. Every returned plan has been
+// Solve places experts with opts.Strategy. Every returned plan has been
 // validated and its cost recomputed in Go; solver objectives are never
-// trusted. backend may be nil for the baselines.
-func Solve(ctx context.Context, p Problem, st Strategy, backend mip.Backend, opts Options) (*Result, error) {
+// trusted.
+//
+// The budget is the smaller of opts.TimeLimit and the time left before
+// ctx's deadline. Once any valid plan exists (the baselines take
+// milliseconds), a deadline or cancel returns the best validated plan
+// found so far with Status StatusStopped, not an error; an error is
+// returned only when the context ends before any plan exists.
+func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
+	p, err := p.withDefaults()
+	if err != nil {
+		return nil, err
+	}
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	opts = opts.withDefaults(st)
+	opts = opts.withDefaults()
+	st := opts.Strategy
 	start := time.Now()
+	if dl, ok := ctx.Deadline(); ok {
+		opts.TimeLimit = max(min(opts.TimeLimit, time.Until(dl)), 0)
+	}
 	b := defaultBudget
 	ctx, cancel := context.WithTimeout(ctx, opts.TimeLimit+of(opts.TimeLimit, b.Watchdog)+b.WatchdogFixed)
 	defer cancel()
 	var res *Result
-	var err error
 	switch st {
 	case StrategyContiguous, StrategyRoundRobin, StrategyGreedy, StrategyEPLB, StrategyEPLBHierarchical:
 		var plan *placement.Plan
@@ -179,29 +237,31 @@ func Solve(ctx context.Context, p Problem, st Strategy, backend mip.Backend, opt
 			res = &Result{Plan: plan, Status: StatusHeuristic}
 		}
 	case StrategyMoETuner:
-		if backend == nil {
-			return nil, errors.New("solver: the moetuner strategy needs a MIP backend (mip/highs)")
-		}
-		res, err = solvePaper(ctx, p, backend, opts, b)
+		res, err = solvePaper(ctx, p, opts.Backend, opts, b)
 		if err == nil && opts.MoETunerEqualSizes {
 			res.Note = "E/G experts per cluster"
 		}
 	case StrategyJoint:
-		if backend == nil && !p.replicated() {
-			return nil, errors.New("solver: the joint strategy needs a MIP backend (mip/highs)")
-		}
 		if p.replicated() {
-			res, err = solveReplicated(ctx, p, backend, opts, b, start)
+			res, err = solveReplicated(ctx, p, opts.Backend, opts, b, start)
 			break
 		}
-		res, err = solveJoint(ctx, p, backend, opts, b, start)
+		res, err = solveJoint(ctx, p, opts.Backend, opts, b, start)
 	default:
 		return nil, fmt.Errorf("solver: unknown strategy %q", st)
+	}
+	if err != nil && ctx.Err() != nil && res == nil {
+		// Cut short before the strategy had a plan: the best baseline is
+		// the best plan found so far.
+		res, err = stoppedBaseline(p, err)
 	}
 	if err != nil {
 		return nil, public(err)
 	}
 	res.Strategy = st
+	if ctx.Err() != nil && res.Status != StatusHeuristic {
+		res.Status = StatusStopped
+	}
 	if p.Split == SplitOptimal {
 		applyOptimalSplit(p, res)
 	}
@@ -226,6 +286,26 @@ func Solve(ctx context.Context, p Problem, st Strategy, backend mip.Backend, opt
 	}
 	res.SolveTime = time.Since(start)
 	return res, nil
+}
+
+// stoppedBaseline is the result of a solve cut short before its strategy
+// had a plan: the best baseline, which takes milliseconds. cause is the
+// strategy's error, kept when no baseline works either.
+func stoppedBaseline(p Problem, cause error) (*Result, error) {
+	var st Strategy
+	var plan *placement.Plan
+	var err error
+	if p.replicated() {
+		st = StrategyEPLB
+		plan, err = Baseline(p, st)
+	} else {
+		st, plan, _, err = bestBaseline(p)
+	}
+	if err != nil {
+		return nil, cause
+	}
+	return &Result{Plan: plan, Status: StatusStopped, Baseline: st,
+		Note: fmt.Sprintf("stopped before the strategy had a plan; this is the %s baseline", st)}, nil
 }
 
 // costLowerBound is the one-node bound on the exact cost model (with the

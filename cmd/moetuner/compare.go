@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/moetuner/moetuner/mip/highs"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/solver"
 )
@@ -51,13 +50,14 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		opts := c.options()
 		opts.MoETunerEqualSizes = c.equalSizes
-		res, err := solver.Solve(ctx, p, st, highs.Backend{}, opts)
+		opts.Strategy = st
+		res, err := solver.Solve(ctx, p, opts)
 		if err != nil && (errors.Is(err, solver.ErrInfeasible) || errors.Is(err, solver.ErrNoSolution)) && st == solver.StrategyMoETuner && !opts.MoETunerEqualSizes {
 			// The paper's unequal clusters cannot meet Eq. 13 here; show the
 			// equal-size variant instead and say so.
 			fmt.Fprintf(stderr, "moetuner: strategy moetuner: %v\nmoetuner: retrying the moetuner strategy with E/G experts per cluster\n", err)
 			opts.MoETunerEqualSizes = true
-			res, err = solver.Solve(ctx, p, st, highs.Backend{}, opts)
+			res, err = solver.Solve(ctx, p, opts)
 		}
 		if err != nil {
 			if errors.Is(err, solver.ErrInfeasible) {

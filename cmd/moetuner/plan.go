@@ -73,7 +73,8 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			fmt.Fprintf(stderr, "%7.2fs  %-20s objective %s  bound %s\n", pr.Elapsed.Seconds(), pr.Stage, fmtSec(pr.Objective), fmtSec(pr.Bound))
 		}
 	}
-	res, err := solver.Solve(ctx, p, st, highs.Backend{}, opts)
+	opts.Strategy = st
+	res, err := solver.Solve(ctx, p, opts)
 	if err != nil {
 		return err
 	}
@@ -106,7 +107,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *quiet {
 		return nil
 	}
-	base, err := solver.Solve(ctx, p, solver.StrategyContiguous, nil, solver.Options{})
+	base, err := solver.Solve(ctx, p, solver.Options{Strategy: solver.StrategyContiguous})
 	if err != nil {
 		return err
 	}

@@ -104,13 +104,9 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if err != nil {
 		return p, nil, err
 	}
-	if stats.TopK == 0 && model.TopK > 0 {
-		// Count formats such as logical_count do not say; the model does.
-		stats.TopK = model.TopK
-		if len(stats.Load) > 0 {
-			stats.Tokens = stats.LayerTotal(0) / float64(model.TopK)
-		}
-	}
+	// Count formats such as logical_count do not say their top-k; the
+	// model does.
+	stats.AssumeTopK(model.TopK)
 	cluster, err := costmodel.LoadCluster(c.cluster)
 	if err != nil {
 		return p, nil, err
@@ -118,13 +114,11 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if c.nodes > 0 {
 		cluster = cluster.WithNodes(c.nodes)
 	}
-	switch {
-	case c.gpusPerNode > 0:
+	if c.gpusPerNode > 0 {
 		cluster.GPUsPerNode = c.gpusPerNode
 		cluster.Speed = nil
-	case stats.Experts < 16 && cluster.GPUsPerNode > stats.Experts/2 && stats.Experts >= 2:
-		cluster.GPUsPerNode = stats.Experts / 2
-		cluster.Speed = nil
+	} else {
+		cluster = cluster.FitExperts(stats.Experts)
 	}
 	if c.sigma >= 0 {
 		s := c.sigma
@@ -205,19 +199,11 @@ func (c *common) loadModel(stats *routing.Stats) (costmodel.Model, error) {
 		}
 		return m, nil
 	}
-	for _, name := range costmodel.ModelNames() {
-		m, _ := costmodel.ModelPreset(name)
-		if m.Experts == stats.Experts && m.Layers == stats.Layers && (stats.TopK == 0 || m.TopK == stats.TopK) {
-			return m, nil
-		}
+	m, err := costmodel.InferModel(stats)
+	if err != nil {
+		return m, fmt.Errorf("%w (--model PRESET or FILE.yaml)", err)
 	}
-	for _, name := range costmodel.ModelNames() {
-		m, _ := costmodel.ModelPreset(name)
-		if m.Experts == stats.Experts && (stats.TopK == 0 || m.TopK == stats.TopK) {
-			return m, nil
-		}
-	}
-	return costmodel.Model{}, fmt.Errorf("no model preset has %d experts and top-%d like the trace; pass --model PRESET or a YAML file", stats.Experts, stats.TopK)
+	return m, nil
 }
 
 func (c *common) options() solver.Options {

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/moetuner/moetuner/costmodel"
-	"github.com/moetuner/moetuner/mip/highs"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	"github.com/moetuner/moetuner/solver"
@@ -36,11 +35,11 @@ func main() {
 	}
 	p := solver.Problem{Stats: src.Stats, Cluster: cluster, Model: model, Flow: costmodel.FlowChain}
 	ctx := context.Background()
-	res, err := solver.Solve(ctx, p, solver.StrategyJoint, highs.Backend{}, solver.Options{TimeLimit: 10 * time.Second})
+	res, err := solver.Solve(ctx, p, solver.Options{TimeLimit: 10 * time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}
-	base, err := solver.Solve(ctx, p, solver.StrategyContiguous, nil, solver.Options{})
+	base, err := solver.Solve(ctx, p, solver.Options{Strategy: solver.StrategyContiguous})
 	if err != nil {
 		log.Fatal(err)
 	}

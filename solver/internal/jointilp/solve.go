@@ -22,11 +22,14 @@ type SolveOptions struct {
 // Solved is the joint ILP's answer: an assignment [l][e] → GPU, HiGHS's
 // dual bound on the model objective (seconds; a layer stopped before HiGHS
 // had a bound counts 0, its model time being non-negative) and the solves'
-// sizes and statuses.
+// sizes and statuses. A layer (or, in chain flow, the whole ILP) stopped
+// by time before HiGHS had any incumbent keeps its warm start and counts
+// as timed out.
 type Solved struct {
-	Assign [][]int
-	Bound  float64
-	Tally  task.Tally
+	Assign   [][]int
+	Bound    float64
+	Tally    task.Tally
+	TimedOut bool
 }
 
 // Solve solves the ILP from warm (canonical: see Canonical), one MIP per
@@ -43,7 +46,12 @@ func (jm *Model) Solve(ctx context.Context, backend mip.Backend, warm [][]int, o
 		for l := range layers {
 			layers[l] = l
 		}
-		sol, err := res.Tally.Add(task.RunMIP(ctx, backend, b.Model(), jm.Start(b, warm, layers, lvs), opts.MIP, opts.Budget), "joint ILP")
+		ss := task.RunMIP(ctx, backend, b.Model(), jm.Start(b, warm, layers, lvs), opts.MIP, opts.Budget)
+		if ss.OutOfTime() {
+			res.Assign, res.TimedOut = warm, true
+			return res, nil
+		}
+		sol, err := res.Tally.Add(ss, "joint ILP")
 		if err != nil {
 			return nil, err
 		}
@@ -60,6 +68,11 @@ func (jm *Model) Solve(ctx context.Context, backend mip.Backend, warm [][]int, o
 	})
 	bound := 0.0
 	for l, ss := range subs {
+		if ss.OutOfTime() {
+			copy(res.Assign[l], warm[l])
+			res.TimedOut = true
+			continue
+		}
 		sol, err := res.Tally.Add(ss, "joint ILP")
 		if err != nil {
 			return nil, err

@@ -29,8 +29,9 @@ func (e *Infeasible) Error() string {
 
 // Layers runs fn(l, limit) for l = 0..L−1 on workers goroutines. Each
 // layer's limit is a fair share of the time left before deadline: what
-// remains, times the workers, over the layers not yet started (at least
-// minLimit).
+// remains, times the workers, over the layers not yet started, at least
+// minLimit while that much is left before the deadline, and 0 past it (a
+// layer then runs only its cheap first steps).
 func Layers(L, workers int, deadline time.Time, minLimit time.Duration, fn func(l int, limit time.Duration)) {
 	workers = max(workers, 1)
 	var wg sync.WaitGroup
@@ -46,8 +47,8 @@ func Layers(L, workers int, deadline time.Time, minLimit time.Duration, fn func(
 				limit := time.Until(deadline) * time.Duration(workers) / time.Duration(left)
 				left--
 				mu.Unlock()
-				limit = min(limit, time.Until(deadline))
-				fn(l, max(limit, minLimit))
+				left := time.Until(deadline)
+				fn(l, max(min(limit, left), min(minLimit, left), 0))
 			}
 		}()
 	}
@@ -77,13 +78,19 @@ type Sub struct {
 	Err                   error
 }
 
-// RunMIP solves m from start (nil: none) within limit. The start is
+// RunMIP solves m from start (nil: none) within limit (≤ 0: no solve, an
+// out-of-time result). The start is
 // checked against every row first (an infeasible start is an internal
 // error), a stop by the watchdog with an incumbent is a result, and the
 // solution is checked against every row (an infeasible one is an error).
 func RunMIP(ctx context.Context, backend mip.Backend, m *mip.Model, start []float64, s MIPSettings, limit time.Duration) Sub {
 	var ss Sub
 	ss.Cols, ss.Ints, ss.Rows, ss.NNZ = m.Size()
+	if limit <= 0 {
+		// No time left: a backend's 0 would mean no limit at all.
+		ss.Err = context.DeadlineExceeded
+		return ss
+	}
 	gap := s.RelGap
 	if gap == 0 {
 		gap = 1e-12 // exact: the backend's 0 means its own default
@@ -96,9 +103,9 @@ func RunMIP(ctx context.Context, backend mip.Backend, m *mip.Model, start []floa
 		}
 	}
 	ss.Sol, ss.Err = backend.Solve(ctx, m, mo)
-	if ss.Err != nil && errors.Is(ss.Err, context.DeadlineExceeded) && ss.Sol != nil && ss.Sol.X != nil {
-		// The watchdog stopped a solve that had an incumbent: a result
-		// with a gap, not an error.
+	if ss.Err != nil && (errors.Is(ss.Err, context.DeadlineExceeded) || errors.Is(ss.Err, context.Canceled)) && ss.Sol != nil && ss.Sol.X != nil {
+		// The watchdog or a cancel stopped a solve that had an incumbent:
+		// a result with a gap, not an error.
 		ss.Err = nil
 		ss.Sol.TimedOut = true
 		if ss.Sol.Status == mip.Optimal {
@@ -157,4 +164,14 @@ func Verdict(sol *mip.Solution, what string) error {
 		return fmt.Errorf("solver: the MIP backend reported %s without a solution for the %s", sol.Status, what)
 	}
 	return nil
+}
+
+// OutOfTime reports whether a sub-solve ended without a plan because time
+// ran out or the solve was stopped (as opposed to infeasibility or a
+// failure), so that its caller can fall back to the start it gave.
+func (ss Sub) OutOfTime() bool {
+	if ss.Err != nil {
+		return errors.Is(ss.Err, context.DeadlineExceeded) || errors.Is(ss.Err, context.Canceled)
+	}
+	return ss.Sol != nil && ss.Sol.X == nil && (ss.Sol.Status == mip.NoSolution || ss.Sol.TimedOut)
 }
