@@ -24,6 +24,7 @@ func TestImportDirection(t *testing.T) {
 		"solver":              {"routing", "placement", "baseline", "costmodel", "mip", "mip/highs", "solver/internal/"},
 		"solver/internal/...": {"routing", "placement", "costmodel", "mip", "solver/internal/"},
 		"replay":              {"routing", "placement", "costmodel"},
+		"solvertest":          {"routing", "placement", "costmodel", "solver"},
 	}
 	const mod = "github.com/moetuner/moetuner/"
 	for pkg, ok := range allowed {

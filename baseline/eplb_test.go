@@ -15,7 +15,7 @@ import (
 	"github.com/moetuner/moetuner/routing"
 )
 
-// readmeWeight is the example of deepseek-ai/EPLB's README (PEERS.md §1.5).
+// readmeWeight is the example of deepseek-ai/EPLB's README.
 var readmeWeight = [][]float64{
 	{90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86},
 	{20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27},

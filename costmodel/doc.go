@@ -108,7 +108,7 @@
 // CommTime = DispatchTime + CombineTime; CrossNodeBytes = NIC bytes of both
 // phases.
 //
-// # Layer times (MOETUNER.md §13.4)
+// # Layer times (compute–communication overlap, arXiv 2507.03114)
 //
 //	Sequential = DispatchTime + ComputeTail + CombineTime
 //	Ideal      = max(ComputeTail, CommTime)

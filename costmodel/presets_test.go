@@ -30,7 +30,7 @@ func TestPresetsValidate(t *testing.T) {
 		assert.Equal(t, name, m.Name)
 	}
 	mix, _ := ModelPreset("mixtral-8x7b")
-	assert.Equal(t, 8192.0, mix.TokenBytes()) // 4096 × bf16, MOETUNER.md §9
+	assert.Equal(t, 8192.0, mix.TokenBytes()) // 4096 × bf16
 
 	h200, _ := ClusterPreset("h200x8")
 	assert.Equal(t, 100e9, h200.NICBytesPerSec())

@@ -16,7 +16,7 @@ var (
 
 // cuda implements driver with the CUDA driver API and cuBLAS, loaded with
 // purego. Only integers and pointers cross the boundary and no callbacks are
-// registered (PEERS.md §10). Gemm calls cublasGemmEx with bf16 inputs and
+// registered (purego's callbacks are unreliable on Linux). Gemm calls cublasGemmEx with bf16 inputs and
 // outputs and fp32 accumulation (19 arguments: purego ≥ v0.11 passes up to
 // 32, spilling to the stack as the C ABI does).
 type cuda struct {

@@ -13,10 +13,12 @@ import (
 
 	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/mip"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	. "github.com/moetuner/moetuner/solver"
 	"github.com/moetuner/moetuner/solver/internal/testkit"
+	"github.com/moetuner/moetuner/solvertest"
 )
 
 func loadStats(t testing.TB, rel string) (*routing.Stats, *routing.Source) {
@@ -62,12 +64,10 @@ func bruteMinMax(load []float64, G int) float64 {
 
 // verify checks what every solver test must: the plan validates and its
 // cost recomputes to the reported objective.
+// verify validates res for p and recomputes its cost (solvertest.Check).
 func verify(t *testing.T, p Problem, res *Result) {
 	t.Helper()
-	require.NoError(t, res.Plan.Validate(placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}))
-	rep, err := costmodel.Evaluate(res.Plan, p.Stats, p.Cluster, p.Model, costmodel.Options{Flow: p.Flow, Mode: p.Mode, Dispatch: p.Dispatch})
-	require.NoError(t, err)
-	assert.InDelta(t, rep.TimeSec, res.Objective, 1e-12*rep.TimeSec)
+	solvertest.Verify(t, p, res)
 }
 
 func TestMixtralJointBusiestGPUIsOptimal(t *testing.T) {
@@ -154,7 +154,7 @@ func expertsPerGPU(plan *placement.Plan) []int {
 
 func TestMoETunerEq13Infeasible(t *testing.T) {
 	// One layer whose only zero-deviation clustering has sizes {1,2,2,3}
-	// (MOETUNER.md §5): E·L/G = 2 experts per GPU cannot hold.
+	// ILP 2's Eq. 13 (E·L/G = 2 experts per GPU) cannot hold.
 	stats := routing.StatsFromLoad([][]float64{{300, 150, 150, 150, 150, 100, 100, 100}}, 2)
 	m := testkit.FakeModel(8, 2)
 	p := Problem{Stats: stats, Cluster: testkit.SmallCluster(1, 4), Model: m}
@@ -285,8 +285,19 @@ func TestBaselinesAreHeuristic(t *testing.T) {
 		assert.Equal(t, StatusHeuristic, res.Status)
 		assert.True(t, math.IsNaN(res.Gap))
 	}
-	_, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint})
-	assert.Error(t, err)
+	// A backend that fails is an error of the ILP strategies, not of the
+	// baselines.
+	_, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Backend: failingBackend{}})
+	assert.ErrorContains(t, err, "MIP backend failed")
+	_, err = Solve(context.Background(), p, Options{Strategy: StrategyGreedy, Backend: failingBackend{}})
+	assert.NoError(t, err)
+}
+
+// failingBackend fails every solve.
+type failingBackend struct{}
+
+func (failingBackend) Solve(context.Context, *mip.Model, mip.Options) (*mip.Solution, error) {
+	return &mip.Solution{Status: mip.Error}, nil
 }
 
 func TestSolveErrors(t *testing.T) {

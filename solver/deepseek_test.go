@@ -162,7 +162,7 @@ func TestDeepSeekLocalDispatchCrossNode(t *testing.T) {
 		joint.Report.MaxImbalance, global.Report.MaxImbalance, hier.Report.MaxImbalance, 100*joint.Balance.MaxGap, 100*joint.Balance.TrafficGap, joint.SolveTime)
 }
 
-// BenchmarkDeepSeek is the issue #3 instance (prefill_in4096, 4 nodes × 8
+// BenchmarkDeepSeek is the production-scale instance (prefill_in4096, 4 nodes × 8
 // GPUs, 32 redundant slots) under both dispatches, with EPLB's two policies
 // scored in the same run: joint's balance gap and worst busiest/mean, and
 // its cross-node bytes and layer time relative to EPLB hierarchical and

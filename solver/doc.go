@@ -1,5 +1,18 @@
-// Package solver turns routing statistics into expert placements with
-// integer linear programs solved by a Backend (solver/highs wraps HiGHS).
+// Package solver turns routing statistics into expert placements: the
+// baselines, the MoETuner method, and the joint method, with integer
+// linear programs solved by a mip.Backend (HiGHS, mip/highs, by default).
+// It is a facade: Problem, Options, Result, Strategy and Solve; every time
+// split of a solve is in one table (budget.go, with why each is what it
+// is), and each method lives in a package of its own under
+// solver/internal (paper, jointilp, search, onenode, replica), which this
+// documentation describes.
+//
+// # Deadlines
+//
+// The budget is the smaller of Options.TimeLimit and the time left before
+// the context's deadline. Once any valid plan exists (the best baseline
+// takes milliseconds) a deadline or a cancel ends the solve with the best
+// validated plan found so far and StatusStopped.
 //
 // Every strategy's plan is validated (placement.Plan.Validate) and scored
 // with costmodel.Evaluate; a backend's objective is never trusted: each ILP
@@ -13,7 +26,7 @@
 // R[l][e1][e2] = Stats.Transitions (layer l to l+1, k×k pairs by default),
 // C[l][a][b] = Stats.CoActivation. Times inside the MIPs are microseconds.
 //
-// # Strategy "moetuner" (arXiv 2502.06643, errata fixed as in MOETUNER.md)
+// # Strategy "moetuner" (arXiv 2502.06643, its printed errors fixed)
 //
 // ILP 1, one per layer (E1: each expert in exactly one cluster; E2: no
 // stray sum over tokens):
@@ -102,14 +115,13 @@
 // numbers only, the busiest GPU's routed tokens and the busiest GPU's
 // distinct tokens max_g D_g (homeCost). Joint gives the ILP 2 % of the
 // time and the swap polish to 3 %, then anneals each layer's partition on
-// that exact cost to 25 % (homepolish.go: swaps scored by popcounts over
+// that exact cost to 25 % (package search: swaps scored by popcounts over
 // per-GPU token bitsets, half of them from the GPU with the most distinct
 // tokens), and certifies per layer a lower bound z+1 ≤ max_g D_g over
-// every partition with the rest (coverbound.go): column generation on the
+// every partition with the rest (package onenode): column generation on the
 // set-partitioning LP whose columns are the groups reaching at most z
 // tokens, priced by randomised greedy groups and by climbs from the LP's
-// support columns (coverswap.go), master LP by a small warm-started
-// simplex (coverlp.go), and a certificate π with π(S) < Σπ/G for every
+// support columns, master LP by a small warm-started simplex, and a certificate π with π(S) < Σπ/G for every
 // such group, checked by exhaustive branch and bound in Go.
 // A layer whose bound converges early is bounded again with groups capped
 // at λ−1 routed tokens (λ: the plan's busiest GPU), so every plan lies in
@@ -137,7 +149,7 @@
 // (the second term is the apportionment's optimum), reported in
 // Result.Balance and Result.Gap. When every GPU has the same speed and one
 // or two slots (and a MIP backend is given), the layer is then solved by
-// the exact pair method (pairs.go): for a threshold T, the copy counts
+// the exact pair method: for a threshold T, the copy counts
 // that reach it are an ILP over Hall's condition for pairing large copies
 // with small partners. HiGHS proves infeasibility in growing steps above
 // the bound (half the layer's time), then bisection on T looks for counts

@@ -34,7 +34,7 @@ func permutations(n int) [][]int {
 }
 
 // TestMoETunerILP2IsOptimal checks stage 2 against brute force over all
-// 24^L cluster-to-GPU permutation profiles (MOETUNER.md §14): with the
+// 24^L cluster-to-GPU permutation profiles: with the
 // clusters ILP 1 chose, no profile meeting Eq. 13 has a smaller
 // Σ_l max_{g1≠g2} V_{g1,g2,l}·s(g1,g2) than the ILP's.
 func TestMoETunerILP2IsOptimal(t *testing.T) {

@@ -131,7 +131,7 @@ func TestHelp(t *testing.T) {
 	assert.Contains(t, stdout, "compare")
 }
 
-func TestIssue3Flags(t *testing.T) {
+func TestReplicaAndRebalanceFlags(t *testing.T) {
 	chdirRoot(t)
 	dir := t.TempDir()
 	fid := "testdata/mixtral-8x7b/fiddler/"

@@ -1,0 +1,76 @@
+package solver_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+	"github.com/moetuner/moetuner/solver"
+	"github.com/moetuner/moetuner/solvertest"
+)
+
+// A placement service: fresh per-layer expert counts from the serving
+// stack, a time budget from the request's context, a plan back. The model
+// is inferred from the counts' shape (here Mixtral-8x7B's 32 × 8), and
+// the context's deadline is the budget: whatever the solve has found by
+// then is returned, validated.
+func Example_service() {
+	counts := solvertest.MixtralStats().Load // [layer][expert] token counts
+	stats := routing.StatsFromLoad(counts, 0)
+	cluster, err := costmodel.ClusterPreset("h100x8")
+	if err != nil {
+		log.Fatal(err)
+	}
+	cluster.GPUsPerNode = 4 // 4 EP ranks
+	p := solver.Problem{Stats: stats, Cluster: cluster}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	res, err := solver.Solve(ctx, p, solver.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	base, err := solver.Solve(context.Background(), p, solver.Options{Strategy: solver.StrategyContiguous})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("valid:", res.Plan.Validate(placement.ValidateOptions{Experts: 8, Layers: 32}) == nil)
+	fmt.Println("faster than contiguous:", res.Objective < base.Objective)
+	// Output:
+	// valid: true
+	// faster than contiguous: true
+}
+
+// Offline: plan once from recorded routing, with redundant copies of hot
+// experts, and write the files the serving stacks load (SGLang's
+// --init-expert-location, DeepSeek EPLB's maps).
+func Example_offline() {
+	p := solvertest.FLAME(2, 4, costmodel.FlowHome)
+	p.RedundantSlots = 8 // 72 physical slots per layer, 9 per GPU
+	res, err := solver.Solve(context.Background(), p, solver.Options{TimeLimit: time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "placements")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	for _, name := range []string{"flame.sglang.json", "flame.eplb.json"} {
+		if err := placement.WriteFile(filepath.Join(dir, name), res.Plan, ""); err != nil {
+			log.Fatal(err)
+		}
+	}
+	back, err := placement.ReadFile(filepath.Join(dir, "flame.eplb.json"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%d layers, %d slots per layer on %d GPUs\n", len(back.Layers), back.Slots(0), back.GPUs)
+	// Output: 8 layers, 72 slots per layer on 8 GPUs
+}
