@@ -2,7 +2,6 @@ package placement
 
 import (
 	"bytes"
-	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -502,77 +501,6 @@ func TestWriteFileAtomic(t *testing.T) {
 		st, err := os.Stat(path)
 		require.NoError(t, err)
 		assert.Equal(t, os.FileMode(0o644), st.Mode().Perm())
-	})
-}
-
-func FuzzRead(f *testing.F) {
-	for _, gf := range goldenFiles {
-		data, err := os.ReadFile(filepath.Join("testdata", gf.file))
-		if err == nil {
-			f.Add(data)
-		}
-	}
-	f.Add([]byte(`{"physical_to_logical_map": [[0,1],[1,0]]}`))
-	f.Add([]byte(`{"schema": "moetuner.placement/v1", "gpus": 1, "experts": 1, "layers": [{"slot_expert": [0], "slot_gpu": [0]}]}`))
-	f.Add([]byte("schema: moetuner.placement/v1\ngpus: 1\nexperts: 1\nlayers: [{slot_expert: [0], slot_gpu: [0]}]\n"))
-	f.Add([]byte(`{"logical_count": [[1]]}`))
-	f.Add([]byte(`{"num_gpus": 2, "phy2log": [[0,1,2,0]], "log2phy": [[[0,3],[1,-1],[2,-1]]], "logcnt": [[2,1,1]]}`))
-	f.Add([]byte(`{"expert_to_ep_rank": [1,0,1,0]}`))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		if len(data) > 1<<14 {
-			t.Skip("input too large")
-		}
-		check := func(p *Plan, err error) {
-			if err != nil {
-				if p != nil {
-					t.Fatalf("plan and error both returned: %v", err)
-				}
-				return
-			}
-			if verr := p.Validate(ValidateOptions{}); verr != nil {
-				t.Fatalf("reader returned an invalid plan: %v", verr)
-			}
-			// Whatever reads must write and read back unchanged.
-			for _, f := range []Format{FormatJSON, FormatYAML} {
-				var b bytes.Buffer
-				if err := Write(&b, p, f); err != nil {
-					t.Fatalf("write %s: %v", f, err)
-				}
-				q, err := Read(&b, f)
-				if err != nil {
-					t.Fatalf("read back %s: %v", f, err)
-				}
-				if !p.Equal(q) {
-					t.Fatalf("%s round trip changed the plan: %+v != %+v", f, p, q)
-				}
-			}
-		}
-		for _, f := range []Format{"", FormatJSON, FormatYAML} {
-			p, err := Read(bytes.NewReader(data), f)
-			if errors.Is(err, ErrNeedGPUs) && f != "" {
-				t.Fatalf("format %q reported ErrNeedGPUs", f)
-			}
-			check(p, err)
-		}
-		for _, g := range []int{1, 2, 3} {
-			check(ReadSGLang(bytes.NewReader(data), g))
-			check(ReadVLLM(bytes.NewReader(data), g, 2))
-		}
-		for _, g := range []int{0, 2} {
-			p, err := ReadEPLB(bytes.NewReader(data), g)
-			check(p, err)
-			if err == nil {
-				// An EPLB file writes back as EPLB and reads back unchanged.
-				var b bytes.Buffer
-				if err := Write(&b, p, FormatEPLB); err != nil {
-					t.Fatalf("write eplb: %v", err)
-				}
-				q, err := ReadEPLB(&b, p.GPUs)
-				if err != nil || !p.Equal(q) {
-					t.Fatalf("eplb round trip: %v, %+v != %+v", err, p, q)
-				}
-			}
-		}
 	})
 }
 
