@@ -361,7 +361,7 @@ func TestReadSGLang(t *testing.T) {
 		{"not multiple", `{"physical_to_logical_map": [[0,1,2]]}`, 2, "3 slots, not a positive multiple of 2 GPUs"},
 		{"ragged", `{"physical_to_logical_map": [[0,1],[0]]}`, 1, "physical_to_logical_map[1] has 1 slots but row 0 has 2"},
 		{"negative", `{"physical_to_logical_map": [[0,-1]]}`, 1, "physical_to_logical_map[0][1] is -1"},
-		{"duplicate on gpu", `{"physical_to_logical_map": [[0,0,1,1]]}`, 2, "placement: sglang: physical_to_logical_map[0]: expert 0 is on rank 0 twice (slots 0 and 1); SGLang needs the copies of an expert on different ranks"},
+		{"duplicate on gpu", `{"physical_to_logical_map": [[0,0,1,1]]}`, 2, "placement: sglang: physical_to_logical_map[0]: expert 0 is on rank 0 twice (slots 0 and 1 of 2 per rank); SGLang needs the copies of an expert on different ranks, so the file is wrong or for another GPU count than 2"},
 		{"not json", `physical_to_logical_map`, 1, "want {\"physical_to_logical_map\""},
 	}
 	for _, tc := range cases {

@@ -106,7 +106,7 @@ func buildPlan(rows [][]int, gpus, experts int, spec rowSpec) (*Plan, error) {
 			k := [2]int{e, s / perGPU}
 			if f, dup := first[k]; dup {
 				if !spec.sameRank {
-					return nil, fmt.Errorf("placement: %s: %s: expert %d is on rank %d twice (slots %d and %d); %s needs the copies of an expert on different ranks", spec.format, spec.list(l), e, k[1], f, s, spec.stack)
+					return nil, fmt.Errorf("placement: %s: %s: expert %d is on rank %d twice (slots %d and %d of %d per rank); %s needs the copies of an expert on different ranks, so the file is wrong or for another GPU count than %d", spec.format, spec.list(l), e, k[1], f, s, perGPU, spec.stack, gpus)
 				}
 				if copies == nil {
 					copies = make(map[[2]int]int)
