@@ -52,7 +52,12 @@ func checkRead(t *testing.T, format Format, l Layout, p *Plan, err error) {
 		return // shares (merged TensorRT-LLM copies) have no rank-major list
 	}
 	w := l
-	if w.LayerIDs == nil && w.decoderIDs() == nil {
+	switch {
+	case w.LayerIDs != nil && w.ModelLayers == 0:
+		// Read with the MoE rows known but not the model's size: the
+		// smallest model that has them.
+		w.ModelLayers = w.LayerIDs[len(w.LayerIDs)-1] + 1
+	case w.decoderIDs() == nil:
 		w.ModelLayers, w.Layers = len(p.Layers), 0
 	}
 	b.Reset()
