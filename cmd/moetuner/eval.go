@@ -35,7 +35,7 @@ func cmdEval(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "plan %s (%s) on %s, %d GPUs, model %s, flow %s, mode %s\n", *planPath, plan.Strategy, p.Cluster.Name, p.Cluster.GPUs(), p.Model.Name, p.Flow, p.Mode)
+	fmt.Fprintf(stdout, "plan %s (%s) on %s, %d GPUs, model %s, flow %s, mode %s\n", *planPath, strategyOf(plan), p.Cluster.Name, p.Cluster.GPUs(), p.Model.Name, p.Flow, p.Mode)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "layer\tmax tokens\tmax/mean\tcompute tail\tall-to-all\tcross-node\tsequential\toverlapped\t")
 	for _, l := range rep.Layers {
