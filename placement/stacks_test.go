@@ -462,3 +462,26 @@ func TestLogicalCount(t *testing.T) {
 	assert.Error(t, WriteLogicalCountFile(filepath.Join(dir, "bad.json"), s, goldenLayout))
 	assert.Equal(t, []string{"lc.json"}, listDir(t, dir))
 }
+
+// TestWriteRefusesUnequalSlots: a rank-major list cannot say that GPUs
+// hold different slot counts (5 experts on 2 GPUs), nor that layers have
+// different P; every stack writer refuses with what to change.
+func TestWriteRefusesUnequalSlots(t *testing.T) {
+	stacks := map[Format]string{FormatSGLang: "SGLang", FormatEPLB: "", FormatVLLMMap: "vLLM", FormatVLLMMapping: "vLLM",
+		FormatVLLMAscend: "vllm-ascend", FormatTRTLLM: "TensorRT-LLM"}
+	uneven := roundRobin(1, 5, 2)
+	ragged := goldenPlan()
+	ragged.Layers[1] = LayerPlan{SlotExpert: ex(0, 1, 2, 0, 1, 2), SlotGPU: gp(0, 0, 0, 1, 1, 1)}
+	for f, stack := range stacks {
+		t.Run(string(f), func(t *testing.T) {
+			err := WriteWith(&bytes.Buffer{}, uneven, f, Layout{ModelLayers: 1})
+			if f == FormatEPLB {
+				assert.EqualError(t, err, "placement: layer 0: GPU 1 holds 2 slots but GPU 0 holds 3; every GPU needs the same number (add replicas or move slots)")
+				return
+			}
+			assert.EqualError(t, err, fmt.Sprintf("placement: %s: layer 0: GPU 1 holds 2 slots but GPU 0 holds 3; %s puts slot p on rank p/(P/ep_size), so every GPU needs the same number of slots (add replicas or move slots)", f, stack))
+			err = WriteWith(&bytes.Buffer{}, ragged, f, goldenLayout)
+			assert.EqualError(t, err, fmt.Sprintf("placement: %s: layer 1 has 6 slots but layer 0 has 4; %s needs the same number of physical slots in every layer (add replicas)", f, stack))
+		})
+	}
+}
