@@ -52,21 +52,27 @@ var clusterPresets = map[string]func() Cluster{
 }
 
 // modelPresets holds the MoE shapes of the models moetuner has traces for.
-// Only MoE layers are counted; shared experts are not modeled.
+// Layers counts only MoE layers; DecoderLayers is num_hidden_layers, and
+// the MoE layers are the last Layers of them. Shared experts are not
+// modeled.
 var modelPresets = map[string]Model{
 	"mixtral-8x7b": {Name: "mixtral-8x7b", Layers: 32, Experts: 8, TopK: 2,
-		Hidden: 4096, FFN: 14336, BytesPerActivation: 2},
+		Hidden: 4096, FFN: 14336, BytesPerActivation: 2, DecoderLayers: 32},
+	// DeepSeek-V3: 61 decoder layers, the first 3 dense
+	// (first_k_dense_replace = 3), MoE in layers 3..60.
 	"deepseek-v3": {Name: "deepseek-v3", Layers: 58, Experts: 256, TopK: 8,
-		Hidden: 7168, FFN: 2048, BytesPerActivation: 2, ExpertGroups: 8},
+		Hidden: 7168, FFN: 2048, BytesPerActivation: 2, ExpertGroups: 8, DecoderLayers: 61},
+	// Qwen3-235B-A22B: every one of its 94 decoder layers is MoE
+	// (decoder_sparse_step 1, no mlp_only_layers).
 	"qwen3-235b-a22b": {Name: "qwen3-235b-a22b", Layers: 94, Experts: 128, TopK: 8,
-		Hidden: 4096, FFN: 1536, BytesPerActivation: 2},
+		Hidden: 4096, FFN: 1536, BytesPerActivation: 2, DecoderLayers: 94},
 	"olmoe-1b-7b": {Name: "olmoe-1b-7b", Layers: 16, Experts: 64, TopK: 8,
-		Hidden: 2048, FFN: 1024, BytesPerActivation: 2},
-	// FLAME-MoE-290M: 8 MoE layers (decoder layers 2..9), 64 routed experts,
-	// top-6 (traces/flame-moe-290m/SOURCE.md). Hidden 1024 and FFN 704 are
-	// ASSUMED: the trace's source does not state them.
+		Hidden: 2048, FFN: 1024, BytesPerActivation: 2, DecoderLayers: 16},
+	// FLAME-MoE-290M: 8 MoE layers (decoder layers 2..9 of 10), 64 routed
+	// experts, top-6 (traces/flame-moe-290m/SOURCE.md). Hidden 1024 and FFN
+	// 704 are ASSUMED: the trace's source does not state them.
 	"flame-moe-290m": {Name: "flame-moe-290m", Layers: 8, Experts: 64, TopK: 6,
-		Hidden: 1024, FFN: 704, BytesPerActivation: 2},
+		Hidden: 1024, FFN: 704, BytesPerActivation: 2, DecoderLayers: 10},
 }
 
 // ClusterNames returns the names of the cluster presets, sorted. Every
@@ -247,6 +253,26 @@ func (m Model) Validate() error {
 	}
 	if m.BytesPerExpert < 0 {
 		bad("bytes_per_expert must be ≥ 0 (0 = derived), have %d", m.BytesPerExpert)
+	}
+	switch {
+	case m.DecoderLayers < 0:
+		bad("decoder_layers must be ≥ 0 (0 = unknown), have %d", m.DecoderLayers)
+	case m.DecoderLayers > 0 && m.DecoderLayers < m.Layers:
+		bad("decoder_layers is %d but the model has %d MoE layers; decoder_layers counts every decoder layer, dense ones included", m.DecoderLayers, m.Layers)
+	}
+	if m.MoELayerIDs != nil {
+		if m.DecoderLayers < 1 {
+			bad("moe_layer_ids needs decoder_layers (num_hidden_layers)")
+		}
+		if len(m.MoELayerIDs) != m.Layers {
+			bad("moe_layer_ids has %d entries for %d MoE layers; list the decoder-layer index of every MoE layer", len(m.MoELayerIDs), m.Layers)
+		}
+		for i, id := range m.MoELayerIDs {
+			if id < 0 || (m.DecoderLayers > 0 && id >= m.DecoderLayers) || (i > 0 && id <= m.MoELayerIDs[i-1]) {
+				bad("moe_layer_ids[%d] is %d; want ascending decoder-layer indices in [0,%d)", i, id, m.DecoderLayers)
+				break
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

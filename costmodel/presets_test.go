@@ -50,6 +50,47 @@ func TestPresetsValidate(t *testing.T) {
 	assert.ErrorContains(t, err, `unknown model preset "gpt"`)
 }
 
+// TestMoELayers checks each preset's decoder-layer ids of its MoE layers
+// against the model's config (num_hidden_layers, first_k_dense_replace); a
+// preset that counted its dense layers at the end, or forgot them, fails.
+func TestMoELayers(t *testing.T) {
+	want := map[string]struct{ decoder, first int }{
+		"deepseek-v3":     {61, 3},
+		"qwen3-235b-a22b": {94, 0},
+		"mixtral-8x7b":    {32, 0},
+		"olmoe-1b-7b":     {16, 0},
+		"flame-moe-290m":  {10, 2},
+	}
+	require.Len(t, want, len(ModelNames()))
+	for name, w := range want {
+		m, err := ModelPreset(name)
+		require.NoError(t, err)
+		assert.Equal(t, w.decoder, m.DecoderLayers, name)
+		ids := m.MoELayers()
+		require.Len(t, ids, m.Layers, name)
+		for i, id := range ids {
+			assert.Equal(t, w.first+i, id, "%s MoE layer %d", name, i)
+		}
+	}
+	m := Model{Layers: 2, DecoderLayers: 5, MoELayerIDs: []int{1, 3}}
+	assert.Equal(t, []int{1, 3}, m.MoELayers())
+	m.MoELayers()[0] = 7
+	assert.Equal(t, []int{1, 3}, m.MoELayerIDs, "MoELayers returns a copy")
+	assert.Nil(t, Model{Layers: 2}.MoELayers(), "unknown decoder layers")
+	assert.Nil(t, Model{Layers: 3, DecoderLayers: 2}.MoELayers(), "inconsistent")
+
+	// The YAML keys read into the fields and write back.
+	got, err := ReadModel(strings.NewReader("base: mixtral-8x7b\nlayers: 2\ndecoder_layers: 5\nmoe_layer_ids: [1, 3]\n"))
+	require.NoError(t, err)
+	assert.Equal(t, []int{1, 3}, got.MoELayers())
+	var buf bytes.Buffer
+	require.NoError(t, WriteModelYAML(&buf, got))
+	assert.Contains(t, buf.String(), "decoder_layers: 5\nmoe_layer_ids: [1, 3]\n")
+	back, err := ReadModel(&buf)
+	require.NoError(t, err)
+	assert.Equal(t, got, back)
+}
+
 func TestClusterYAMLRoundTrip(t *testing.T) {
 	c, err := ClusterPreset("h200x8")
 	require.NoError(t, err)
@@ -164,6 +205,12 @@ func TestValidateErrors(t *testing.T) {
 		{"ffn", func(m *Model) { m.FFN = 0 }, "ffn must be ≥ 1"},
 		{"dtype", func(m *Model) { m.BytesPerActivation = 0 }, "bytes_per_activation must be ≥ 1"},
 		{"expert bytes", func(m *Model) { m.BytesPerExpert = -1 }, "bytes_per_expert"},
+		{"decoder layers negative", func(m *Model) { m.DecoderLayers = -1 }, "decoder_layers must be ≥ 0 (0 = unknown), have -1"},
+		{"decoder layers below moe", func(m *Model) { m.DecoderLayers = 1 }, "decoder_layers is 1 but the model has 2 MoE layers"},
+		{"moe ids without decoder layers", func(m *Model) { m.MoELayerIDs = []int{0, 1} }, "moe_layer_ids needs decoder_layers"},
+		{"moe ids count", func(m *Model) { m.DecoderLayers, m.MoELayerIDs = 4, []int{1} }, "moe_layer_ids has 1 entries for 2 MoE layers"},
+		{"moe ids order", func(m *Model) { m.DecoderLayers, m.MoELayerIDs = 4, []int{2, 1} }, "moe_layer_ids[1] is 1; want ascending decoder-layer indices in [0,4)"},
+		{"moe ids range", func(m *Model) { m.DecoderLayers, m.MoELayerIDs = 4, []int{1, 4} }, "moe_layer_ids[1] is 4"},
 	}
 	require.NoError(t, tinyModel(2, 4, 2).Validate())
 	for _, tt := range mtests {

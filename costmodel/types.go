@@ -64,6 +64,37 @@ type Model struct {
 	// model routes freely. EPLB's hierarchical policy keeps a group on one
 	// node.
 	ExpertGroups int `yaml:"expert_groups"`
+	// DecoderLayers is the model's number of decoder layers, dense ones
+	// included (num_hidden_layers); 0 when unknown. Placement files indexed
+	// by decoder layer (SGLang's physical_to_logical_map, TensorRT-LLM's
+	// initial_global_assignments) need it when the trace does not record
+	// the layer ids.
+	DecoderLayers int `yaml:"decoder_layers,omitempty"`
+	// MoELayerIDs are the decoder-layer indices of the Layers MoE layers,
+	// ascending. Nil means the last Layers of the DecoderLayers decoder
+	// layers (dense layers first, as DeepSeek-V3's first_k_dense_replace
+	// puts them); set it for models that interleave dense and MoE layers.
+	MoELayerIDs []int `yaml:"moe_layer_ids,flow,omitempty"`
+}
+
+// MoELayers returns the decoder-layer index of every MoE layer (len
+// Layers), or nil when DecoderLayers is 0 (unknown) or the fields do not
+// fit together (Validate reports it).
+func (m Model) MoELayers() []int {
+	if m.DecoderLayers < 1 || m.DecoderLayers < m.Layers || m.Layers < 1 {
+		return nil
+	}
+	if m.MoELayerIDs != nil {
+		if len(m.MoELayerIDs) != m.Layers {
+			return nil
+		}
+		return append([]int(nil), m.MoELayerIDs...)
+	}
+	ids := make([]int, m.Layers)
+	for i := range ids {
+		ids[i] = m.DecoderLayers - m.Layers + i
+	}
+	return ids
 }
 
 // Flow selects how tokens move between GPUs; see the package doc.

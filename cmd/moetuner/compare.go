@@ -19,12 +19,26 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var c common
 	c.register(fs, true)
 	strategies := fs.String("strategies", "", "comma-separated strategies to compare (default: contiguous, round-robin, greedy, eplb, eplb-hierarchical when the model has expert groups, moetuner when it fits, joint)")
+	var planFiles multiFlag
+	fs.Var(&planFiles, "plan", "placement file to add as a row, scored like the strategies: the placement you run today, in any format moetuner writes (repeatable)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("compare takes no positional arguments (got %q); use --trace and --plan", fs.Args())
 	}
 	p, _, err := c.setup(true)
 	if err != nil {
 		return err
+	}
+	// Read the files first: a bad one should not wait for the solves.
+	var files []*solver.Result
+	for _, path := range planFiles {
+		r, err := c.scoreFile(p, path)
+		if err != nil {
+			return err
+		}
+		files = append(files, r)
 	}
 	list := *strategies
 	if list == "" {
@@ -68,10 +82,55 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		results = append(results, res)
 	}
+	results = append(results, files...)
 	fmt.Fprintf(stdout, "%d layers × %d experts (top-%d), %.0f tokens; %s: %d nodes × %d GPUs; model %s; flow %s, mode %s\n",
 		p.Stats.Layers, p.Stats.Experts, p.Stats.TopK, p.Stats.Tokens, p.Cluster.Name, p.Cluster.Nodes, p.Cluster.GPUsPerNode, p.Model.Name, p.Flow, p.Mode)
 	printCompare(stdout, p, results)
 	return writeJSON(c.jsonOut, jsonResults(p, results))
+}
+
+// filePrefix marks the results of compare --plan files: their Strategy is
+// filePrefix + the path.
+const filePrefix = "file:"
+
+// scoreFile reads the placement file at path and scores it on p as Solve
+// scores a strategy's plan.
+func (c *common) scoreFile(p solver.Problem, path string) (*solver.Result, error) {
+	plan, err := c.readPlan(path, p.Cluster)
+	if err != nil {
+		return nil, err
+	}
+	if err := plan.Validate(placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	rep, obj, err := solver.Score(p, plan)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	nan := math.NaN()
+	return &solver.Result{Strategy: solver.Strategy(filePrefix + path), Plan: plan, Status: solver.StatusHeuristic,
+		Objective: obj, Report: rep, ModelObjective: nan, Bound: nan, Gap: nan, Stage1Objective: nan, Stage2Objective: nan,
+		CostBound: nan, CostGap: nan}, nil
+}
+
+// fromFile reports whether r is a compare --plan file's row.
+func fromFile(r *solver.Result) bool { return strings.HasPrefix(string(r.Strategy), filePrefix) }
+
+// singleCopyEven reports whether plan has one copy of every expert and
+// the same number of experts on every GPU in every layer: the plans the
+// exact-cost lower bound holds for.
+func singleCopyEven(plan *placement.Plan) bool {
+	for l := range plan.Layers {
+		if plan.Slots(l) != plan.Experts {
+			return false
+		}
+		for _, n := range plan.SlotsPerGPU(l) {
+			if n*plan.GPUs != plan.Experts {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // printCompare prints one row per result; percentages are against the
@@ -97,8 +156,14 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 		if ref != nil && ref.Objective > 0 {
 			vs = fmt.Sprintf("%+.1f%%", 100*(ref.Objective-r.Objective)/ref.Objective)
 		}
-		gap := "-"
+		gap, status, solve := "-", r.Status.String(), r.SolveTime.Round(time.Millisecond).String()
+		if fromFile(r) {
+			status, solve = "file", "-"
+		}
 		switch {
+		case fromFile(r) && !singleCopyEven(r.Plan):
+			// The bound holds for single-copy plans with E/G experts per
+			// GPU; it says nothing about this one.
 		case !math.IsNaN(bound) && bound > 0:
 			// The certificate on the exact cost model is the stronger
 			// statement (the ILP's model is a proxy of it); as CostGap,
@@ -111,7 +176,7 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 		if r.Note != "" {
 			name += "*"
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", name, rep.MaxTokensSum, rep.MeanImbalance, dur(rep.CommTime), bytesStr(rep.CrossNodeBytes), dur(rep.Time), vs, r.Status, gap, r.SolveTime.Round(time.Millisecond))
+		fmt.Fprintf(tw, "%s\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", name, rep.MaxTokensSum, rep.MeanImbalance, dur(rep.CommTime), bytesStr(rep.CrossNodeBytes), dur(rep.Time), vs, status, gap, solve)
 	}
 	tw.Flush()
 	for _, r := range results {
@@ -129,6 +194,12 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 	fmt.Fprintln(w, "vs contiguous: how much lower the layer time is than Megatron's contiguous placement; gap: joint's proven gap to HiGHS's bound on its ILP model,")
 	fmt.Fprintln(w, "or, with replication, the largest per-layer gap between the busiest GPU's load and its lower bound max(mean, largest replica);")
 	fmt.Fprintln(w, "\"exact\": the gap to the best lower bound on the exact cost model itself that any strategy certified (one node, home flow, per-token traces).")
+	for _, r := range results {
+		if fromFile(r) {
+			fmt.Fprintln(w, "file: a --plan file, scored as it is (no solve).")
+			break
+		}
+	}
 }
 
 type jsonResult struct {
@@ -164,9 +235,13 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 		if p.Dispatch == placement.DispatchLocal && r.Balance != nil && p.Stats.Patterns == nil {
 			tg = &r.Balance.TrafficGap
 		}
+		status := r.Status.String()
+		if fromFile(r) {
+			status = "file"
+		}
 		out = append(out, jsonResult{
 			TrafficGap: tg, CostBound: clean(r.CostBound), CostGap: clean(r.CostGap),
-			Strategy: string(r.Strategy), Status: r.Status.String(), TimeSec: r.Objective,
+			Strategy: string(r.Strategy), Status: status, TimeSec: r.Objective,
 			MaxTokensSum: r.Report.MaxTokensSum, MeanImbalance: r.Report.MeanImbalance,
 			CommSec: r.Report.CommTime.Seconds(), CrossNodeBytes: r.Report.CrossNodeBytes,
 			ModelObjective: clean(r.ModelObjective), Bound: clean(r.Bound), Gap: clean(r.Gap),

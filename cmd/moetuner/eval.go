@@ -13,7 +13,7 @@ func cmdEval(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("eval", "eval --trace T... --plan FILE [flags]", stderr)
 	var c common
 	c.register(fs, false)
-	planPath := fs.String("plan", "", "placement file (moetuner JSON/YAML or SGLang JSON)")
+	planPath := fs.String("plan", "", "placement file in any format moetuner writes (moetuner JSON/YAML, SGLang, EPLB, vLLM, vllm-ascend, TensorRT-LLM), detected from its content; the GPU count comes from the file or else --nodes/--gpus-per-node/--cluster")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -24,7 +24,7 @@ func cmdEval(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	plan, err := readPlan(*planPath, p.Cluster.GPUs())
+	plan, err := c.readPlan(*planPath, p.Cluster)
 	if err != nil {
 		return err
 	}
@@ -35,7 +35,7 @@ func cmdEval(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "plan %s (%s) on %s, %d GPUs, model %s, flow %s, mode %s\n", *planPath, plan.Strategy, p.Cluster.Name, p.Cluster.GPUs(), p.Model.Name, p.Flow, p.Mode)
+	fmt.Fprintf(stdout, "plan %s (%s) on %s, %d GPUs, model %s, flow %s, mode %s\n", *planPath, strategyOf(plan), p.Cluster.Name, p.Cluster.GPUs(), p.Model.Name, p.Flow, p.Mode)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "layer\tmax tokens\tmax/mean\tcompute tail\tall-to-all\tcross-node\tsequential\toverlapped\t")
 	for _, l := range rep.Layers {

@@ -23,7 +23,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var strategy, format string
 	choiceVar(fs, &strategy, "strategy", "joint", strategyNames(), "joint, moetuner, greedy, eplb, eplb-hierarchical, contiguous or round-robin")
 	out := fs.String("out", "placement.json", "placement file to write (atomically)")
-	choiceVar(fs, &format, "format", "", []string{"", "moetuner", "json", "yaml", "sglang", "eplb", "vllm"}, "placement format: moetuner (JSON), yaml, sglang, eplb or vllm (default: from --out's extension: .yaml, .sglang.json, .eplb.json, .vllm.json, else moetuner JSON)")
+	choiceVar(fs, &format, "format", "", formatNames(), "placement format: moetuner (JSON), yaml, sglang (--init-expert-location), sglang-pt (not yet), eplb, vllm (expert_to_ep_rank), vllm-map (initial_expert_map_path), vllm-mapping (offline-EPLB JSONL), vllm-ascend, trtllm (moe_load_balancer YAML) (default: from --out's extension: .yaml, .sglang.json, .eplb.json, .vllm.json, .vllm-map.json, .vllm-mapping.jsonl, .vllm-ascend.json, .trtllm.yaml, else moetuner JSON)")
 	writeLP := fs.String("write-model", "", "also write the joint ILP(s) for debugging to PREFIX<i>.lp (CPLEX LP, written in Go) or, with a .mps suffix (PREFIX.mps), PREFIX<i>.mps via HiGHS")
 	dispatchMap := fs.String("dispatch-map", "", "also write, for --dispatch local, each rank's static dispatch table [rank][layer][expert] → physical slot (GPU-major numbering as in the sglang/eplb files) to this JSON file")
 	quiet := fs.Bool("quiet", false, "print only errors")
@@ -41,6 +41,9 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	pf := placement.Format(format)
+	if format == "json" {
+		pf = placement.FormatJSON
+	}
 	if pf == "" {
 		if pf, err = placement.FormatFromPath(*out); err != nil {
 			return err
@@ -49,6 +52,10 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	p, sources, err := c.setup(true)
 	if err != nil {
 		return err
+	}
+	// Fail before the solve when the format needs what nobody knows.
+	if err := placement.CheckLayout(pf, c.layout); err != nil {
+		return c.layoutError(err, *out, p.Cluster)
 	}
 	if *writeLP != "" {
 		mips, err := solver.JointMIPs(p, c.options())
@@ -96,8 +103,8 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 	}
-	if err := placement.WriteFile(*out, plan, pf); err != nil {
-		return err
+	if err := placement.WriteFileWith(*out, plan, pf, c.layout); err != nil {
+		return c.layoutError(err, *out, p.Cluster)
 	}
 	if dm != nil {
 		if err := placement.WriteDispatchMap(*dispatchMap, plan, p.Cluster.GPUsPerNode); err != nil {
@@ -135,6 +142,16 @@ func sourceList(sources []*routing.Source) string {
 		s = append(s, filepath.ToSlash(src.Path))
 	}
 	return strings.Join(s, ",")
+}
+
+// formatNames lists the values of plan's --format ("" takes the format
+// from --out; "json" is moetuner JSON).
+func formatNames() []string {
+	out := []string{"", "json"}
+	for _, f := range placement.Formats {
+		out = append(out, string(f))
+	}
+	return out
 }
 
 // strategyNames lists the values of --strategy.

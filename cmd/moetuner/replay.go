@@ -19,7 +19,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var c common
 	c.register(fs, false)
 	var plans multiFlag
-	fs.Var(&plans, "plan", "placement file to replay (repeatable; the first is the reference for % differences)")
+	fs.Var(&plans, "plan", "placement file to replay, in any format moetuner writes (repeatable; the first is the reference for % differences)")
 	var backend string
 	choiceVar(fs, &backend, "backend", "sim", []string{"sim", "cpu", "gpu"}, "sim (event simulation on the cost model), cpu (runs the expert FFNs with gonum) or gpu (CUDA via purego)")
 	batch := fs.Int("batch-tokens", 0, "tokens per iteration (default: a per-token trace in one batch; 4096 for count-only stats)")
@@ -82,7 +82,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	wopts := replay.WorkloadOptions{BatchTokens: *batch, Iterations: *iters, Seed: *seed, TopK: p.Model.TopK, Dispatch: p.Dispatch, GPUsPerNode: p.Cluster.GPUsPerNode}
 	var ws []*replay.Workload
 	for _, path := range plans {
-		plan, err := readPlan(path, p.Cluster.GPUs())
+		plan, err := c.readPlan(path, p.Cluster)
 		if err != nil {
 			return err
 		}

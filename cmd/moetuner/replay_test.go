@@ -72,7 +72,7 @@ func TestReplayErrors(t *testing.T) {
 		"no plan":       {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl"}, 2, "needs --plan"},
 		"no trace":      {[]string{"--plan", "testdata/plans/flame-joint.json"}, 2, "no --trace"},
 		"bad backend":   {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/flame-joint.json", "--backend", "tpu"}, 2, "want one of sim, cpu, gpu"},
-		"plan mismatch": {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/mixtral-joint.json"}, 1, "plan has 4 GPUs but the cluster 8"},
+		"plan mismatch": {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/mixtral-joint.json"}, 1, "testdata/plans/mixtral-joint.json records 4 GPUs (gpus) but the cluster has 8 (1 nodes × 8 GPUs); set --nodes and --gpus-per-node (or --cluster) to the file's expert-parallel size"},
 		"sim calibrate": {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/flame-joint.json", "--calibrate", "x.yaml"}, 2, "cpu or gpu"},
 		"bad flag":      {[]string{"--nope"}, 2, "flag provided but not defined"},
 		"missing plan":  {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "nope.json"}, 1, "nope.json"},

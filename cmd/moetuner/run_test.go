@@ -155,7 +155,7 @@ func TestReplicaAndRebalanceFlags(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	code, _, stderr = runCLI(t, "plan", "--out", filepath.Join(dir, "j.vllm.json"), "--quiet")
 	assert.Equal(t, 1, code)
-	assert.Contains(t, stderr, "sglang")
+	assert.Contains(t, stderr, "write per-layer plans in the vllm-map format")
 	// Robust over two workloads, then an incremental re-plan from it.
 	rob := filepath.Join(dir, "robust.json")
 	code, stdout, stderr = runCLI(t, "plan", "--trace", fid+"expert_popularity_college_medicine.json", "--trace", fid+"expert_popularity_machine_learning.json", "--across", "worst", "--out", rob)

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,6 +44,12 @@ type common struct {
 	dispatch    string
 	moveCost    float64
 	slotsPerGPU string
+
+	// layout, set by setup, says where the trace's MoE layers sit in the
+	// model, for placement files that do not record it.
+	layout placement.Layout
+	// modelName is the model setup chose, for error messages.
+	modelName string
 }
 
 func (c *common) register(fs *flag.FlagSet, solve bool) {
@@ -180,8 +188,9 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if p.Dispatch, err = placement.ParseDispatch(c.dispatch); err != nil {
 		return p, nil, err
 	}
+	c.layout, c.modelName = planLayout(stats, model, cluster), model.Name
 	if c.from != "" {
-		if p.Current, err = readPlan(c.from, cluster.GPUs()); err != nil {
+		if p.Current, err = c.readPlan(c.from, cluster); err != nil {
 			return p, nil, err
 		}
 	}
@@ -210,18 +219,83 @@ func (c *common) options() solver.Options {
 	return solver.Options{TimeLimit: c.timeLimit, RelGap: c.gap, Threads: c.threads, Seed: c.seed, MoETunerEqualSizes: c.equalSizes, MaxMoves: c.maxMoves}
 }
 
-func readPlan(path string, gpus int) (*placement.Plan, error) {
-	f, err := placement.FormatFromPath(path)
-	if err == nil && f == placement.FormatSGLang {
-		r, err := os.Open(path)
-		if err != nil {
-			return nil, err
+// planLayout says where the trace's MoE layers sit among the model's
+// decoder layers, for placement files indexed by decoder layer: the
+// trace's layer ids (routing.Stats.LayerNames) and decoder-layer count
+// (ModelLayers) win over the model's (decoder_layers, moe_layer_ids); what
+// neither knows stays zero, and the formats that need it then fail with
+// placement.ErrNeedLayers. GPUs, Experts and Layers are the cluster's and
+// the trace's.
+func planLayout(s *routing.Stats, m costmodel.Model, cluster costmodel.Cluster) placement.Layout {
+	l := placement.Layout{GPUs: cluster.GPUs(), Experts: s.Experts, Layers: s.Layers}
+	ids, total := s.LayerNames, s.ModelLayers
+	if ids == nil && !(total > 0 && total == s.Layers) {
+		// The trace says nothing about its layers (or only the decoder
+		// count); a model of the trace's shape may.
+		if pre := m.MoELayers(); pre != nil && m.Layers == s.Layers && (total == 0 || total == m.DecoderLayers) {
+			ids, total = pre, m.DecoderLayers
 		}
-		defer r.Close()
-		return placement.ReadSGLang(r, gpus)
 	}
-	return placement.ReadFile(path)
+	if total == 0 && m.DecoderLayers > 0 {
+		top := s.Layers - 1
+		if ids != nil {
+			top = slices.Max(ids)
+		}
+		if m.DecoderLayers > top {
+			total = m.DecoderLayers
+		}
+	}
+	known := l
+	known.LayerIDs, known.ModelLayers = ids, total
+	if placement.CheckLayout(placement.FormatJSON, known) != nil {
+		return l // the trace's layer ids do not fit together: unknown
+	}
+	return known
 }
+
+// readPlan reads a placement file in any format with the command's layout
+// (the cluster's GPU count where the file does not record it) and says
+// what went wrong in the command line's words.
+func (c *common) readPlan(path string, cluster costmodel.Cluster) (*placement.Plan, error) {
+	p, err := placement.ReadFileWith(path, c.layout)
+	if err != nil {
+		return nil, c.layoutError(err, path, cluster)
+	}
+	return p, nil
+}
+
+// layoutError rewords the placement package's layout errors for the
+// command line: what the library calls Layout fields are the cluster
+// flags, the trace and the model here.
+func (c *common) layoutError(err error, file string, cluster costmodel.Cluster) error {
+	var ge *placement.GPUCountError
+	switch {
+	case errors.As(err, &ge):
+		return fmt.Errorf("%s records %d GPUs (%s) but the cluster has %d (%d nodes × %d GPUs); set --nodes and --gpus-per-node (or --cluster) to the file's expert-parallel size", file, ge.File, ge.Field, ge.Given, cluster.Nodes, cluster.GPUsPerNode)
+	case errors.Is(err, placement.ErrNeedLayers):
+		return fmt.Errorf("%s: the file's layers are indexed by decoder layer, and neither the trace nor model %q says which of the model's decoder layers are its %d MoE layers: use a trace that records them (SGLang dumps do), or pass --model with a preset or YAML file that sets decoder_layers (num_hidden_layers) and, when the MoE layers are not the last ones, moe_layer_ids", file, c.modelName, c.layout.Layers)
+	}
+	return &cliError{err: err, msg: layoutWords.Replace(err.Error())}
+}
+
+// layoutWords names the Layout fields as a command-line user sets them.
+var layoutWords = strings.NewReplacer(
+	"Layout.ModelLayers", "the model's decoder-layer count",
+	"Layout.LayerIDs", "the MoE layer ids (the trace's, else the model's moe_layer_ids)",
+	"Layout.Layers", "the trace's MoE layers",
+	"Layout.Experts", "the trace's experts",
+	"Layout.GPUs", "the cluster's GPUs (--nodes × --gpus-per-node)",
+)
+
+// cliError is an error reworded for the command line; errors.Is and As
+// still see the original.
+type cliError struct {
+	err error
+	msg string
+}
+
+func (e *cliError) Error() string { return e.msg }
+func (e *cliError) Unwrap() error { return e.err }
 
 // traceFormats are the values of --trace-format ("" detects the format).
 var traceFormats = []string{"", "jsonl", "npy", "flame-csv", "olmoe-json", "fiddler-json", "logical-count"}

@@ -5,6 +5,8 @@ import (
 	"io"
 	"text/tabwriter"
 
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
 
@@ -15,6 +17,8 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	topK := fs.Int("top-k", 0, "top-k for count formats that do not state it")
 	choiceVar(fs, &transitions, "transitions", "all-pairs", []string{"all-pairs", "top1"}, "transition counting: all-pairs or top1")
 	jsonOut := fs.String("json", "", "also write the summary as JSON to this file")
+	logicalCount := fs.String("logical-count", "", "also write the loads as SGLang's {\"logical_count\": [decoder layers][experts]} JSON to this file (dense layers as zero rows), for --init-expert-location to run SGLang's own EPLB on")
+	model := fs.String("model", "", "with --logical-count: model preset or YAML file that says the decoder layers when the trace does not (default: the preset matching the trace's shape)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -52,6 +56,19 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 			optPct(sum.HasTransitions && int(l.Layer) < sum.Layers-1, l.TopPairShare), optPct(sum.HasTransitions && int(l.Layer) < sum.Layers-1, l.RowMaxShare))
 	}
 	tw.Flush()
+	if *logicalCount != "" {
+		c := common{model: *model}
+		m, err := c.loadModel(stats)
+		if err != nil && *model != "" {
+			return err
+		}
+		// Without a matching preset the trace alone must say.
+		c.layout, c.modelName = planLayout(stats, m, costmodel.Cluster{Nodes: 1, GPUsPerNode: 1}), m.Name
+		if err := placement.WriteLogicalCountFile(*logicalCount, stats, c.layout); err != nil {
+			return c.layoutError(err, *logicalCount, costmodel.Cluster{})
+		}
+		fmt.Fprintf(stdout, "wrote %s: logical_count of %d decoder layers × %d experts\n", *logicalCount, c.layout.ModelLayers, stats.Experts)
+	}
 	return writeJSON(*jsonOut, sum)
 }
 

@@ -45,8 +45,11 @@ func main() {
 	}
 	fmt.Printf("joint: %s, modeled time %.1f µs (contiguous %.1f µs, %.1f%% lower), gap %.1f%% on its ILP model\n",
 		res.Status, res.Objective*1e6, base.Objective*1e6, 100*(base.Objective-res.Objective)/base.Objective, 100*res.Gap)
+	// SGLang's map has a row for every decoder layer: the trace names the
+	// MoE layers (2..9), the model preset counts the decoder layers (10).
+	layout := placement.Layout{LayerIDs: src.Stats.LayerNames, ModelLayers: model.DecoderLayers}
 	out := filepath.Join(os.TempDir(), "flame.sglang.json")
-	if err := placement.WriteFile(out, res.Plan, placement.FormatSGLang); err != nil {
+	if err := placement.WriteFileWith(out, res.Plan, placement.FormatSGLang, layout); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("wrote", out)

@@ -1,0 +1,165 @@
+package placement
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// errSGLangPT is what reading or writing a FormatSGLangPT file returns
+// until the torch.save codec is in.
+var errSGLangPT = errors.New("placement: sglang-pt: SGLang .pt files are not supported yet; use the .sglang.json form (format sglang), which --init-expert-location loads as well")
+
+type sglangDoc struct {
+	PhysicalToLogicalMap [][]int `json:"physical_to_logical_map"`
+	LogicalCount         any     `json:"logical_count"`
+}
+
+// sglangLayoutError says what l lacks to place MoE layers among the rows
+// of an SGLang file (format "sglang", key "physical_to_logical_map"), or
+// nil.
+func sglangLayoutError(l Layout, format, key string) error {
+	switch {
+	case l.ModelLayers == 0:
+		return needLayers(format, "%s has one row per decoder layer, dense ones included, and the layout does not say how many decoder layers the model has; set Layout.ModelLayers (num_hidden_layers), and Layout.LayerIDs unless every decoder layer is a MoE layer", key)
+	case l.decoderIDs() == nil:
+		return needLayers(format, "the model has %d decoder layers and %d MoE layers, and the layout does not say which are MoE layers; set Layout.LayerIDs", l.ModelLayers, l.moeLayers())
+	}
+	return nil
+}
+
+// sglangRows returns SGLang's physical_to_logical_map of p,
+// [l.ModelLayers][P]: the rank-major slot list of plan layer i at row
+// l.LayerIDs[i] (decoder layer), SGLang's trivial map arange(P) % Experts
+// in the rows of dense layers. p must be valid.
+func sglangRows(p *Plan, l Layout) ([][]int, error) {
+	if err := sglangLayoutError(l, "sglang", "physical_to_logical_map"); err != nil {
+		return nil, err
+	}
+	moe, err := rankMajor(p, "sglang", "SGLang")
+	if err != nil {
+		return nil, err
+	}
+	ids := l.decoderIDs()
+	if len(ids) != len(moe) {
+		return nil, fmt.Errorf("placement: sglang: plan has %d layers but the layout places %d MoE layers; set Layout.LayerIDs to the plan's layers", len(moe), len(ids))
+	}
+	slots := len(moe[0])
+	rows := make([][]int, l.ModelLayers)
+	for i := range rows {
+		rows[i] = trivialRow(slots, p.Experts)
+	}
+	for i, id := range ids {
+		rows[id] = moe[i]
+	}
+	return rows, nil
+}
+
+func encodeSGLang(p *Plan, l Layout) ([]byte, error) {
+	rows, err := sglangRows(p, l)
+	if err != nil {
+		return nil, err
+	}
+	var b []byte
+	b = append(b, "{\n  \"physical_to_logical_map\": [\n"...)
+	b = appendLines(b, rows, appendInts[int])
+	return append(b, "  ]\n}\n"...), nil
+}
+
+func decodeSGLang(data []byte, l Layout) (*Plan, error) {
+	var doc sglangDoc
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil {
+		return nil, fmt.Errorf("placement: sglang: %v; want {\"physical_to_logical_map\": [[...], ...]}", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("placement: sglang: data after the top-level object; keep one object per file")
+	}
+	if doc.PhysicalToLogicalMap == nil {
+		if doc.LogicalCount != nil {
+			return nil, errors.New("placement: sglang: file has \"logical_count\" (load statistics), not \"physical_to_logical_map\"; read it as routing statistics (a trace)")
+		}
+		return nil, errors.New("placement: sglang: missing \"physical_to_logical_map\"; want {\"physical_to_logical_map\": [[...], ...]} with one row per decoder layer")
+	}
+	return planFromSGLangRows(doc.PhysicalToLogicalMap, l)
+}
+
+// planFromSGLangRows builds the plan of an SGLang physical_to_logical_map
+// (rows [L_all][P], slot p on GPU p/(P/l.GPUs)). With l.LayerIDs the plan
+// has those rows, and every other row must be SGLang's trivial map
+// arange(P) % Experts (a dense layer); without it every row is a layer,
+// which l must allow (l.Layers and l.ModelLayers 0 or the row count).
+// Experts is l.Experts, else the largest id plus one. The plan is not yet
+// checked against l's counts; Strategy and Meta are empty.
+func planFromSGLangRows(rows [][]int, l Layout) (*Plan, error) {
+	if l.GPUs == 0 {
+		return nil, needGPUs("sglang", "physical_to_logical_map")
+	}
+	if len(rows) == 0 {
+		return nil, errors.New("placement: sglang: physical_to_logical_map has no rows; add one row per decoder layer")
+	}
+	if l.ModelLayers > 0 && len(rows) != l.ModelLayers {
+		return nil, fmt.Errorf("placement: sglang: physical_to_logical_map has %d rows but the model has %d decoder layers (Layout.ModelLayers); SGLang needs one row per decoder layer, dense ones included", len(rows), l.ModelLayers)
+	}
+	slots := len(rows[0])
+	for r, row := range rows {
+		if len(row) != slots {
+			return nil, fmt.Errorf("placement: sglang: physical_to_logical_map[%d] has %d slots but row 0 has %d; give every layer the same number of slots", r, len(row), slots)
+		}
+	}
+	ids := l.LayerIDs
+	switch n := l.moeLayers(); {
+	case ids != nil:
+		if top := ids[len(ids)-1]; top >= len(rows) {
+			return nil, fmt.Errorf("placement: sglang: Layout.LayerIDs names decoder layer %d but physical_to_logical_map has %d rows; check the model's layers", top, len(rows))
+		}
+	case n == 0 || n == len(rows):
+		ids = make([]int, len(rows))
+		for i := range ids {
+			ids[i] = i
+		}
+	default:
+		return nil, needLayers("sglang", "physical_to_logical_map has %d rows for %d MoE layers, and the layout does not say which rows are MoE layers; set Layout.LayerIDs", len(rows), n)
+	}
+	moe := make([][]int, len(ids))
+	for i, id := range ids {
+		moe[i] = rows[id]
+	}
+	p, err := buildPlan(moe, l.GPUs, l.Experts, rowSpec{
+		format: "sglang", stack: "SGLang",
+		cell: func(i, s int) string { return fmt.Sprintf("physical_to_logical_map[%d][%d]", ids[i], s) },
+		list: func(i int) string { return fmt.Sprintf("physical_to_logical_map[%d]", ids[i]) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	next := 0
+	for r, row := range rows {
+		if next < len(ids) && ids[next] == r {
+			next++
+			continue
+		}
+		for s, e := range row {
+			if e != s%p.Experts {
+				return nil, fmt.Errorf("placement: sglang: physical_to_logical_map[%d] is a dense layer (not in Layout.LayerIDs) but not SGLang's trivial map arange(%d) %% %d: slot %d holds expert %d, want %d; check Layout.LayerIDs", r, slots, p.Experts, s, e, s%p.Experts)
+			}
+		}
+	}
+	if err := p.Validate(ValidateOptions{}); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// ReadSGLang reads an SGLang {"physical_to_logical_map": [[...]]} file for
+// gpus expert-parallel ranks, every row a plan layer: it is ReadWith(r,
+// FormatSGLang, Layout{GPUs: gpus}). Use ReadWith with Layout.LayerIDs to
+// read a map with rows for dense layers back to its MoE layers.
+func ReadSGLang(r io.Reader, gpus int) (*Plan, error) {
+	if gpus < 1 || gpus > MaxGPUs {
+		return nil, fmt.Errorf("placement: sglang: gpus is %d; pass the expert-parallel size (ep_size), in [1,%d]", gpus, MaxGPUs)
+	}
+	return ReadWith(r, FormatSGLang, Layout{GPUs: gpus})
+}
