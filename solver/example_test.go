@@ -63,14 +63,16 @@ func Example_offline() {
 	}
 	defer os.RemoveAll(dir)
 	for _, name := range []string{"flame.sglang.json", "flame.eplb.json"} {
-		if err := placement.WriteFile(filepath.Join(dir, name), res.Plan, ""); err != nil {
+		// The layout says where the plan's 8 MoE layers sit among the
+		// model's 10 decoder layers, which SGLang's map indexes.
+		if err := placement.WriteFileWith(filepath.Join(dir, name), res.Plan, "", p.Layout()); err != nil {
 			log.Fatal(err)
 		}
 	}
-	back, err := placement.ReadFile(filepath.Join(dir, "flame.eplb.json"))
+	back, err := placement.ReadFileWith(filepath.Join(dir, "flame.sglang.json"), p.Layout())
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("%d layers, %d slots per layer on %d GPUs\n", len(back.Layers), back.Slots(0), back.GPUs)
-	// Output: 8 layers, 72 slots per layer on 8 GPUs
+	fmt.Printf("%d MoE layers, %d slots per layer on %d GPUs\n", len(back.Layers), back.Slots(0), back.GPUs)
+	// Output: 8 MoE layers, 72 slots per layer on 8 GPUs
 }

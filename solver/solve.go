@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/moetuner/moetuner/baseline"
@@ -89,6 +90,42 @@ func (p Problem) withDefaults() (Problem, error) {
 		p.Stats = &s
 	}
 	return p, nil
+}
+
+// Layout says where p's plans sit in the model, for the file formats
+// that index by decoder layer (SGLang, TensorRT-LLM) and for reading files
+// that do not record the GPU count: the cluster's GPUs, the statistics'
+// experts and MoE layers, and the layer ids and decoder-layer count of the
+// statistics (routing.Stats.LayerNames, ModelLayers), which win over the
+// model's (DecoderLayers, MoELayerIDs). What neither knows stays zero, and
+// the formats that need it then fail with placement.ErrNeedLayers. The
+// command line uses the same.
+func (p Problem) Layout() placement.Layout {
+	s, m := p.Stats, p.Model
+	l := placement.Layout{GPUs: p.Cluster.GPUs(), Experts: s.Experts, Layers: s.Layers}
+	ids, total := s.LayerNames, s.ModelLayers
+	if ids == nil && !(total > 0 && total == s.Layers) {
+		// The statistics say nothing about their layers (or only the
+		// decoder count); a model of their shape may.
+		if pre := m.MoELayers(); pre != nil && m.Layers == s.Layers && (total == 0 || total == m.DecoderLayers) {
+			ids, total = pre, m.DecoderLayers
+		}
+	}
+	if total == 0 && m.DecoderLayers > 0 {
+		top := s.Layers - 1
+		if ids != nil {
+			top = slices.Max(ids)
+		}
+		if m.DecoderLayers > top {
+			total = m.DecoderLayers
+		}
+	}
+	known := l
+	known.LayerIDs, known.ModelLayers = ids, total
+	if placement.CheckLayout(placement.FormatJSON, known) != nil {
+		return l // the layer ids do not fit together: unknown
+	}
+	return known
 }
 
 // replicated reports whether p needs the replicated (slot-based) solver.

@@ -103,10 +103,11 @@ func (c *common) scoreFile(p solver.Problem, path string) (*solver.Result, error
 	if err := plan.Validate(placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	rep, obj, err := solver.Score(p, plan)
+	rep, err := p.Scenario().Evaluate(plan)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	obj := rep.TimeSec
 	nan := math.NaN()
 	return &solver.Result{Strategy: solver.Strategy(filePrefix + path), Plan: plan, Status: solver.StatusHeuristic,
 		Objective: obj, Report: rep, ModelObjective: nan, Bound: nan, Gap: nan, Stage1Objective: nan, Stage2Objective: nan,

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -227,30 +226,7 @@ func (c *common) options() solver.Options {
 // placement.ErrNeedLayers. GPUs, Experts and Layers are the cluster's and
 // the trace's.
 func planLayout(s *routing.Stats, m costmodel.Model, cluster costmodel.Cluster) placement.Layout {
-	l := placement.Layout{GPUs: cluster.GPUs(), Experts: s.Experts, Layers: s.Layers}
-	ids, total := s.LayerNames, s.ModelLayers
-	if ids == nil && !(total > 0 && total == s.Layers) {
-		// The trace says nothing about its layers (or only the decoder
-		// count); a model of the trace's shape may.
-		if pre := m.MoELayers(); pre != nil && m.Layers == s.Layers && (total == 0 || total == m.DecoderLayers) {
-			ids, total = pre, m.DecoderLayers
-		}
-	}
-	if total == 0 && m.DecoderLayers > 0 {
-		top := s.Layers - 1
-		if ids != nil {
-			top = slices.Max(ids)
-		}
-		if m.DecoderLayers > top {
-			total = m.DecoderLayers
-		}
-	}
-	known := l
-	known.LayerIDs, known.ModelLayers = ids, total
-	if placement.CheckLayout(placement.FormatJSON, known) != nil {
-		return l // the trace's layer ids do not fit together: unknown
-	}
-	return known
+	return solver.Problem{Stats: s, Model: m, Cluster: cluster}.Layout()
 }
 
 // readPlan reads a placement file in any format with the command's layout

@@ -47,7 +47,7 @@ func main() {
 		res.Status, res.Objective*1e6, base.Objective*1e6, 100*(base.Objective-res.Objective)/base.Objective, 100*res.Gap)
 	// SGLang's map has a row for every decoder layer: the trace names the
 	// MoE layers (2..9), the model preset counts the decoder layers (10).
-	layout := placement.Layout{LayerIDs: src.Stats.LayerNames, ModelLayers: model.DecoderLayers}
+	layout := p.Layout() // the MoE layers among the decoder layers, which SGLang indexes
 	out := filepath.Join(os.TempDir(), "flame.sglang.json")
 	if err := placement.WriteFileWith(out, res.Plan, placement.FormatSGLang, layout); err != nil {
 		log.Fatal(err)
