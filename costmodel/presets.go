@@ -69,7 +69,7 @@ var modelPresets = map[string]Model{
 	"olmoe-1b-7b": {Name: "olmoe-1b-7b", Layers: 16, Experts: 64, TopK: 8,
 		Hidden: 2048, FFN: 1024, BytesPerActivation: 2, DecoderLayers: 16},
 	// FLAME-MoE-290M: 8 MoE layers (decoder layers 2..9 of 10), 64 routed
-	// experts, top-6 (traces/flame-moe-290m/SOURCE.md). Hidden 1024 and FFN
+	// experts, top-6 (the FLAME-MoE-Traces data set, testdata/NOTICE). Hidden 1024 and FFN
 	// 704 are ASSUMED: the trace's source does not state them.
 	"flame-moe-290m": {Name: "flame-moe-290m", Layers: 8, Experts: 64, TopK: 6,
 		Hidden: 1024, FFN: 704, BytesPerActivation: 2, DecoderLayers: 10},

@@ -98,7 +98,7 @@ func toDoc(p *Plan) fileDoc {
 	d := fileDoc{Schema: &schema, Strategy: p.Strategy, GPUs: &gpus, Experts: &experts,
 		Layers: make([]fileLayer, len(p.Layers)), Meta: p.Meta}
 	for l, lp := range p.Layers {
-		d.Layers[l] = fileLayer{SlotExpert: lp.SlotExpert, SlotGPU: lp.SlotGPU, SlotShare: lp.SlotShare}
+		d.Layers[l] = fileLayer(lp)
 	}
 	if d.Meta == nil {
 		d.Meta = map[string]string{}
@@ -180,7 +180,7 @@ func fromDoc(d *fileDoc, f Format, l Layout) (*Plan, error) {
 		if fl.SlotGPU == nil {
 			return nil, fmt.Errorf("placement: %s: layers[%d]: missing \"slot_gpu\"; add the GPU of every slot", format, i)
 		}
-		p.Layers[i] = LayerPlan{SlotExpert: fl.SlotExpert, SlotGPU: fl.SlotGPU, SlotShare: fl.SlotShare}
+		p.Layers[i] = LayerPlan(fl)
 	}
 	if err := p.Validate(ValidateOptions{}); err != nil {
 		return nil, err
