@@ -30,9 +30,16 @@ type Model struct {
 // limit, the backend's default gap, one thread, seed 0.
 type Options struct {
 	TimeLimitSec float64 // 0: none
-	RelGap       float64 // 0: backend default
-	Threads      int     // 0: 1
-	Seed         int
+	// NodeLimit caps the branch-and-bound nodes (0: none): a work limit,
+	// so that a solve stopped by it is reproducible where one stopped by
+	// the clock is not.
+	NodeLimit int
+	// IterationLimit caps the simplex iterations (0: none), the other
+	// work limit: a node limit alone does not bound the root node.
+	IterationLimit int
+	RelGap         float64 // 0: backend default
+	Threads        int     // 0: 1
+	Seed           int
 	// Start is a feasible assignment of every column used as the incumbent
 	// (MIP start); nil for none.
 	Start []float64

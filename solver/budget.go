@@ -64,9 +64,30 @@ type budget struct {
 	// the rest. The layers' packing and swaps converge in milliseconds on
 	// DeepSeek-V3 (58 layers, 288 slots) and in seconds with expert groups.
 	ReplicaLayers float64
+	// ReplicaPairProbe is one probe of the exact pair method's share of a
+	// work budget (each probe being a HiGHS solve).
+	ReplicaPairProbe float64
 	// Replica holds the replicated path's other rules (node spreading
 	// grace, the exact pair method's probes).
 	Replica replica.Options
+
+	// NodeWork is what one branch-and-bound node counts under a work
+	// budget (Options.Effort), in scored moves: on FLAME and Mixtral a
+	// node of the joint ILP takes about as long as 1000 exact swap deltas.
+	NodeWork int64
+	// BoundTimeFactor: under a work budget the one-node bound (which does
+	// not change the plan) runs for this many times what the work before
+	// it took, the ratio of its time share to theirs.
+	BoundTimeFactor float64
+	// DescentRounds caps the chain descent's rounds under a work budget.
+	DescentRounds int
+	// EffortMaxCols: under a work budget, ILPs with more columns are not
+	// solved (the phase keeps its warm start): HiGHS's node limit does not
+	// bound the root node, which on FLAME's per-layer joint ILP (2,600
+	// columns) ran for minutes with 3 nodes and 1000 simplex iterations
+	// allowed, while Mixtral's (40 columns) and the chain descent's steps
+	// (520) finish in milliseconds.
+	EffortMaxCols int
 
 	// MinLayer is the least time any one layer's sub-problem gets, so a
 	// layer started near the deadline still runs its cheap first steps.
@@ -110,7 +131,8 @@ var defaultBudget = budget{
 	PaperStage1:    0.5,
 	PaperStage2Min: time.Second,
 
-	ReplicaLayers: 0.8,
+	ReplicaLayers:    0.8,
+	ReplicaPairProbe: 0.001,
 	Replica: replica.Options{
 		// Node spreading under local dispatch permutes whole GPUs; it
 		// needs well under a second on DeepSeek-V3 and may finish after
@@ -123,9 +145,31 @@ var defaultBudget = budget{
 		PairProofShare: 0.5,
 	},
 
+	NodeWork:        1000,
+	BoundTimeFactor: 3,
+	DescentRounds:   4,
+	EffortMaxCols:   1000,
+
 	MinLayer:      50 * time.Millisecond,
 	Watchdog:      0.1,
 	WatchdogFixed: time.Second,
+}
+
+// work returns the share of a work budget of w units (0: none, time mode).
+func work(w int64, share float64) int64 {
+	if w <= 0 {
+		return 0
+	}
+	return max(1, int64(share*float64(w)))
+}
+
+// nodes returns the branch-and-bound nodes of share of a work budget of w
+// units (0: none, time mode).
+func (b budget) nodes(w int64, share float64) int {
+	if w <= 0 {
+		return 0
+	}
+	return int(max(1, work(w, share)/b.NodeWork))
 }
 
 // at returns the instant share·limit after start.

@@ -35,7 +35,11 @@ func (res *Result) addSizes(t task.Tally) {
 }
 
 func mipSettings(opts Options) task.MIPSettings {
-	return task.MIPSettings{RelGap: opts.RelGap, Threads: opts.Threads, Seed: opts.Seed}
+	set := task.MIPSettings{RelGap: opts.RelGap, Threads: opts.Threads, Seed: opts.Seed}
+	if opts.Effort > 0 {
+		set.MaxCols = defaultBudget.EffortMaxCols
+	}
+	return set
 }
 
 // solveJoint runs the joint strategy on a single-copy problem: the joint
@@ -81,8 +85,18 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 	if opts.NoPolish {
 		ilpBudget = limit
 	}
+	// Under a work budget W every phase gets the same share of W as of the
+	// time: the ILP in nodes, the polish and annealing in moves.
+	W := int64(opts.Effort) * 1_000_000
+	ilpShare, polishShare := b.JointILP, 1-b.JointILP
+	switch {
+	case jm.Chain():
+		ilpShare, polishShare = b.ChainILP, 1-b.ChainDescentEnd
+	case exactHome:
+		ilpShare, polishShare = b.OneNodeILP, b.OneNodePolishEnd-b.OneNodeILP
+	}
 	res := &Result{Baseline: baseSt, BaselineObjective: baseObj}
-	solved, err := jm.Solve(ctx, backend, warm, jointilp.SolveOptions{Budget: ilpBudget, Parallel: opts.Parallel, MinLayer: b.MinLayer, MIP: mipSettings(opts)})
+	solved, err := jm.Solve(ctx, backend, warm, jointilp.SolveOptions{Budget: ilpBudget, Nodes: b.nodes(W, ilpShare), Parallel: opts.Parallel, MinLayer: b.MinLayer, MIP: mipSettings(opts)})
 	if err != nil {
 		return nil, err
 	}
@@ -102,8 +116,13 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 		res.Gap = (modelObj - res.Bound) / modelObj
 	}
 	res.Status = mipStatus(solved.Tally)
-	if solved.TimedOut {
+	switch {
+	case solved.TimedOut && W == 0:
 		res.Status = StatusTimeLimit
+	case solved.TimedOut || res.Status == StatusTimeLimit:
+		// Under a work budget a layer kept its warm start because its ILP
+		// was too large to solve reproducibly: no proof, no time limit.
+		res.Status = StatusFeasible
 	}
 	if jm.Chain() && !opts.NoPolish {
 		// The monolithic ILP keeps only the heaviest transition pairs; with
@@ -112,6 +131,8 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 			Deadline:  at(start, limit, b.ChainDescentEnd),
 			StepLimit: max(limit/time.Duration(b.DescentSteps*jm.Layers()), b.DescentStepMin),
 			MinLeft:   b.DescentMinLeft,
+			StepNodes: b.nodes(W, (b.ChainDescentEnd-b.ChainILP)/float64(b.DescentRounds*jm.Layers())),
+			MaxRounds: b.DescentRounds,
 			MIP:       mipSettings(opts),
 		})
 		if err != nil {
@@ -145,7 +166,8 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 	for _, c := range []*placement.Plan{plan, basePlan} {
 		cand := c
 		if !opts.NoPolish {
-			cand, err = search.Polish(ctx, sc, c, polishEnd, opts.Parallel)
+			lim := task.Limit{Deadline: polishEnd, Work: work(W, polishShare/2)}
+			cand, err = search.Polish(ctx, sc, c, lim, opts.Parallel)
 			if err != nil {
 				return nil, err
 			}
@@ -157,19 +179,27 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 	report("polish", bestObj, math.NaN())
 	if exactHome {
 		moves := b.AnnealMovesPerExpert * p.Stats.Experts
-		annealed, _ := search.HomeAnneal(ctx, sc, cls, best, moves, b.AnnealRestarts, opts.Parallel, at(start, limit, b.OneNodeAnnealEnd), b.MinLayer, uint64(opts.Seed))
+		annealLim := task.Limit{Deadline: at(start, limit, b.OneNodeAnnealEnd), Work: work(W, b.OneNodeAnnealEnd-b.OneNodePolishEnd)}
+		annealed, _ := search.HomeAnneal(ctx, sc, cls, best, moves, b.AnnealRestarts, opts.Parallel, annealLim, b.MinLayer, uint64(opts.Seed))
 		if err := keep(annealed); err != nil {
 			return nil, err
 		}
 		report("anneal", bestObj, math.NaN())
-		res.corners, err = onenode.Bottleneck(ctx, sc, cls, backend, best, start.Add(limit), opts.Parallel, uint64(opts.Seed), b.Bound)
+		boundEnd := start.Add(limit)
+		if W > 0 {
+			// The bound does not change the plan: it keeps to the clock,
+			// in proportion to what the work before it took.
+			boundEnd = time.Now().Add(time.Duration(b.BoundTimeFactor * float64(time.Since(start))))
+		}
+		res.corners, err = onenode.Bottleneck(ctx, sc, cls, backend, best, boundEnd, opts.Parallel, uint64(opts.Seed), b.Bound)
 		if err != nil {
 			return nil, err
 		}
 		// Layers whose bound converged early leave time: anneal again
-		// from the best plan.
-		if left := time.Until(start.Add(limit)); left > of(limit, b.ReAnnealLeft) && ctx.Err() == nil {
-			again, _ := search.HomeAnneal(ctx, sc, cls, best, moves, 1, opts.Parallel, start.Add(limit), b.MinLayer, uint64(opts.Seed)+1)
+		// from the best plan (not under a work budget, where what is left
+		// depends on the machine).
+		if left := time.Until(start.Add(limit)); W == 0 && left > of(limit, b.ReAnnealLeft) && ctx.Err() == nil {
+			again, _ := search.HomeAnneal(ctx, sc, cls, best, moves, 1, opts.Parallel, task.Limit{Deadline: start.Add(limit)}, b.MinLayer, uint64(opts.Seed)+1)
 			if err := keep(again); err != nil {
 				return nil, err
 			}
@@ -190,7 +220,10 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 
 // solvePaper runs the moetuner strategy (the paper's two ILPs).
 func solvePaper(ctx context.Context, p Problem, backend mip.Backend, opts Options, b budget) (*Result, error) {
+	W := int64(opts.Effort) * 1_000_000
 	pr, err := paper.Solve(ctx, p.Scenario(), backend, paper.Options{
+		Stage1Nodes:   b.nodes(W, b.PaperStage1/float64(p.Stats.Layers)),
+		Stage2Nodes:   b.nodes(W, 1-b.PaperStage1),
 		TimeLimit:     opts.TimeLimit,
 		Stage1:        of(opts.TimeLimit, b.PaperStage1),
 		MinStage2:     b.PaperStage2Min,

@@ -19,6 +19,10 @@ func solveReplicated(ctx context.Context, p Problem, backend mip.Backend, opts O
 	ro.Parallel = opts.Parallel
 	ro.MinLayer = b.MinLayer
 	ro.NoPolish = opts.NoPolish
+	if opts.Effort > 0 {
+		ro.Work = int64(opts.Effort) * 1_000_000
+		ro.PairProbeNodes = b.nodes(ro.Work, b.ReplicaPairProbe)
+	}
 	rp := replica.Problem{
 		Scenario:       p.Scenario(),
 		RedundantSlots: p.RedundantSlots,

@@ -148,6 +148,16 @@ type Options struct {
 	// left before the context's deadline. It is passed to HiGHS and
 	// enforced by a wall-clock watchdog as well.
 	TimeLimit time.Duration
+	// Effort, when positive, replaces the clock by a work budget of Effort
+	// million scored moves (an annealing proposal, a swap delta, a packing
+	// swap; a branch-and-bound node counts as a thousand), split among
+	// the phases in the same shares as the time. The same inputs then
+	// give the same plan, byte for byte, on any machine and however
+	// loaded. TimeLimit, when also set, stays a safety limit that, if it
+	// stops the solve first, makes the result depend on the clock again
+	// (Status says so). What a work budget leaves to the clock is the
+	// one-node bound (Result.CostBound), which does not change the plan.
+	Effort int
 	// RelGap is the relative MIP gap at which HiGHS stops (default 1e-4
 	// for joint, 0.025 for moetuner as in the paper; set a negative value
 	// for 0).
@@ -190,6 +200,9 @@ func (o Options) withDefaults() Options {
 	st := o.Strategy
 	if o.TimeLimit <= 0 {
 		o.TimeLimit = DefaultTimeLimit
+		if o.Effort > 0 {
+			o.TimeLimit = 24 * time.Hour // the work bounds it
+		}
 	}
 	if o.RelGap == 0 {
 		o.RelGap = 1e-4

@@ -17,32 +17,34 @@ import (
 
 // common are the flags shared by plan, eval and compare.
 type common struct {
-	traces      multiFlag
-	format      string
-	transitions string
-	topK        int
-	cluster     string
-	model       string
-	nodes       int
-	gpusPerNode int
-	flow        string
-	mode        string
-	sigma       float64
-	timeLimit   time.Duration
-	gap         float64
-	threads     int
-	seed        int
-	jsonOut     string
-	equalSizes  bool
-	redundant   int
-	groups      int
-	across      string
-	from        string
-	maxMoves    int
-	split       string
-	dispatch    string
-	moveCost    float64
-	slotsPerGPU string
+	traces       multiFlag
+	format       string
+	transitions  string
+	topK         int
+	cluster      string
+	model        string
+	nodes        int
+	gpusPerNode  int
+	flow         string
+	mode         string
+	sigma        float64
+	timeLimit    time.Duration
+	gap          float64
+	threads      int
+	seed         int
+	jsonOut      string
+	equalSizes   bool
+	effort       int
+	timeLimitSet bool
+	redundant    int
+	groups       int
+	across       string
+	from         string
+	maxMoves     int
+	split        string
+	dispatch     string
+	moveCost     float64
+	slotsPerGPU  string
 
 	// layout, set by setup, says where the trace's MoE layers sit in the
 	// model, for placement files that do not record it.
@@ -66,7 +68,9 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 	fs.StringVar(&c.jsonOut, "json", "", "also write the results as JSON to this file")
 	choiceVar(fs, &c.dispatch, "dispatch", "even", []string{"even", "local"}, "how tokens pick among an expert's copies: even (every source splits evenly: vLLM, SGLang random/static dispatch, EPLB's model) or local (own GPU's copy, else own node's, else fairly: node-local replicas as in SGLang PR #19772; home flow only)")
 	if solve {
-		fs.DurationVar(&c.timeLimit, "time-limit", 60*time.Second, "time limit per ILP strategy (HiGHS limit plus wall-clock watchdog)")
+		c.timeLimit = 60 * time.Second
+		fs.Var(setDuration{&c.timeLimit, &c.timeLimitSet}, "time-limit", "time limit per strategy (HiGHS limit plus wall-clock watchdog); with --effort only a safety limit, off unless given")
+		fs.IntVar(&c.effort, "effort", 0, "work budget instead of the clock: N million scored moves (a branch-and-bound node counts 1000); the same inputs then give the same plan bytes on any machine (0: time-limited)")
 		fs.Float64Var(&c.gap, "gap", 0, "relative MIP gap (default 1e-4)")
 		fs.IntVar(&c.threads, "threads", 1, "HiGHS threads (1 is deterministic)")
 		fs.IntVar(&c.seed, "seed", 0, "HiGHS random seed")
@@ -215,7 +219,11 @@ func (c *common) loadModel(stats *routing.Stats) (costmodel.Model, error) {
 }
 
 func (c *common) options() solver.Options {
-	return solver.Options{TimeLimit: c.timeLimit, RelGap: c.gap, Threads: c.threads, Seed: c.seed, MoETunerEqualSizes: c.equalSizes, MaxMoves: c.maxMoves}
+	limit := c.timeLimit
+	if c.effort > 0 && !c.timeLimitSet {
+		limit = 0 // the work bounds it
+	}
+	return solver.Options{TimeLimit: limit, Effort: c.effort, RelGap: c.gap, Threads: c.threads, Seed: c.seed, MoETunerEqualSizes: c.equalSizes, MaxMoves: c.maxMoves}
 }
 
 // planLayout says where the trace's MoE layers sit among the model's
@@ -275,3 +283,25 @@ func (e *cliError) Unwrap() error { return e.err }
 
 // traceFormats are the values of --trace-format ("" detects the format).
 var traceFormats = []string{"", "jsonl", "npy", "flame-csv", "olmoe-json", "fiddler-json", "logical-count"}
+
+// setDuration is a duration flag that records whether it was given.
+type setDuration struct {
+	d   *time.Duration
+	set *bool
+}
+
+func (f setDuration) String() string {
+	if f.d == nil {
+		return ""
+	}
+	return f.d.String()
+}
+
+func (f setDuration) Set(v string) error {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	*f.d, *f.set = d, true
+	return nil
+}

@@ -296,6 +296,16 @@ func (b Backend) setOptions(h unsafe.Pointer, opts mip.Options) error {
 			return err
 		}
 	}
+	if opts.NodeLimit > 0 {
+		if err := setInt(h, "mip_max_nodes", min(opts.NodeLimit, maxHighsInt)); err != nil {
+			return err
+		}
+	}
+	if opts.IterationLimit > 0 {
+		if err := setInt(h, "simplex_iteration_limit", min(opts.IterationLimit, maxHighsInt)); err != nil {
+			return err
+		}
+	}
 	if err := setDouble(h, "mip_abs_gap", absGap); err != nil {
 		return err
 	}

@@ -374,3 +374,23 @@ func TestParallelSolves(t *testing.T) {
 		assert.NoError(t, err, "goroutine %d", g)
 	}
 }
+
+// A node limit stops HiGHS on the hard instance by work, not time: the
+// solve ends, not optimal, and two runs give the same incumbent (with one
+// thread HiGHS is deterministic), which a time limit does not promise.
+func TestNodeLimitIsReproducible(t *testing.T) {
+	m, start := marketSplit(17, 7, false)
+	var first []float64
+	for run := range 2 {
+		sol, err := Backend{}.Solve(context.Background(), m, mip.Options{NodeLimit: 10, Start: start, Threads: 1})
+		require.NoError(t, err)
+		require.NotEqual(t, mip.Optimal, sol.Status)
+		require.NotNil(t, sol.X)
+		assert.False(t, sol.TimedOut)
+		if run == 0 {
+			first = sol.X
+		} else {
+			assert.Equal(t, first, sol.X)
+		}
+	}
+}

@@ -11,9 +11,13 @@ import (
 	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
-// DescentOptions bound a Descent.
+// DescentOptions bound a Descent: by Deadline, or when StepNodes > 0 by
+// that many branch-and-bound nodes per step and MaxRounds rounds (a work
+// budget).
 type DescentOptions struct {
-	Deadline time.Time
+	Deadline  time.Time
+	StepNodes int
+	MaxRounds int
 	// StepLimit is the time one layer's ILP gets; a step starts only with
 	// at least MinLeft before the deadline.
 	StepLimit, MinLeft time.Duration
@@ -43,11 +47,18 @@ func (jm *Model) Descent(ctx context.Context, sc costmodel.Scenario, backend mip
 	if err != nil {
 		return nil, err
 	}
+	set := opts.MIP
+	if opts.StepNodes > 0 {
+		set.NodeLimit = opts.StepNodes
+	}
 	for round := 0; ; round++ {
+		if opts.StepNodes > 0 && round >= opts.MaxRounds {
+			return cur, nil
+		}
 		changed := false
 		for l := range jm.L {
 			left := time.Until(opts.Deadline)
-			if left < opts.MinLeft || ctx.Err() != nil {
+			if (opts.StepNodes == 0 && left < opts.MinLeft) || ctx.Err() != nil {
 				return cur, nil
 			}
 			b, lv := jm.buildChainLayer(l, cur)
@@ -62,7 +73,7 @@ func (jm *Model) Descent(ctx context.Context, sc costmodel.Scenario, backend mip
 				start[lv.x[e][g]] = 1
 			}
 			fillEpigraphs(b, start)
-			ss := task.RunMIP(ctx, backend, m, start, opts.MIP, min(left, opts.StepLimit))
+			ss := task.RunMIP(ctx, backend, m, start, set, min(left, opts.StepLimit))
 			if ss.Err != nil {
 				return nil, ss.Err
 			}

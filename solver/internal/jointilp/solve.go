@@ -9,9 +9,12 @@ import (
 	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
-// SolveOptions bound one solve of the joint ILP.
+// SolveOptions bound one solve of the joint ILP: by Budget (time), or
+// when Nodes > 0 by that many branch-and-bound nodes in all (a work
+// budget, shared evenly by the home flow's layers).
 type SolveOptions struct {
 	Budget time.Duration
+	Nodes  int
 	// Parallel home-flow layers at a time, each with a fair share of the
 	// budget, at least MinLayer.
 	Parallel int
@@ -40,13 +43,22 @@ func (jm *Model) Solve(ctx context.Context, backend mip.Backend, warm [][]int, o
 	for l := range res.Assign {
 		res.Assign[l] = make([]int, jm.E)
 	}
+	set := opts.MIP
+	deadline := time.Now().Add(opts.Budget)
+	if opts.Nodes > 0 {
+		set.NodeLimit = opts.Nodes
+		if !jm.chain {
+			set.NodeLimit = max(1, opts.Nodes/jm.L)
+		}
+		deadline = time.Now().Add(24 * time.Hour) // only the nodes bound it
+	}
 	if jm.chain {
 		b, lvs := jm.buildChain()
 		layers := make([]int, jm.L)
 		for l := range layers {
 			layers[l] = l
 		}
-		ss := task.RunMIP(ctx, backend, b.Model(), jm.Start(b, warm, layers, lvs), opts.MIP, opts.Budget)
+		ss := task.RunMIP(ctx, backend, b.Model(), jm.Start(b, warm, layers, lvs), set, opts.Budget)
 		if ss.OutOfTime() {
 			res.Assign, res.TimedOut = warm, true
 			return res, nil
@@ -61,10 +73,10 @@ func (jm *Model) Solve(ctx context.Context, backend mip.Backend, warm [][]int, o
 	}
 	subs := make([]task.Sub, jm.L)
 	lvsAll := make([]LayerVars, jm.L)
-	task.Layers(jm.L, opts.Parallel, time.Now().Add(opts.Budget), opts.MinLayer, func(l int, limit time.Duration) {
+	task.Layers(jm.L, opts.Parallel, deadline, opts.MinLayer, func(l int, limit time.Duration) {
 		b, lv := jm.buildHomeLayer(l)
 		lvsAll[l] = lv
-		subs[l] = task.RunMIP(ctx, backend, b.Model(), jm.Start(b, warm, []int{l}, []LayerVars{lv}), opts.MIP, limit)
+		subs[l] = task.RunMIP(ctx, backend, b.Model(), jm.Start(b, warm, []int{l}, []LayerVars{lv}), set, limit)
 	})
 	bound := 0.0
 	for l, ss := range subs {

@@ -31,6 +31,9 @@ type Options struct {
 	MinLayerLimit time.Duration
 	Parallel      int
 	MIP           task.MIPSettings
+	// Stage1Nodes and Stage2Nodes, when positive, bound each ILP 1 and the
+	// ILP 2 by branch-and-bound nodes instead of the clock (a work budget).
+	Stage1Nodes, Stage2Nodes int
 	// EqualSizes gives every cluster E/G experts (a third-party
 	// reproduction's choice, not the paper's), so Eq. 13 always holds.
 	EqualSizes bool
@@ -70,9 +73,11 @@ func Solve(ctx context.Context, sc costmodel.Scenario, backend mip.Backend, opts
 	// Stage 1, per layer, in parallel.
 	clusters := make([][]int, L) // [l][e] = cluster
 	subs := make([]task.Sub, L)
+	set1, set2 := opts.MIP, opts.MIP
+	set1.NodeLimit, set2.NodeLimit = opts.Stage1Nodes, opts.Stage2Nodes
 	task.Layers(L, opts.Parallel, time.Now().Add(opts.Stage1), opts.MinLayerLimit, func(l int, limit time.Duration) {
 		m, xs, start := buildILP1(s.Load[l], G, l, opts.EqualSizes)
-		subs[l] = task.RunMIP(ctx, backend, m, start, opts.MIP, limit)
+		subs[l] = task.RunMIP(ctx, backend, m, start, set1, limit)
 		if subs[l].Err == nil && subs[l].Sol.X != nil {
 			clusters[l] = make([]int, E)
 			for e := range E {
@@ -103,7 +108,7 @@ func Solve(ctx context.Context, sc costmodel.Scenario, backend mip.Backend, opts
 	B := pairSeconds(sc) // seconds per token for g1 → g2
 	m, ys := buildILP2(sizes, C, B, E*L/G)
 	limit := max(time.Until(deadline), opts.MinStage2)
-	ss := task.RunMIP(ctx, backend, m, startILP2(m, sizes, E*L/G), opts.MIP, limit)
+	ss := task.RunMIP(ctx, backend, m, startILP2(m, sizes, E*L/G), set2, limit)
 	if ss.Err != nil {
 		return nil, ss.Err
 	}

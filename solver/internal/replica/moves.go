@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"math"
 	"sort"
-	"time"
 
 	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
 // recount moves one slot of a GPU in gpuSet from its expert a (with at
@@ -126,7 +126,7 @@ func (pk *packer) clone() *packer {
 // lightest copies (among those with two or more) to one of the 8 with the
 // heaviest, each followed by a swap search, and keeps the best result if
 // it beats obj.
-func (pk *packer) recountThenSwap(gpuSet []int, obj float64, deadline time.Time) bool {
+func (pk *packer) recountThenSwap(gpuSet []int, obj float64, m *task.Meter) bool {
 	agg := pk.aggWeight()
 	per := func(e int) float64 { return agg[e] / float64(pk.cnt[e]) }
 	local := pk.present(gpuSet)
@@ -153,7 +153,7 @@ func (pk *packer) recountThenSwap(gpuSet []int, obj float64, deadline time.Time)
 	bestObj := obj - 1e-12
 	for _, a := range donors {
 		for _, b := range takers {
-			if a == b || time.Now().After(deadline) {
+			if a == b || m.Done() {
 				continue
 			}
 			// A copy of a on a GPU (in the set) without b.
@@ -175,7 +175,8 @@ func (pk *packer) recountThenSwap(gpuSet []int, obj float64, deadline time.Time)
 			trial := pk.clone()
 			trial.nested = true
 			trial.reassign(g, i, b)
-			trial.improve(gpuSet, deadline, 0)
+			m.Spend(1)
+			trial.improve(gpuSet, m, 0)
 			if o, _ := trial.score(); o < bestObj {
 				best, bestObj = trial, o
 			}
@@ -290,7 +291,7 @@ func (pk *packer) load(plan *placement.Plan, l, E int) error {
 // DeepSeek's group-limited routing) on one node: groups go to nodes
 // (groups/N each, heaviest first onto the lightest node, then improved by
 // swaps), then every node replicates and packs its own experts.
-func (pk *packer) packGroups(p Problem, agg []float64, groups int, all []int, deadline time.Time) error {
+func (pk *packer) packGroups(p Problem, agg []float64, groups int, all []int, m *task.Meter) error {
 	E, N, n := len(agg), p.Cluster.Nodes, p.Cluster.GPUsPerNode
 	size := E / groups
 	gload := make([]float64, groups)
@@ -370,7 +371,7 @@ func (pk *packer) packGroups(p Problem, agg []float64, groups int, all []int, de
 		}
 	}
 	for nd := range N {
-		pk.improve(all[nd*n:(nd+1)*n], deadline, 0)
+		pk.improve(all[nd*n:(nd+1)*n], m, 0)
 	}
 	return nil
 }

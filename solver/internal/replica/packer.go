@@ -4,7 +4,8 @@ import (
 	"fmt"
 	"math"
 	"sort"
-	"time"
+
+	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
 // item weights: w[s][e] = load of expert e in scenario s, divided by its
@@ -215,15 +216,16 @@ func (pk *packer) score() (obj, tie float64) {
 
 // improve swaps copies between GPUs while a swap lowers the score (first
 // by the objective, then by the tie-breaker), touching at most maxMoves
-// slots (≤ 0: unlimited), until the deadline. A candidate swap changes two
+// slots (≤ 0: unlimited), until m is done (a deadline, or a work budget
+// of scored swaps). A candidate swap changes two
 // GPUs, so it is scored in O(S) from each scenario's three largest loads.
-func (pk *packer) improve(gpuSet []int, deadline time.Time, maxMoves int) int {
-	return pk.improveCost(gpuSet, deadline, maxMoves, 0)
+func (pk *packer) improve(gpuSet []int, m *task.Meter, maxMoves int) int {
+	return pk.improveCost(gpuSet, m, maxMoves, 0)
 }
 
 // improveCost is improve where every swap must also pay moveCost (in units
 // of the objective, busiest/mean) per slot it changes.
-func (pk *packer) improveCost(gpuSet []int, deadline time.Time, maxMoves int, moveCost float64) int {
+func (pk *packer) improveCost(gpuSet []int, m *task.Meter, maxMoves int, moveCost float64) int {
 	moves := 0
 	const eps = 1e-12
 	S := len(pk.gl)
@@ -237,7 +239,7 @@ func (pk *packer) improveCost(gpuSet []int, deadline time.Time, maxMoves int, mo
 		inSet[g] = true
 	}
 	for iter := 0; ; iter++ {
-		if (iter%16 == 0 && time.Now().After(deadline)) || (maxMoves > 0 && moves+2 > maxMoves) {
+		if ((m.Work() || iter%16 == 0) && m.Done()) || (maxMoves > 0 && moves+2 > maxMoves) {
 			return moves
 		}
 		obj, tie := pk.score()
@@ -306,6 +308,7 @@ func (pk *packer) improveCost(gpuSet []int, deadline time.Time, maxMoves int, mo
 						if a == b || pk.blocked(g1, b, g2) {
 							continue
 						}
+						m.Spend(1)
 						o, t := eval(g1, g2, a, b)
 						if moveCost > 0 {
 							// A paid move must lower the objective by its cost.
@@ -336,7 +339,7 @@ func (pk *packer) improveCost(gpuSet []int, deadline time.Time, maxMoves int, mo
 			}
 			// A recount that only pays off after swaps: try the most
 			// promising ones on copies, keep the best if it beats this.
-			if maxMoves == 0 && moveCost == 0 && !pk.nested && obj > pk.lowerBound()*(1+1e-3) && pk.recountThenSwap(gpuSet, obj, deadline) {
+			if maxMoves == 0 && moveCost == 0 && !pk.nested && obj > pk.lowerBound()*(1+1e-3) && pk.recountThenSwap(gpuSet, obj, m) {
 				continue
 			}
 			return moves

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/moetuner/moetuner/mip"
+	"github.com/moetuner/moetuner/solver/internal/task"
 
 	"github.com/moetuner/moetuner/placement"
 )
@@ -44,7 +45,7 @@ type pairItem struct {
 // pairFeasible reports whether threshold T is reachable and returns the
 // copy counts when it is; proven is false when the backend stopped
 // without a verdict.
-func pairFeasible(ctx context.Context, backend mip.Backend, load []float64, G1, G2 int, T float64, deadline time.Time) (cnt []int, feasible, proven bool, err error) {
+func pairFeasible(ctx context.Context, backend mip.Backend, load []float64, G1, G2 int, T float64, deadline time.Time, nodes int) (cnt []int, feasible, proven bool, err error) {
 	E, G, S := len(load), G1+G2, G1+2*G2
 	if !(T > 0) {
 		return nil, false, true, nil // every expert has some load or T is nonsense
@@ -140,11 +141,15 @@ func pairFeasible(ctx context.Context, backend mip.Backend, load []float64, G1, 
 		}
 	}
 	limit := time.Until(deadline).Seconds()
-	if limit <= 0.01 {
+	if limit <= 0.01 && nodes == 0 {
 		return nil, false, false, nil
 	}
+	mo := mip.Options{TimeLimitSec: limit, RelGap: 1}
+	if nodes > 0 {
+		mo = mip.Options{NodeLimit: nodes, RelGap: 1} // a work budget: reproducible
+	}
 	// Any solution will do: stop at the first (gap 100 %).
-	sol, err := backend.Solve(ctx, bd.Model(), mip.Options{TimeLimitSec: limit, RelGap: 1})
+	sol, err := backend.Solve(ctx, bd.Model(), mo)
 	if err != nil {
 		return nil, false, false, err
 	}
@@ -283,8 +288,15 @@ func pairPack(load []float64, cnt []int, single, double []int, T float64) [][]pl
 // busiest load hi of the current copies, on loads divided by the common
 // speed. It returns a better valid bound and, when it found counts that
 // pack below hi, their copies (nil otherwise).
-func pairRefine(ctx context.Context, backend mip.Backend, load []float64, single, double []int, lo, hi float64, deadline time.Time, opts Options) (bound float64, copies [][]placement.GPU, busiest float64) {
+//
+// Under a work budget (m.Work()) every probe is a HiGHS solve of at most
+// opts.PairProbeNodes nodes and the clock plays no part.
+func pairRefine(ctx context.Context, backend mip.Backend, load []float64, single, double []int, lo, hi float64, m *task.Meter, opts Options) (bound float64, copies [][]placement.GPU, busiest float64) {
 	bound, busiest = lo, hi
+	deadline, nodes := m.Deadline(), 0
+	if m.Work() {
+		deadline, nodes = time.Now().Add(m.Until()), opts.PairProbeNodes
+	}
 	probe := func(T float64) (cnt []int, feasible, proven bool) {
 		// Each probe gets a share of the time left, so one hard probe
 		// does not eat the whole budget.
@@ -292,18 +304,18 @@ func pairRefine(ctx context.Context, backend mip.Backend, load []float64, single
 		if until.After(deadline) {
 			until = deadline
 		}
-		cnt, feasible, proven, err := pairFeasible(ctx, backend, load, len(single), len(double), T, until)
+		cnt, feasible, proven, err := pairFeasible(ctx, backend, load, len(single), len(double), T, until, nodes)
 		if err != nil {
 			return nil, false, false
 		}
 		return cnt, feasible, proven
 	}
-	done := func() bool { return time.Now().After(deadline) || ctx.Err() != nil }
+	done := func() bool { return ctx.Err() != nil || (!m.Work() && time.Now().After(deadline)) }
 	// Raise the bound in growing steps: infeasibility just above a proven
 	// bound is usually quick to prove, near the optimum it is not.
 	low := lo
 	half := time.Now().Add(time.Duration(opts.PairProofShare * float64(time.Until(deadline)))) // the rest is for plans
-	for step := 1e-9; !done() && time.Now().Before(half) && low*(1+step) < hi; step = max(2*step, 2.5e-3) {
+	for step := 1e-9; !done() && (m.Work() || time.Now().Before(half)) && low*(1+step) < hi; step = max(2*step, 2.5e-3) {
 		T := low * (1 + step)
 		cnt, feasible, proven := probe(T)
 		if !proven {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/moetuner/moetuner/mip/highs"
+	"github.com/moetuner/moetuner/solver/internal/task"
 	"github.com/moetuner/moetuner/solver/internal/testkit"
 )
 
@@ -49,7 +50,7 @@ func TestPairBoundBruteForce(t *testing.T) {
 			}
 		}
 		name := fmt.Sprintf("load %v slots %v", load, slots)
-		pb, _, _ := pairRefine(context.Background(), highs.Backend{}, load, single, double, opt/2, 2*opt, time.Now().Add(5*time.Second), opts)
+		pb, _, _ := pairRefine(context.Background(), highs.Backend{}, load, single, double, opt/2, 2*opt, task.ByTime(context.Background(), time.Now().Add(5*time.Second)), opts)
 		assert.LessOrEqual(t, pb, opt*(1+1e-9), "pair bound above the optimum: %s", name)
 		assert.GreaterOrEqual(t, pb, opt*0.9, "pair bound far below the optimum: %s", name)
 		minRatio = math.Min(minRatio, pb/opt)

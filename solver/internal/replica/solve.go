@@ -173,6 +173,13 @@ type Options struct {
 	PairProbeShare float64
 	PairProofShare float64
 	NoPolish       bool
+	// Work > 0 replaces the clock by a work budget of that many scored
+	// moves in all (the layers' share LayerShare, split evenly among
+	// them; the polish the rest), so that the same inputs give the same
+	// plan on any machine. PairProbeNodes then bounds each of the exact
+	// pair method's HiGHS probes.
+	Work           int64
+	PairProbeNodes int
 }
 
 // Result is the plan with its certified balance; TimedOut when the
@@ -211,6 +218,15 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 	if polishable {
 		layersDone = opts.Start.Add(time.Duration(opts.LayerShare * float64(deadline.Sub(opts.Start))))
 	}
+	layerWork, polishWork := int64(0), int64(0)
+	if opts.Work > 0 {
+		layerWork = opts.Work
+		if polishable {
+			layerWork = int64(opts.LayerShare * float64(opts.Work))
+			polishWork = opts.Work - layerWork
+		}
+		layersDone = time.Now().Add(24 * time.Hour) // only the work bounds it
+	}
 	copies := make([][][]placement.GPU, L)
 	bal := make([]LayerBalance, L)
 	errs := make([]error, L)
@@ -219,7 +235,8 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 			errs[l] = ctx.Err()
 			return
 		}
-		copies[l], bal[l], errs[l] = placeLayer(ctx, p, backend, l, lay, speed, groups, time.Now().Add(limit), opts)
+		lim := task.Limit{Deadline: time.Now().Add(limit), Work: layerWork}.Share(L)
+		copies[l], bal[l], errs[l] = placeLayer(ctx, p, backend, l, lay, speed, groups, lim, opts)
 	})
 	for _, e := range errs {
 		if e != nil {
@@ -236,7 +253,7 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 		if err != nil {
 			return nil, err
 		}
-		polished, err := search.Polish(ctx, p.Scenario, plan, deadline, opts.Parallel)
+		polished, err := search.Polish(ctx, p.Scenario, plan, task.Limit{Deadline: deadline, Work: polishWork}, opts.Parallel)
 		if err != nil {
 			return nil, err
 		}
@@ -263,7 +280,7 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 		}
 	}
 	res.Optimal = br.MaxGap <= 1e-9
-	res.TimedOut = time.Now().After(deadline)
+	res.TimedOut = opts.Work == 0 && time.Now().After(deadline)
 	if p.Dispatch == placement.DispatchLocal && p.Stats.Patterns == nil {
 		t, tb := 0.0, 0.0
 		for _, b := range bal {
@@ -300,7 +317,8 @@ func busiestOverMean(load []float64, copies [][]placement.GPU, speed []float64, 
 }
 
 // placeLayer places one layer (see solveReplicated).
-func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay replicaLayout, speed []float64, groups int, deadline time.Time, opts Options) ([][]placement.GPU, LayerBalance, error) {
+func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay replicaLayout, speed []float64, groups int, lim task.Limit, opts Options) ([][]placement.GPU, LayerBalance, error) {
+	m := lim.Meter(ctx)
 	E, G := p.Stats.Experts, p.Cluster.GPUs()
 	w := p.workloadLoads(l)
 	pk := newPacker(G, lay.slots, speed, w, p.Across)
@@ -313,9 +331,9 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 		if err := pk.load(p.Current, l, E); err != nil {
 			return nil, LayerBalance{}, err
 		}
-		pk.improveCost(all, deadline, p.MaxMoves, p.MoveCost)
+		pk.improveCost(all, m, p.MaxMoves, p.MoveCost)
 	} else if groups > 0 {
-		if err := pk.packGroups(p, agg, groups, all, deadline); err != nil {
+		if err := pk.packGroups(p, agg, groups, all, m); err != nil {
 			return nil, LayerBalance{}, err
 		}
 	} else {
@@ -351,14 +369,15 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 				return nil, LayerBalance{}, err
 			}
 		}
-		pk.improve(all, deadline, 0)
+		pk.improve(all, m, 0)
 		if pk.perNode > 0 && len(w) == 1 {
-			pk = trafficFirst(pk, agg, lay, all, deadline)
+			pk = trafficFirst(pk, agg, lay, all, m)
 		}
 	}
 	cp := pk.copies(E)
 	if p.Dispatch == placement.DispatchLocal && groups == 0 && p.Current == nil {
-		cp = spreadNodes(p, p.Stats.Load[l], cp, lay, speed, deadline.Add(opts.SpreadGrace))
+		spread := task.Limit{Deadline: lim.Deadline.Add(opts.SpreadGrace), Work: lim.Work}
+		cp = spreadNodes(p, p.Stats.Load[l], cp, lay, speed, spread.Meter(ctx))
 	}
 	b := layerBalance(p.Stats.Load[l], cp, speed, lay, G, p.localP())
 	// One or two slots per GPU of equal speed: the exact pair method
@@ -370,7 +389,7 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 			for e, x := range p.Stats.Load[l] {
 				load[e] = x / s0
 			}
-			bound, better, _ := pairRefine(ctx, backend, load, single, double, b.Bound, b.Busiest, deadline, opts)
+			bound, better, _ := pairRefine(ctx, backend, load, single, double, b.Bound, b.Busiest, lim.Meter(ctx), opts)
 			if better != nil {
 				if nb := layerBalance(p.Stats.Load[l], better, speed, lay, G, 0); nb.Busiest < b.Busiest {
 					cp, b = better, nb
@@ -387,7 +406,7 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 // under pk's busiest load (trafficCounts), packed and improved the same
 // way; it keeps them if the busiest load stays within max(pk's, 0.1 %
 // above the bound) and the traffic drops, else returns pk.
-func trafficFirst(pk *packer, agg []float64, lay replicaLayout, all []int, deadline time.Time) *packer {
+func trafficFirst(pk *packer, agg []float64, lay replicaLayout, all []int, m *task.Meter) *packer {
 	obj, _ := pk.score()
 	maxSp := slices.Max(pk.speed)
 	N := pk.G / pk.perNode
@@ -400,7 +419,7 @@ func trafficFirst(pk *packer, agg []float64, lay replicaLayout, all []int, deadl
 	if alt.pack(cnt, all) != nil {
 		return pk
 	}
-	alt.improve(all, deadline, 0)
+	alt.improve(all, m, 0)
 	altObj, _ := alt.score()
 	if altObj > math.Max(obj, pk.lowerBound()*1.001)*(1+1e-12) {
 		return pk

@@ -3,9 +3,9 @@ package replica
 import (
 	"math"
 	"slices"
-	"time"
 
 	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
 // gpuLoads returns one layer's token load per GPU divided by its speed:
@@ -85,7 +85,7 @@ func nodeTraffic(load []float64, copies [][]placement.GPU, P, N int) float64 {
 // the same speed, slot count and memory trade places, so every GPU keeps
 // its load; a swap is kept only if it lowers the cross-node load without
 // raising the busiest GPU. It returns the new copies.
-func spreadNodes(p Problem, load []float64, copies [][]placement.GPU, lay replicaLayout, speed []float64, deadline time.Time) [][]placement.GPU {
+func spreadNodes(p Problem, load []float64, copies [][]placement.GPU, lay replicaLayout, speed []float64, m *task.Meter) [][]placement.GPU {
 	P, N := p.Cluster.GPUsPerNode, p.Cluster.Nodes
 	G := len(speed)
 	if N < 2 {
@@ -188,9 +188,10 @@ func spreadNodes(p Problem, load []float64, copies [][]placement.GPU, lay replic
 	for pass := 0; pass < 4*G && peak > evenPeak*(1+1e-9); pass++ {
 		improved := false
 		for u := 0; u < G; u++ {
-			if time.Now().After(deadline) {
+			if m.Done() {
 				return state
 			}
+			m.Spend(int64(G - u))
 			for v := u + 1; v < G; v++ {
 				if u/P == v/P || !same(u, v) {
 					continue
@@ -217,9 +218,10 @@ func spreadNodes(p Problem, load []float64, copies [][]placement.GPU, lay replic
 	for pass := 0; pass < 4*G; pass++ {
 		improved := false
 		for u := 0; u < G; u++ {
-			if time.Now().After(deadline) {
+			if m.Done() {
 				return state
 			}
+			m.Spend(int64(G - u))
 			for v := u + 1; v < G; v++ {
 				if u/P == v/P || !same(u, v) {
 					continue

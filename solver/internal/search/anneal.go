@@ -204,7 +204,11 @@ func newExpTable(tau float64) []float64 {
 
 // anneal runs iters swap moves from partition start and returns the best
 // partition found with its exact cost.
-func (s *annealLayer) anneal(ctx context.Context, start []int, iters int, rng *rand.Rand, deadline time.Time) ([]int, float64) {
+//
+// With byWork the clock plays no part: the temperature follows the moves
+// made alone and only iters ends the run, so the result depends on the
+// inputs and the seed only.
+func (s *annealLayer) anneal(ctx context.Context, start []int, iters int, rng *rand.Rand, deadline time.Time, byWork bool) ([]int, float64) {
 	s.set(start)
 	best := slices.Clone(s.a)
 	bestCost := s.cost(s.maxima())
@@ -216,11 +220,17 @@ func (s *annealLayer) anneal(ctx context.Context, start []int, iters int, rng *r
 	progress := 0.0
 	for it := 0; it < iters; it++ {
 		if it&255 == 0 {
-			now := time.Now()
-			if !now.Before(deadline) || ctx.Err() != nil {
+			if ctx.Err() != nil {
 				break
 			}
-			progress = math.Max(float64(it)/float64(iters), float64(now.Sub(begin))/float64(span))
+			progress = float64(it) / float64(iters)
+			if !byWork {
+				now := time.Now()
+				if !now.Before(deadline) {
+					break
+				}
+				progress = math.Max(progress, float64(now.Sub(begin))/float64(span))
+			}
 		}
 		temp := temp0 * (1 - progress)
 		e1, e2 := rng.IntN(E), rng.IntN(E)
@@ -292,14 +302,22 @@ func (s *annealLayer) swapDelta(e1, e2 int) (d1, d2 int) {
 // with restarts > 1, from random balanced partitions too. cls are the
 // layers' bitsets (onenode.Layers). It returns the new plan (the old one
 // where nothing improved) and whether the problem is one homeCost covers.
-func HomeAnneal(ctx context.Context, sc costmodel.Scenario, cls []*onenode.Layer, plan *placement.Plan, iters, restarts, threads int, deadline time.Time, minLayer time.Duration, seed uint64) (*placement.Plan, bool) {
+//
+// Under a work limit each layer's restarts together make lim.Work/L moves
+// (iters is then ignored) and the clock plays no part.
+func HomeAnneal(ctx context.Context, sc costmodel.Scenario, cls []*onenode.Layer, plan *placement.Plan, iters, restarts, threads int, lim task.Limit, minLayer time.Duration, seed uint64) (*placement.Plan, bool) {
 	cost, ok := onenode.Cost(sc)
 	if !ok || cls == nil {
 		return plan, false
 	}
-	G, E := sc.Cluster.GPUs(), sc.Stats.Experts
-	assign := make([][]placement.GPU, sc.Stats.Layers)
-	task.Layers(sc.Stats.Layers, max(1, threads), deadline, minLayer, func(l int, limit time.Duration) {
+	G, E, L := sc.Cluster.GPUs(), sc.Stats.Experts, sc.Stats.Layers
+	deadline := lim.Deadline
+	if lim.ByWork() {
+		iters = int(max(1, lim.Work/int64(L*max(1, restarts))))
+		deadline = time.Now().Add(24 * time.Hour)
+	}
+	assign := make([][]placement.GPU, L)
+	task.Layers(L, max(1, threads), deadline, minLayer, func(l int, limit time.Duration) {
 		lay := newAnnealLayer(cls[l], sc.Stats.Load[l], func(mL float64, mD int) float64 { return cost(mL, float64(mD)) })
 		rng := rand.New(rand.NewPCG(seed, uint64(l)))
 		start := make([]int, E)
@@ -320,7 +338,7 @@ func HomeAnneal(ctx context.Context, sc costmodel.Scenario, cls []*onenode.Layer
 					from[e] = i / (E / G)
 				}
 			}
-			a, c := lay.anneal(ctx, from, iters, rng, now.Add(share*time.Duration(r+1)))
+			a, c := lay.anneal(ctx, from, iters, rng, now.Add(share*time.Duration(r+1)), lim.ByWork())
 			if c < bestCost {
 				best, bestCost = a, c
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	"github.com/moetuner/moetuner/solver/internal/onenode"
+	"github.com/moetuner/moetuner/solver/internal/task"
 	"github.com/moetuner/moetuner/solver/internal/testkit"
 )
 
@@ -97,7 +98,7 @@ func TestHomeAnnealImprovesBadStart(t *testing.T) {
 		}
 		cls, ok := onenode.Layers(sc)
 		require.True(t, ok)
-		out, ok := HomeAnneal(context.Background(), sc, cls, start, 20000*E, 2, 2, time.Now().Add(time.Minute), 50*time.Millisecond, uint64(it))
+		out, ok := HomeAnneal(context.Background(), sc, cls, start, 20000*E, 2, 2, task.Limit{Deadline: time.Now().Add(time.Minute)}, 50*time.Millisecond, uint64(it))
 		require.True(t, ok)
 		require.NoError(t, out.Validate(placement.ValidateOptions{Experts: E, Layers: sc.Stats.Layers}))
 		rep, err := sc.Evaluate(out)

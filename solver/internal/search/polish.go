@@ -7,10 +7,10 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
 // Polish improves a plan by swapping the GPUs of two slots (two copies of
@@ -25,7 +25,11 @@ import (
 // take turns (a layer's cost reads only its neighbours, which the other
 // phase owns), and after every phase each evaluator takes the layers the
 // others changed.
-func Polish(ctx context.Context, sc costmodel.Scenario, plan *placement.Plan, deadline time.Time, workers int) (*placement.Plan, error) {
+//
+// The limit is a deadline, or a work budget of scored swaps shared evenly
+// by the layers (each layer stops after its share, whichever goroutine runs
+// it, so the result does not depend on the machine).
+func Polish(ctx context.Context, sc costmodel.Scenario, plan *placement.Plan, lim task.Limit, workers int) (*placement.Plan, error) {
 	workers = max(workers, 1)
 	evs := make([]*costmodel.Evaluator, workers)
 	for w := range evs {
@@ -44,10 +48,16 @@ func Polish(ctx context.Context, sc costmodel.Scenario, plan *placement.Plan, de
 		}
 		return t
 	}
-	stopped := func() bool { return ctx.Err() != nil || time.Now().After(deadline) }
+	meters := make([]*task.Meter, L)
+	for l := range meters {
+		meters[l] = lim.Share(L).Meter(ctx)
+	}
+	global := lim.Meter(ctx)
+	stopped := func() bool { return !lim.ByWork() && global.Done() }
 	// polishLayer runs one pass of first-improvement swaps over layer l.
 	polishLayer := func(ev *costmodel.Evaluator, l int) (bool, error) {
 		improved := false
+		meter := meters[l]
 		cur := cost(ev, l)
 		lp := ev.Layer(l)
 		gpu, exp := lp.SlotGPU, lp.SlotExpert
@@ -56,7 +66,7 @@ func Polish(ctx context.Context, sc costmodel.Scenario, plan *placement.Plan, de
 			has[[2]int{int(gpu[s]), int(exp[s])}] = true
 		}
 		for a := range gpu {
-			if stopped() {
+			if meter.Done() {
 				return improved, nil
 			}
 			for b := a + 1; b < len(gpu); b++ {
@@ -64,6 +74,10 @@ func Polish(ctx context.Context, sc costmodel.Scenario, plan *placement.Plan, de
 				if ga == gb || exp[a] == exp[b] || has[[2]int{int(gb), int(exp[a])}] || has[[2]int{int(ga), int(exp[b])}] {
 					continue
 				}
+				if meter.Work() && meter.Done() {
+					return improved, nil
+				}
+				meter.Spend(1)
 				m := costmodel.Move{Kind: costmodel.MoveSwap, Layer: l, Slot: a, Other: b}
 				d, err := ev.Delta(m)
 				if err != nil {
@@ -96,7 +110,7 @@ func Polish(ctx context.Context, sc costmodel.Scenario, plan *placement.Plan, de
 	owner := make([]int, L) // the evaluator holding layer l's latest slots
 	var firstErr error
 	var errMu sync.Mutex
-	for improved := true; improved && !stopped(); {
+	for improved := true; improved && !stopped() && ctx.Err() == nil; {
 		var any atomic.Bool
 		for _, layers := range phases {
 			var wg sync.WaitGroup

@@ -69,6 +69,13 @@ type MIPSettings struct {
 	RelGap  float64 // 0: exact (the backend's own default is not used)
 	Threads int
 	Seed    int
+	// NodeLimit, under a work budget, caps each solve's branch-and-bound
+	// nodes instead of the clock (0: time-limited). MaxCols then skips
+	// models with more columns (an out-of-time result: the caller keeps
+	// its start), since a node limit does not bound the root node's work
+	// and only small models finish their root reproducibly fast.
+	NodeLimit int
+	MaxCols   int
 }
 
 // Sub is one MIP solve with its size.
@@ -79,15 +86,17 @@ type Sub struct {
 }
 
 // RunMIP solves m from start (nil: none) within limit (≤ 0: no solve, an
-// out-of-time result). The start is
+// out-of-time result), or within s.NodeLimit nodes when that is set. The
+// start is
 // checked against every row first (an infeasible start is an internal
 // error), a stop by the watchdog with an incumbent is a result, and the
 // solution is checked against every row (an infeasible one is an error).
 func RunMIP(ctx context.Context, backend mip.Backend, m *mip.Model, start []float64, s MIPSettings, limit time.Duration) Sub {
 	var ss Sub
 	ss.Cols, ss.Ints, ss.Rows, ss.NNZ = m.Size()
-	if limit <= 0 {
-		// No time left: a backend's 0 would mean no limit at all.
+	if (limit <= 0 && s.NodeLimit <= 0) || (s.NodeLimit > 0 && s.MaxCols > 0 && ss.Cols > s.MaxCols) {
+		// No time left (a backend's 0 would mean no limit at all), or a
+		// model too large for a work budget.
 		ss.Err = context.DeadlineExceeded
 		return ss
 	}
@@ -95,7 +104,10 @@ func RunMIP(ctx context.Context, backend mip.Backend, m *mip.Model, start []floa
 	if gap == 0 {
 		gap = 1e-12 // exact: the backend's 0 means its own default
 	}
-	mo := mip.Options{TimeLimitSec: limit.Seconds(), RelGap: gap, Threads: s.Threads, Seed: s.Seed, Start: start}
+	mo := mip.Options{TimeLimitSec: limit.Seconds(), RelGap: gap, Threads: s.Threads, Seed: s.Seed, Start: start, NodeLimit: s.NodeLimit}
+	if s.NodeLimit > 0 {
+		mo.TimeLimitSec = 0 // the work bounds it, reproducibly
+	}
 	if start != nil {
 		if err := m.Check(start, 1e-6); err != nil {
 			ss.Err = fmt.Errorf("solver: internal error: warm start infeasible: %w", err)
