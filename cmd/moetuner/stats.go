@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"text/tabwriter"
 
+	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
 
@@ -15,12 +17,32 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	topK := fs.Int("top-k", 0, "top-k for count formats that do not state it")
 	choiceVar(fs, &transitions, "transitions", "all-pairs", []string{"all-pairs", "top1"}, "transition counting: all-pairs or top1")
 	jsonOut := fs.String("json", "", "also write the summary as JSON to this file")
-	if err := parse(fs, args); err != nil {
-		return err
+	out := fs.String("out", "", "also write the aggregated statistics to this file (merge several with: moetuner stats a.json b.json --out all.json)")
+	var outFormat string
+	choiceVar(fs, &outFormat, "format", "moetuner", []string{"moetuner", "logical-count"},
+		"format of --out: moetuner (moetuner.stats/v1, read back by every command; files add up) or logical-count ({\"logical_count\": [layers][experts]}, dense layers zero, for SGLang and EPLB)")
+	// Flags may follow the traces (moetuner stats a.pt b.pt --out s.json).
+	var traces []string
+	for {
+		if err := parse(fs, args); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		if i := len(args) - fs.NArg() - 1; i >= 0 && args[i] == "--" {
+			traces = append(traces, fs.Args()...)
+			break
+		}
+		traces = append(traces, fs.Arg(0))
+		args = fs.Args()[1:]
 	}
-	if fs.NArg() == 0 {
+	if len(traces) == 0 {
 		fs.Usage()
 		return errUsage
+	}
+	if *out == "" && outFormat != "moetuner" {
+		return usagef("--format %s needs --out FILE", outFormat)
 	}
 	lo := routing.LoadOptions{Format: routing.Format(format), TopK: *topK}
 	if transitions == "top1" {
@@ -28,7 +50,7 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	} else if transitions != "all-pairs" {
 		return fmt.Errorf("--transitions %q: want all-pairs or top1", transitions)
 	}
-	stats, sources, err := routing.LoadAll(fs.Args(), lo)
+	stats, sources, err := routing.LoadAll(traces, lo)
 	if err != nil {
 		return err
 	}
@@ -52,6 +74,21 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 			optPct(sum.HasTransitions && int(l.Layer) < sum.Layers-1, l.TopPairShare), optPct(sum.HasTransitions && int(l.Layer) < sum.Layers-1, l.RowMaxShare))
 	}
 	tw.Flush()
+	if *out != "" {
+		var buf bytes.Buffer
+		if err := routing.WriteStats(&buf, stats, routing.StatsFormat(outFormat)); err != nil {
+			return err
+		}
+		if err := placement.WriteFileAtomic(*out, buf.Bytes()); err != nil {
+			return err
+		}
+		if outFormat == "logical-count" {
+			rows, n := routing.LogicalCountRows(stats)
+			fmt.Fprintf(stdout, "wrote %s: logical_count of %d rows × %d experts, MoE layers at rows %v\n", *out, n, stats.Experts, rows)
+		} else {
+			fmt.Fprintf(stdout, "wrote %s (moetuner.stats/v1)\n", *out)
+		}
+	}
 	return writeJSON(*jsonOut, sum)
 }
 
