@@ -411,7 +411,8 @@ func traceSource(name string, format Format, t *Trace, opts LoadOptions) *Source
 // the NPY magic or .npy; a zip header or .pt (SGLang recorder dump);
 // .safetensors (TensorRT-LLM); a CSV header starting layer_id,token_id or
 // .csv; router_trace_rank<N>.jsonl or a first line with "top_indices"
-// (Megatron); a first line with "eplb_load_stats" (vLLM); a JSON object
+// (Megatron); "eplb_load_stats" or a first "eplb_initial_mapping" record
+// (vLLM); a JSON object
 // with "schema" "moetuner.stats/v1", with "routed_experts", with
 // "logical_count" (or a bare JSON array), with "expert_popularity", with
 // "expert_counts" and "num_experts", or with "moetuner_trace" or "layers"
@@ -435,7 +436,7 @@ func Detect(name string, head []byte) (Format, error) {
 		return FormatFLAME, nil
 	case megatronRank(filepath.Base(name)) >= 0 || (len(first) > 0 && first[0] == '{' && has(first, "top_indices")):
 		return FormatMegatron, nil
-	case bytes.Contains(first, []byte(`"eplb_load_stats"`)):
+	case len(first) > 0 && first[0] == '{' && (bytes.Contains(trimmed, []byte(`"eplb_load_stats"`)) || bytes.Contains(first, []byte(`"eplb_initial_mapping"`))):
 		return FormatVLLMLoadStats, nil
 	case len(trimmed) > 0 && trimmed[0] == '{' && has(trimmed, "schema") && bytes.Contains(trimmed, []byte(statsSchema)):
 		return FormatMoetunerStats, nil
