@@ -44,19 +44,23 @@ type LoadOptions struct {
 	// Format forces a format; FormatAuto (the default) detects it.
 	Format Format
 	// TopK is the routing top-k for count formats that do not state it
-	// (logical_count; Fiddler defaults to 2). 0 = infer or unknown.
+	// (logical_count, SGLang stat and per_pass, vLLM; Fiddler defaults to 2)
+	// and for SGLang routed_experts, which needs it. 0 = infer or unknown.
 	TopK int
-	// Experts sets the number of experts per layer for NPY traces, whose ids
-	// may not reach the last expert; 0 = max id + 1.
+	// Experts sets the number of (logical) experts per layer for the formats
+	// that do not state it (NPY, SGLang dumps, Megatron, vLLM, routed
+	// experts), whose ids may not reach the last expert; 0 = max id + 1.
+	// Ids at or above it are errors.
 	Experts int
 	// Transitions is the transition convention for per-token traces;
 	// default TransitionAllPairs.
 	Transitions TransitionMode
 	// NoPatterns skips the pattern histogram of per-token traces.
 	NoPatterns bool
-	// KeepZeroLayers keeps logical_count layers that are zero in every step
-	// (DeepSeek's 3 dense layers, for example); by default they are dropped
-	// and LayerNames keeps the original indices.
+	// KeepZeroLayers keeps the layers of logical_count and SGLang stat and
+	// per_pass dumps that are zero in every step (DeepSeek's 3 dense layers,
+	// for example); by default they are dropped and LayerNames keeps the
+	// original indices.
 	KeepZeroLayers bool
 	// ModelLayers is the model's num_hidden_layers, which SGLang's
 	// routed_experts payload needs to be cut into layers; 0 = infer it
@@ -413,7 +417,7 @@ func traceSource(name string, format Format, t *Trace, opts LoadOptions) *Source
 // .csv; router_trace_rank<N>.jsonl or a first line with "top_indices"
 // (Megatron); "eplb_load_stats" or a first "eplb_initial_mapping" record
 // (vLLM); a JSON object
-// with "schema" "moetuner.stats/v1", with "routed_experts", with
+// with "schema" "moetuner.stats/...", with "routed_experts", with
 // "logical_count" (or a bare JSON array), with "expert_popularity", with
 // "expert_counts" and "num_experts", or with "moetuner_trace" or "layers"
 // (JSONL, also for .jsonl). It returns a *ParseError when nothing matches.
@@ -438,7 +442,7 @@ func Detect(name string, head []byte) (Format, error) {
 		return FormatMegatron, nil
 	case len(first) > 0 && first[0] == '{' && (bytes.Contains(trimmed, []byte(`"eplb_load_stats"`)) || bytes.Contains(first, []byte(`"eplb_initial_mapping"`))):
 		return FormatVLLMLoadStats, nil
-	case len(trimmed) > 0 && trimmed[0] == '{' && has(trimmed, "schema") && bytes.Contains(trimmed, []byte(statsSchema)):
+	case len(trimmed) > 0 && trimmed[0] == '{' && has(trimmed, "schema") && bytes.Contains(trimmed, []byte(`"moetuner.stats/`)):
 		return FormatMoetunerStats, nil
 	case len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[') && has(trimmed, "routed_experts"):
 		return FormatSGLangRoutedExperts, nil

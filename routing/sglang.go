@@ -225,7 +225,11 @@ func (f *sglangFile) readStat(opts LoadOptions) (*Stats, error) {
 			}
 		}
 	}
-	return c.stats(opts.TopK, opts.KeepZeroLayers)
+	s, err := c.stats(opts.TopK, opts.KeepZeroLayers)
+	if err != nil {
+		return nil, perr(f.name, 0, "logical_count", "%v", err)
+	}
+	return s, nil
 }
 
 // addPerPass adds a per_pass dump's physical counts, mapped to logical

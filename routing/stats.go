@@ -33,8 +33,9 @@ func StatsFromLoad(load [][]float64, topK int) *Stats {
 // Transitions (when set) is (Layers-1)×Experts², CoActivation (when set) is
 // Layers×Experts² symmetric with a zero diagonal, every StepLoad step is
 // Layers×Experts, patterns have Layers×TopK ids in range and are sorted by
-// key, LayerNames is nil or has Layers entries, and every count is finite
-// and non-negative. It returns nil when s is valid.
+// key, LayerNames is nil or has Layers distinct entries, SourceLoad (when
+// set) has Layers×Experts matrices that sum to at most Load, and every
+// count is finite and non-negative. It returns nil when s is valid.
 func (s *Stats) Validate() error {
 	if s == nil {
 		return errors.New("routing: nil stats")
@@ -97,6 +98,11 @@ func (s *Stats) Validate() error {
 	}
 	if s.LayerNames != nil && len(s.LayerNames) != L {
 		return fmt.Errorf("routing: len(LayerNames) = %d, want %d layers or nil", len(s.LayerNames), L)
+	}
+	for i, n := range s.LayerNames {
+		if j := slices.Index(s.LayerNames[:i], n); j >= 0 {
+			return fmt.Errorf("routing: LayerNames[%d] = %d repeats LayerNames[%d]", i, n, j)
+		}
 	}
 	if s.ModelLayers != 0 {
 		top := L - 1

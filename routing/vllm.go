@@ -3,6 +3,7 @@ package routing
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -72,8 +73,8 @@ func readVLLMLoadStats(r io.Reader, file string, opts LoadOptions) (*Stats, erro
 						return nil, perr(file, lineNo, fmt.Sprintf("expert_load[%d]", l), "%d loads and %d p2l entries, want %d slots", len(rec.Load[l]), len(rec.P2L[l]), P)
 					}
 					for p, e := range rec.P2L[l] {
-						if e < 0 || e > math.MaxInt16 || (E > 0 && e >= E) {
-							return nil, perr(file, lineNo, fmt.Sprintf("p2l_map[%d][%d]", l, p), "logical expert %d out of range [0,%d)", e, max(E, math.MaxInt16+1))
+						if limit := cmp.Or(opts.Experts, math.MaxInt16+1); e < 0 || e >= limit {
+							return nil, perr(file, lineNo, fmt.Sprintf("p2l_map[%d][%d]", l, p), "logical expert %d out of range [0,%d)", e, limit)
 						}
 						maxID = max(maxID, e)
 					}
