@@ -73,7 +73,9 @@ type Source struct {
 	Path   string
 	Format Format
 	// Trace is the per-token trace; nil for count-only formats and for a
-	// directory of several trace files (their Stats are merged).
+	// directory of several independent trace files (their Stats are
+	// merged). A directory of one stack's per-rank files (SGLang per_token,
+	// Megatron, TensorRT-LLM token files) is one trace.
 	Trace *Trace
 	// Stats are the aggregated statistics; never nil on success.
 	Stats *Stats

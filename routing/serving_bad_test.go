@@ -257,6 +257,7 @@ func TestTRTLLMBadInput(t *testing.T) {
 		{"negative count", safetensorsBytes("100_3", "I64", []int{2}, le64s(1, -2)), "", "rank0.safetensors: 100_3[1]: count -2 is negative"},
 		{"experts vs meta", good, `{"num_experts": 4, "num_experts_per_token": 2}`, "rank0.safetensors: 100_3: shape [2], want [4]: one count per logical expert"},
 		{"bad meta", good, `{"num_experts": 4, "num_experts_per_token": 9}`, "meta_info.json:1: num_experts_per_token: 9 out of range [1,4]"},
+		{"overlapping tensors", []byte(string(binary.LittleEndian.AppendUint64(nil, 117)) + `{"100_3":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},"101_3":{"dtype":"I64","shape":[2],"data_offsets":[8,24]}}` + string(le64s(1, 2, 3))), "", "rank0.safetensors: 101_3: data_offsets overlap those of 100_3: the file is corrupt"},
 		{"malformed header", append(binary.LittleEndian.AppendUint64(nil, 3), "{x}"...), "", "rank0.safetensors: malformed safetensors header"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

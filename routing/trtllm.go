@@ -2,6 +2,7 @@ package routing
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -99,6 +100,14 @@ func readSafetensors(f randomFile) ([]safeTensor, error) {
 		}
 		t.begin, t.end = data+e.Offsets[0], data+e.Offsets[1]
 		out = append(out, t)
+	}
+	// The format lays tensors end to end; overlapping ranges would let a
+	// small file present the same bytes many times.
+	slices.SortFunc(out, func(a, b safeTensor) int { return cmp.Or(cmp.Compare(a.begin, b.begin), cmp.Compare(a.end, b.end)) })
+	for i := 1; i < len(out); i++ {
+		if out[i].begin < out[i-1].end {
+			return nil, perr(f.name, 0, clip(out[i].key), "data_offsets overlap those of %s: the file is corrupt", clip(out[i-1].key))
+		}
 	}
 	slices.SortFunc(out, func(a, b safeTensor) int { return strings.Compare(a.key, b.key) })
 	return out, nil

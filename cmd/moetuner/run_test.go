@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
 )
 
 func runCLI(t *testing.T, args ...string) (int, string, string) {
@@ -374,4 +375,14 @@ func TestStatsOutShared(t *testing.T) {
 			assert.Equal(t, make([]float64, 64), lc.Rows[0])
 		})
 	}
+}
+
+// TestTraceFormatsListEveryReader keeps --trace-format in step with the
+// formats routing reads.
+func TestTraceFormatsListEveryReader(t *testing.T) {
+	want := []string{""}
+	for _, f := range routing.Formats {
+		want = append(want, string(f))
+	}
+	assert.Equal(t, want, traceFormats)
 }
