@@ -206,8 +206,9 @@
 //	 "coactivation": [L][E·E], "step_load": [S][L][E], "source_load": [R][L][E],
 //	 "patterns": [{"source": r, "count": c, "experts": [L·k ids]}]}
 //
-// where every key after "load" is present only when the stats have it and
-// the E·E rows are row-major (e1·E + e2). Load reads it back; reading
+// where every key after "load" is present only when the stats have it
+// ("patterns" only up to 2^22 ids in all) and the E·E rows are row-major
+// (e1·E + e2). Stats of more than 2^26 counts are refused. Load reads it back; reading
 // several and merging them (moetuner stats a.json b.json --out all.json)
 // adds them as Merge does.
 //

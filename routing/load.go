@@ -328,7 +328,11 @@ func read(r io.Reader, name string, opts LoadOptions) (*Source, error) {
 		}
 		return readTRTLLM(name, nil, []randomFile{{name, ra, int64(len(data))}}, opts)
 	}
-	data, err := readCapped(br, name)
+	limit := int64(maxJSONBytes)
+	if format == FormatMoetunerStats {
+		limit = maxStatsFileBytes
+	}
+	data, err := readCappedAt(br, name, limit)
 	if err != nil {
 		return nil, err
 	}

@@ -27,13 +27,40 @@ const (
 // statsSchema tags moetuner's statistics files.
 const statsSchema = "moetuner.stats/v1"
 
+const (
+	// maxStatsFileBytes caps a moetuner.stats file read back.
+	maxStatsFileBytes = 1 << 30
+)
+
+// maxFilePatternIDs caps the pattern ids WriteStats writes; past it the
+// patterns are left out, as Trace.Stats drops them past MaxPatterns. A
+// variable so that tests can lower it.
+var maxFilePatternIDs = 1 << 22
+
+// statsCounts is the number of counts (and pattern ids) s's file holds.
+func statsCounts(s *Stats) int {
+	n := len(s.Load)*s.Experts + len(s.Transitions)*s.Experts*s.Experts + len(s.CoActivation)*s.Experts*s.Experts
+	n += (len(s.StepLoad) + len(s.SourceLoad)) * s.Layers * s.Experts
+	if patternIDs(s) <= maxFilePatternIDs {
+		n += patternIDs(s)
+	}
+	return n
+}
+
+func patternIDs(s *Stats) int { return len(s.Patterns) * s.Layers * s.TopK }
+
 // WriteStats writes s in format f with fixed formatting (one line per
-// layer, shortest exact decimals), so equal stats give equal bytes. It
-// returns s.Validate's error for invalid stats and an error for an unknown
-// format.
+// layer, shortest exact decimals), so equal stats give equal bytes. The
+// moetuner format leaves out Patterns when they hold more than 2^22 ids in
+// all, and refuses stats of more than 2^26 counts, which it could not read
+// back. It returns s.Validate's error for invalid stats and an error for
+// an unknown format.
 func WriteStats(w io.Writer, s *Stats, f StatsFormat) error {
 	if err := s.Validate(); err != nil {
 		return err
+	}
+	if f != StatsLogicalCount && statsCounts(s) > maxCountEntries {
+		return fmt.Errorf("routing: %d counts are too many for a moetuner.stats file (at most %d): drop StepLoad or split the trace", statsCounts(s), maxCountEntries)
 	}
 	bw := bufio.NewWriter(w)
 	var err error
@@ -175,7 +202,7 @@ func writeMoetunerStats(w *bufio.Writer, s *Stats) error {
 	writeMatrix(w, "coactivation", s.CoActivation)
 	writeMatrices(w, "step_load", s.StepLoad)
 	writeMatrices(w, "source_load", s.SourceLoad)
-	if s.Patterns != nil {
+	if s.Patterns != nil && patternIDs(s) <= maxFilePatternIDs {
 		w.WriteString(",\n \"patterns\": [")
 		for i, p := range s.Patterns {
 			if i > 0 {
@@ -213,6 +240,10 @@ type statsFile struct {
 
 // parseMoetunerStats reads a "moetuner.stats/v1" file back into Stats.
 func parseMoetunerStats(data []byte, file string) (*Stats, error) {
+	// Decoding allocates 8 bytes per number; count them before.
+	if n := bytes.Count(data, []byte(",")); n > maxCountEntries+1<<20 {
+		return nil, perr(file, 0, "", "%d numbers, more than %d: the file is too large", n, maxCountEntries)
+	}
 	var f statsFile
 	if err := decodeJSON(data, file, &f); err != nil {
 		return nil, err

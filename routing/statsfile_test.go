@@ -195,3 +195,29 @@ func TestFormatsListed(t *testing.T) {
 	assert.True(t, slices.Contains(Formats, FormatSGLangPT))
 	assert.Len(t, Formats, 12)
 }
+
+// TestStatsFileLimits: patterns too large for a file are left out (and
+// read back as unknown), and stats too large to read back are refused.
+func TestStatsFileLimits(t *testing.T) {
+	s := handTrace().Stats(StatsOptions{})
+	require.NotNil(t, s.Patterns)
+	ids := len(s.Patterns) * s.Layers * s.TopK
+	defer func(v int) { maxFilePatternIDs = v }(maxFilePatternIDs)
+	maxFilePatternIDs = ids
+	back, err := Read(bytes.NewReader(writeStats(t, s, StatsMoetuner)), "s.json", LoadOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, s.Patterns, back.Stats.Patterns, "at the limit the patterns are kept")
+	maxFilePatternIDs = ids - 1
+	back, err = Read(bytes.NewReader(writeStats(t, s, StatsMoetuner)), "s.json", LoadOptions{})
+	require.NoError(t, err)
+	assert.Nil(t, back.Stats.Patterns, "past it they are left out")
+	assert.Equal(t, s.Load, back.Stats.Load)
+
+	huge := &Stats{Layers: 1, Experts: 1 << 14, Load: [][]float64{make([]float64, 1<<14)}}
+	huge.StepLoad = make([][][]float64, 1<<12+1)
+	for i := range huge.StepLoad {
+		huge.StepLoad[i] = huge.Load
+	}
+	assert.ErrorContains(t, WriteStats(&bytes.Buffer{}, huge, StatsMoetuner), "counts are too many for a moetuner.stats file")
+	assert.NoError(t, WriteStats(&bytes.Buffer{}, huge, StatsLogicalCount), "logical_count writes Load only")
+}
