@@ -118,6 +118,16 @@ func TestOpenBadInput(t *testing.T) {
 		{"stride rank", archive(t, entry{name: "data.pkl", data: tensorPickle("LongStorage", 2, []int{2}, []int{1, 1}, 0)}, entry{name: "data/0", data: le64(1, 2)}), "torchpt: tensor size [2] with stride [1 1]: want one stride per dimension"},
 		{"pickle past the file", archive(t, entry{name: "data.pkl", data: []byte("\x80\x02N."), claim: 1 << 20}), "torchpt: entry x/data.pkl claims 1048576 bytes past the end of the file (the file is truncated)"},
 		{"pickle over the cap", archive(t, entry{name: "data.pkl", data: []byte("\x80\x02N."), claim: 1 << 30}), "torchpt: entry x/data.pkl is 1073741824 bytes, more than the limit of 67108864"},
+		{"stored sizes disagree", func() []byte {
+			var buf bytes.Buffer
+			zw := zip.NewWriter(&buf)
+			w, err := zw.CreateRaw(&zip.FileHeader{Name: "x/data.pkl", Method: zip.Store, CRC32: crc32.ChecksumIEEE([]byte("\x80\x02N.")), CompressedSize64: 4, UncompressedSize64: 1 << 25})
+			require.NoError(t, err)
+			_, err = w.Write([]byte("\x80\x02N."))
+			require.NoError(t, err)
+			require.NoError(t, zw.Close())
+			return buf.Bytes()
+		}(), "torchpt: stored entry x/data.pkl declares 4 bytes stored and 33554432 uncompressed (the file is corrupt)"},
 		{"nested too deep", pkl(deep), "torchpt: values nested more than 64 deep"},
 		{"too many marks", pkl(marks), "torchpt: data.pkl byte 1026 (opcode 0x28): more than 1024 nested MARKs"},
 		{"cycle", pkl("\x80\x02]q\x00h\x00a."), "torchpt: a container contains itself: not a tensor-only file"},

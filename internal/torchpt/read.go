@@ -216,6 +216,9 @@ func readEntry(zf *zip.File, limit, archive int64) ([]byte, error) {
 	defer rc.Close()
 	var b []byte
 	if zf.Method == zip.Store {
+		if zf.CompressedSize64 != zf.UncompressedSize64 {
+			return nil, fmt.Errorf("torchpt: stored entry %s declares %d bytes stored and %d uncompressed (the file is corrupt)", zf.Name, zf.CompressedSize64, zf.UncompressedSize64)
+		}
 		b = make([]byte, zf.UncompressedSize64)
 		_, err = io.ReadFull(rc, b)
 		if err == nil {
