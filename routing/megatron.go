@@ -79,7 +79,9 @@ func readMegatron(r io.Reader, file string, rank int64, b *tokenBuilder) error {
 				return perr(file, lineNo, "num_tokens", "%d, but top_indices has %d rows", *rec.NumTokens, T)
 			}
 			if T > 0 && k == 0 {
-				k = len(rec.TopIndices[0])
+				if k = len(rec.TopIndices[0]); k == 0 {
+					return perr(file, lineNo, "top_indices[0]", "no expert ids: each row lists the token's top-k experts")
+				}
 			}
 			if rec.TopK != nil && k > 0 && *rec.TopK != k {
 				return perr(file, lineNo, "topk", "%d, but the rows have %d ids", *rec.TopK, k)

@@ -295,6 +295,7 @@ func TestMegatronBadInput(t *testing.T) {
 		{"repeated expert", map[string]string{"router_trace_rank0.jsonl": megatronLine(0, 2, [][]int{{1, 1}})}, LoadOptions{}, "router_trace_rank0.jsonl:1: step 0 layer 2 token 0: expert 1 appears twice in the token's top-k"},
 		{"layer twice", map[string]string{"router_trace_rank0.jsonl": ok + megatronLine(0, 3, [][]int{{1, 0}, {3, 2}})}, LoadOptions{}, "router_trace_rank0.jsonl:3: layer: step 0 layer 3 recorded twice"},
 		{"rank differs", map[string]string{"router_trace_rank1.jsonl": ok}, LoadOptions{}, "router_trace_rank1.jsonl:1: rank: 0, but the file is rank 1's"},
+		{"empty rows", map[string]string{"router_trace_rank0.jsonl": `{"step":0,"layer":1,"top_indices":[[]]}` + "\n"}, LoadOptions{}, "router_trace_rank0.jsonl:1: top_indices[0]: no expert ids: each row lists the token's top-k experts"},
 		{"ragged rows", map[string]string{"router_trace_rank0.jsonl": megatronLine(0, 2, [][]int{{0, 1}, {2}})}, LoadOptions{}, "router_trace_rank0.jsonl:1: top_indices[1]: 1 ids, want top-k 2"},
 		{"top-k differs across files", map[string]string{
 			"router_trace_rank0.jsonl": ok,
