@@ -234,10 +234,9 @@
 // strict config may reject; the reader takes it as the GPU count when
 // present.
 //
-// EncodeLogicalCount and WriteLogicalCountFile write load statistics, not
-// a plan, as the {"logical_count": [num_hidden_layers][E]} JSON that
-// SGLang's --init-expert-location also takes (it then runs its own EPLB);
-// dense layers are zero rows, placed by the same Layout as FormatSGLang.
+// Load statistics in the {"logical_count": [num_hidden_layers][E]} JSON
+// that SGLang's --init-expert-location also takes (it then runs its own
+// EPLB) are routing's (routing.WriteStats), not a plan format.
 //
 // # Determinism
 //

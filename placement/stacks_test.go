@@ -426,43 +426,6 @@ func TestReadAscend(t *testing.T) {
 	}
 }
 
-func TestLogicalCount(t *testing.T) {
-	s := routing.StatsFromLoad([][]float64{{3, 0, 1}, {1.5, 2, 0}}, 1)
-	got, err := EncodeLogicalCount(s, goldenLayout)
-	require.NoError(t, err)
-	path := filepath.Join("testdata", "logical_count.json.golden")
-	if *update {
-		require.NoError(t, os.WriteFile(path, got, 0o644))
-	}
-	want, err := os.ReadFile(path)
-	require.NoError(t, err, "run go test ./placement -update to create it")
-	assert.Equal(t, string(want), string(got))
-
-	// routing reads whole counts back: the MoE rows at their decoder
-	// layers, the all-zero dense rows dropped.
-	s = routing.StatsFromLoad([][]float64{{3, 0, 1}, {1, 2, 0}}, 1)
-	got, err = EncodeLogicalCount(s, goldenLayout)
-	require.NoError(t, err)
-	back, err := routing.ReadLogicalCount(bytes.NewReader(got), routing.LoadOptions{})
-	require.NoError(t, err)
-	assert.Equal(t, s.Load, back.Load)
-	assert.Equal(t, []int{1, 3}, back.LayerNames)
-	assert.Equal(t, 4, back.ModelLayers)
-
-	_, err = EncodeLogicalCount(s, Layout{})
-	assert.ErrorIs(t, err, ErrNeedLayers)
-	_, err = EncodeLogicalCount(s, Layout{ModelLayers: 5, LayerIDs: []int{0, 1, 2}})
-	assert.EqualError(t, err, "placement: logical_count: the statistics have 2 MoE layers but the layout places 3; set Layout.LayerIDs to the trace's layers")
-	s.Load[0][1] = -1
-	_, err = EncodeLogicalCount(s, goldenLayout)
-	assert.EqualError(t, err, "placement: logical_count: load[0][1] is -1; counts must be finite and non-negative")
-
-	dir := t.TempDir()
-	require.NoError(t, WriteLogicalCountFile(filepath.Join(dir, "lc.json"), routing.StatsFromLoad([][]float64{{1}}, 1), Layout{ModelLayers: 1}))
-	assert.Error(t, WriteLogicalCountFile(filepath.Join(dir, "bad.json"), s, goldenLayout))
-	assert.Equal(t, []string{"lc.json"}, listDir(t, dir))
-}
-
 // TestWriteRefusesUnequalSlots: a rank-major list cannot say that GPUs
 // hold different slot counts (5 experts on 2 GPUs), nor that layers have
 // different P; every stack writer refuses with what to change.

@@ -289,12 +289,16 @@ func checkCounts(file, name string, m [][]float64, E int) error {
 
 // readCapped reads all of r, refusing more than maxJSONBytes.
 func readCapped(r io.Reader, file string) ([]byte, error) {
-	data, err := io.ReadAll(io.LimitReader(r, maxJSONBytes+1))
+	return readCappedAt(r, file, maxJSONBytes)
+}
+
+func readCappedAt(r io.Reader, file string, limit int64) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if err != nil {
 		return nil, perr(file, 0, "", "read: %v", err)
 	}
-	if len(data) > maxJSONBytes {
-		return nil, perr(file, 0, "", "larger than %d bytes: not a counts file, or split it", maxJSONBytes)
+	if int64(len(data)) > limit {
+		return nil, perr(file, 0, "", "larger than %d bytes: not a counts file, or split it", limit)
 	}
 	return data, nil
 }

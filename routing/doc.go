@@ -26,6 +26,10 @@
 //     k(k-1) entries (each unordered pair twice).
 //   - StepLoad[s][l][e]: Load restricted to step s, where steps are the
 //     distinct Trace.Step ids in ascending order. Nil without steps.
+//   - SourceLoad[r][l][e]: Load restricted to the tokens whose source (home)
+//     rank is r (Trace.Source), for r = 0..max rank; tokens of unknown
+//     source (-1) count in Load only, so Σ_r SourceLoad[r] ≤ Load. Nil
+//     without sources, or when ranks·L·E would exceed 2^24 entries.
 //   - Patterns: the histogram of distinct token paths. A path is the token's
 //     Source (-1 when unknown) and, for each layer, its top-k ids sorted
 //     ascending, flattened as Experts[l*TopK+j]. Patterns are sorted by
@@ -38,12 +42,22 @@
 // # Merge
 //
 // Stats.Merge adds stats of the same shape (Layers, Experts; TopK and
-// LayerNames when both state them; TransitionMode when both have
-// transitions): Tokens, Load, Transitions and CoActivation add element by
-// element, Patterns add count by key, StepLoad concatenates (the other
-// side's steps follow), Sources append. When one side lacks Transitions,
-// CoActivation, StepLoad or Patterns the result lacks them too, since a
-// partial sum would mislead. Merging into the zero Stats copies.
+// LayerNames and ModelLayers when both state them; TransitionMode when both
+// have transitions): Tokens, Load, Transitions and CoActivation add element
+// by element, Patterns add count by key, StepLoad concatenates (the other
+// side's steps follow), SourceLoad adds rank by rank, Sources append. When
+// one side lacks Transitions, CoActivation, StepLoad, SourceLoad or
+// Patterns the result lacks them too, since a partial sum would mislead.
+// Merging into the zero Stats copies.
+//
+// # Layers
+//
+// LayerNames are the model's decoder-layer ids of the MoE layers (0-based,
+// as the serving stacks number them), ModelLayers the model's
+// num_hidden_layers with dense layers included, when the source records it.
+// Readers drop dense layers (all-zero count rows, all -1 id rows) from Load
+// and the traces but keep their place: LayerNames skips them and
+// ModelLayers counts them.
 //
 // # Formats
 //
@@ -98,6 +112,110 @@
 // LoadOptions.KeepZeroLayers, and LayerNames keeps the original row indices.
 // TopK and Tokens come from LoadOptions.TopK (0 = unknown).
 //
-// A directory that is not a FLAME directory has its .jsonl, .json and .npy
-// files loaded in name order and merged. LoadAll merges several paths.
+// NAME.npy may have a sibling NAME.source.npy, an integer array [T] holding
+// each token's source rank (-1 unknown), which Load reads into
+// Trace.Source.
+//
+// # Serving stacks
+//
+// FormatSGLangPT (.pt, a torch.save zip; read by internal/torchpt without
+// running any pickle code): the dumps of SGLang's expert-distribution
+// recorder, told apart by their keys.
+//
+//   - stat / stat_approx: {"logical_count": int [B, L_all, E], ...}, summed
+//     over ranks. Each row of the circular buffer is a forward pass and a
+//     StepLoad step; rows that are zero everywhere are the buffer's unfilled
+//     rows and are dropped, not counted as idle steps. ModelLayers = L_all.
+//   - per_pass: {"records": [{"forward_pass_id", "rank",
+//     "global_physical_count": int [L_all, P]}], "last_physical_to_logical_map":
+//     int [L_all, P]}, one file per rank holding its own tokens' counts of
+//     physical slots; slot p of layer l adds to logical expert map[l][p].
+//     Steps are forward_pass_id (the same pass adds up across ranks),
+//     SourceLoad[r] is rank r's records.
+//   - per_token: records with "topk_ids_of_layer" int [L_all, T, W]:
+//     physical slot ids, W = 8 columns padded with -1, dense layers all -1,
+//     mapped to logical ids through the file's last_physical_to_logical_map.
+//     Every token of a MoE layer must have the same number k of ids; a
+//     physical id ≥ P (SGLang's fused shared experts) is an error. The
+//     record's rank is each token's Source, its forward_pass_id the Step.
+//
+// E is the number of logical experts the map covers (max id + 1) unless
+// LoadOptions.Experts; TopK comes from the data for per_token and from
+// LoadOptions.TopK otherwise. A .pt holding only "physical_to_logical_map"
+// is a placement (--init-expert-location) and is refused.
+//
+// FormatSGLangRoutedExperts (JSON with "routed_experts"): SGLang /generate
+// responses with return_routed_experts, one object, an array or one per
+// line; meta_info.routed_experts is base64 of int32 [positions,
+// num_hidden_layers, k], logical ids. k is LoadOptions.TopK (required);
+// num_hidden_layers is LoadOptions.ModelLayers or, when 0, inferred from
+// prompt_tokens + completion_tokens (− 1). Layers whose ids are all 0 or −1
+// are dense. Sources and steps are unknown.
+//
+// FormatTRTLLM (.safetensors): TensorRT-LLM's EXPERT_STATISTIC_PATH, a
+// directory of meta_info.json ({"num_experts", "num_experts_per_token"})
+// and rank{r}.safetensors, keys "{iteration}_{layer}" → [E] logical counts
+// (any integer dtype). Iterations are steps, r is the source, layer the
+// decoder-layer id; TopK and Tokens come from meta_info. Optional
+// cooccurrence_rank{r}.safetensors ([E, E], diagonal ignored) give
+// CoActivation; token_selected_experts_rank{r}.safetensors ([T, k]) give the
+// per-token trace (source r, step = iteration) when, for every rank and
+// iteration, every layer has the same rows and the tokens add up to the
+// counts; otherwise they are ignored. The safetensors header is checked
+// (dtype, shape, offsets inside the file) before any data is read.
+//
+// FormatMegatron (router_trace_rank{r}.jsonl): Megatron-Core's
+// --moe-routing-trace-path, one record per (step, layer): {"step", "block",
+// "layer", "rank", "num_tokens", "topk", "top_indices": [[k ids] × tokens]}.
+// The rows of one step are the same tokens in every layer; a token's Source
+// is the file's rank and its Step the record's step. Records of the "mtp"
+// block are skipped. Layer ids are taken as written.
+//
+// FormatVLLMLoadStats (JSONL with "record_type": "eplb_load_stats"): vLLM
+// #41141's stats, one record per step with physical loads "expert_load"
+// [L][P] and "p2l_map" [L][P]; load of slot p goes to logical expert
+// p2l_map[l][p]. Steps are the records; layers are vLLM's 0-based MoE-layer
+// indices (LayerNames nil). Other record types are skipped.
+//
+// FormatMoetunerStats (JSON with "schema": "moetuner.stats/v1"): what
+// WriteStats writes (below), read back with every part it holds.
+//
+// # Directories
+//
+// A directory is one trace when it holds one stack's per-rank files:
+// FLAME layer CSVs; SGLang .pt dumps of one recorder mode (per_token files
+// become one Trace, tokens in file-name then record order; per_pass files
+// one set of counts; stat files are merged); Megatron's
+// router_trace_rank{r}.jsonl (one Trace, ranks in order); TensorRT-LLM's
+// rank files. Every file must route the same layers with the same top-k;
+// the error names the file that disagrees. A directory mixing these kinds
+// is refused. Any other directory has its .jsonl, .json and .npy files
+// loaded in name order and merged. LoadAll merges several paths.
+//
+// # Statistics files
+//
+// WriteStats writes Stats in two formats, with fixed formatting (one line
+// per layer, shortest exact decimals), so equal stats give equal bytes.
+//
+// StatsMoetuner ("moetuner.stats/v1") is one JSON object:
+//
+//	{"schema": "moetuner.stats/v1", "experts": E, "top_k": k, "tokens": T,
+//	 "layers": [decoder ids], "model_layers": L_all,        (when known)
+//	 "load": [L][E],
+//	 "transition_mode": "all-pairs"|"top1", "transitions": [L-1][E·E],
+//	 "coactivation": [L][E·E], "step_load": [S][L][E], "source_load": [R][L][E],
+//	 "patterns": [{"source": r, "count": c, "experts": [L·k ids]}]}
+//
+// where every key after "load" is present only when the stats have it
+// ("patterns" only up to 2^22 ids in all) and the E·E rows are row-major
+// (e1·E + e2). Stats of more than 2^26 counts are refused. Load reads it back; reading
+// several and merging them (moetuner stats a.json b.json --out all.json)
+// adds them as Merge does.
+//
+// StatsLogicalCount is {"logical_count": [rows][E]}, the input SGLang's
+// --init-expert-location and EPLB take: with ModelLayers known, rows
+// 0..ModelLayers-1 with each MoE layer at its LayerNames row and dense rows
+// zero; with only LayerNames, rows 0..max(LayerNames) (trailing dense layers
+// cannot be known); with neither, the MoE rows alone, in order.
+// LogicalCountRows says which.
 package routing

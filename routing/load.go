@@ -23,7 +23,19 @@ const (
 	FormatOLMoE        Format = "olmoe-json"    // OLMoE routing-analysis counts
 	FormatFiddler      Format = "fiddler-json"  // Fiddler expert_popularity counts
 	FormatLogicalCount Format = "logical-count" // EPLB/SGLang logical_count
+
+	FormatSGLangPT            Format = "sglang-pt"               // SGLang expert-distribution recorder .pt (stat, per_pass, per_token)
+	FormatSGLangRoutedExperts Format = "sglang-routed-experts"   // SGLang return_routed_experts responses (base64 int32)
+	FormatTRTLLM              Format = "trtllm-expert-statistic" // TensorRT-LLM EXPERT_STATISTIC_PATH .safetensors
+	FormatMegatron            Format = "megatron-router-trace"   // Megatron-Core router_trace_rank{r}.jsonl
+	FormatVLLMLoadStats       Format = "vllm-eplb-load-stats"    // vLLM eplb_load_stats JSONL
+	FormatMoetunerStats       Format = "moetuner-stats"          // moetuner.stats/v1, written by WriteStats
 )
+
+// Formats lists every format Load reads, FormatAuto excluded, in the order
+// of the package documentation.
+var Formats = []Format{FormatJSONL, FormatNPY, FormatFLAME, FormatOLMoE, FormatFiddler, FormatLogicalCount,
+	FormatSGLangPT, FormatSGLangRoutedExperts, FormatTRTLLM, FormatMegatron, FormatVLLMLoadStats, FormatMoetunerStats}
 
 // LoadOptions are the optional settings of Load. The zero value detects the
 // format, infers Experts and TopK where the file allows it, counts all-pairs
@@ -32,20 +44,28 @@ type LoadOptions struct {
 	// Format forces a format; FormatAuto (the default) detects it.
 	Format Format
 	// TopK is the routing top-k for count formats that do not state it
-	// (logical_count; Fiddler defaults to 2). 0 = infer or unknown.
+	// (logical_count, SGLang stat and per_pass, vLLM; Fiddler defaults to 2)
+	// and for SGLang routed_experts, which needs it. 0 = infer or unknown.
 	TopK int
-	// Experts sets the number of experts per layer for NPY traces, whose ids
-	// may not reach the last expert; 0 = max id + 1.
+	// Experts sets the number of (logical) experts per layer for the formats
+	// that do not state it (NPY, SGLang dumps, Megatron, vLLM, routed
+	// experts), whose ids may not reach the last expert; 0 = max id + 1.
+	// Ids at or above it are errors.
 	Experts int
 	// Transitions is the transition convention for per-token traces;
 	// default TransitionAllPairs.
 	Transitions TransitionMode
 	// NoPatterns skips the pattern histogram of per-token traces.
 	NoPatterns bool
-	// KeepZeroLayers keeps logical_count layers that are zero in every step
-	// (DeepSeek's 3 dense layers, for example); by default they are dropped
-	// and LayerNames keeps the original indices.
+	// KeepZeroLayers keeps the layers of logical_count and SGLang stat and
+	// per_pass dumps that are zero in every step (DeepSeek's 3 dense layers,
+	// for example); by default they are dropped and LayerNames keeps the
+	// original indices.
 	KeepZeroLayers bool
+	// ModelLayers is the model's num_hidden_layers, which SGLang's
+	// routed_experts payload needs to be cut into layers; 0 = infer it
+	// from the response's token counts.
+	ModelLayers int
 }
 
 // Source is what Load read from one path.
@@ -53,7 +73,9 @@ type Source struct {
 	Path   string
 	Format Format
 	// Trace is the per-token trace; nil for count-only formats and for a
-	// directory of several trace files (their Stats are merged).
+	// directory of several independent trace files (their Stats are
+	// merged). A directory of one stack's per-rank files (SGLang per_token,
+	// Megatron, TensorRT-LLM token files) is one trace.
 	Trace *Trace
 	// Stats are the aggregated statistics; never nil on success.
 	Stats *Stats
@@ -62,11 +84,15 @@ type Source struct {
 	OLMoE *OLMoEFile
 }
 
-// Load reads path, a file or a directory. A directory of FLAME CSV files
-// (.csv) is read as one trace with a layer per file; any other directory has
-// its .jsonl, .json and .npy files read one by one (sorted by name) and their
-// stats merged with Merge. Other files in a directory are ignored. Errors
-// are *ParseError naming the file, except merge errors.
+// Load reads path, a file or a directory. A directory is one trace when it
+// holds one stack's per-rank dump (see the package documentation): FLAME
+// layer CSVs (.csv), TensorRT-LLM's meta_info.json with rank{r}.safetensors,
+// Megatron's router_trace_rank{r}.jsonl, or SGLang recorder dumps (.pt);
+// per-rank files are merged keeping each token's rank as its source. Any
+// other directory has its .jsonl, .json and .npy files read one by one
+// (sorted by name) and their stats merged with Merge. Other files in a
+// directory are ignored. Errors are *ParseError naming the file, except
+// merge errors.
 func Load(path string, opts LoadOptions) (*Source, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -83,33 +109,71 @@ func Load(path string, opts LoadOptions) (*Source, error) {
 	if err != nil {
 		return nil, &ParseError{File: path, Err: err}
 	}
-	var csvs, others []string
+	var csvs, others, pts, ranks, megatron []string
 	for _, e := range entries {
 		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
 		p := filepath.Join(path, e.Name())
+		switch {
+		case megatronRank(e.Name()) >= 0:
+			megatron = append(megatron, p)
+		case strings.HasSuffix(e.Name(), ".safetensors"):
+			ranks = append(ranks, p)
+		}
 		switch strings.ToLower(filepath.Ext(e.Name())) {
 		case ".csv":
 			csvs = append(csvs, p)
+		case ".pt":
+			pts = append(pts, p)
 		case ".jsonl", ".json", ".npy":
-			others = append(others, p)
+			if e.Name() != "meta_info.json" && megatronRank(e.Name()) < 0 && !strings.HasSuffix(e.Name(), ".source.npy") {
+				others = append(others, p)
+			}
 		}
 	}
+	kinds := 0
+	for _, n := range [][]string{csvs, pts, megatron, ranks, others} {
+		if len(n) > 0 {
+			kinds++
+		}
+	}
+	if kinds > 1 {
+		return nil, perr(path, 0, "", "mixes trace files of several kinds (.csv, .pt, router_trace_rank*.jsonl, .safetensors, .json/.jsonl/.npy): keep one stack's dump in a directory of its own")
+	}
+	want := func(f Format) error {
+		if opts.Format != FormatAuto && opts.Format != f {
+			return perr(path, 0, "", "directory of %s files but format %q was requested", f, opts.Format)
+		}
+		return nil
+	}
 	switch {
-	case len(csvs) > 0 && len(others) > 0:
-		return nil, perr(path, 0, "", "mixes .csv layer files with other trace files: keep FLAME layer CSVs in a directory of their own")
 	case len(csvs) > 0:
-		if opts.Format != FormatAuto && opts.Format != FormatFLAME {
-			return nil, perr(path, 0, "", "directory of .csv files but format %q was requested", opts.Format)
+		if err := want(FormatFLAME); err != nil {
+			return nil, err
 		}
 		t, err := loadFLAMEDir(csvs)
 		if err != nil {
 			return nil, err
 		}
 		return traceSource(path, FormatFLAME, t, opts), nil
+	case len(pts) > 0:
+		if err := want(FormatSGLangPT); err != nil {
+			return nil, err
+		}
+		return loadSGLangFiles(path, pts, opts)
+	case len(megatron) > 0:
+		if err := want(FormatMegatron); err != nil {
+			return nil, err
+		}
+		return loadMegatronFiles(path, megatron, opts)
+	case len(ranks) > 0:
+		if err := want(FormatTRTLLM); err != nil {
+			return nil, err
+		}
+		return loadTRTLLMDir(path, opts)
 	case len(others) == 0:
-		return nil, perr(path, 0, "", "no trace files (.jsonl, .json, .npy, .csv) in the directory")
+		return nil, perr(path, 0, "", "no trace files (.jsonl, .json, .npy, .csv, .pt, .safetensors) in the directory")
 	}
 	slices.Sort(others)
 	if len(others) == 1 {
@@ -161,13 +225,46 @@ func loadFile(path string, opts LoadOptions) (*Source, error) {
 		return nil, &ParseError{File: path, Err: err}
 	}
 	defer f.Close()
+	format := opts.Format
+	if format == FormatAuto {
+		head := make([]byte, 8<<10)
+		n, _ := io.ReadFull(f, head)
+		if format, err = Detect(path, head[:n]); err != nil {
+			return nil, err
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return nil, &ParseError{File: path, Err: err}
+		}
+	}
+	switch format {
+	case FormatSGLangPT:
+		return loadSGLangFiles(path, []string{path}, opts)
+	case FormatTRTLLM:
+		return loadTRTLLMFiles(path, filepath.Dir(path), []string{path}, opts)
+	case FormatMegatron:
+		return loadMegatronFiles(path, []string{path}, opts)
+	case FormatNPY:
+		t, err := readNPY(f, path, opts.Experts)
+		if err != nil {
+			return nil, err
+		}
+		if err := readNPYSources(t, path); err != nil {
+			return nil, err
+		}
+		return traceSource(path, format, t, opts), nil
+	}
+	opts.Format = format
 	return read(f, path, opts)
 }
 
 // Read reads one file's contents from r, detecting the format from name's
 // extension and the first bytes unless opts.Format is set. name is used for
-// detection, for a FLAME file's layer number ("layer<N>") and in errors, and
-// may be empty. It is Load of a single file without the file system.
+// detection, for a FLAME file's layer number ("layer<N>"), for a Megatron
+// file's rank ("router_trace_rank<N>.jsonl") and in errors, and may be
+// empty. It is Load of a single file without the file system: an NPY
+// trace's .source.npy and a TensorRT-LLM rank file's meta_info.json are not
+// looked for. Formats that need random access (.pt, .safetensors) are read
+// into memory, up to 4 GiB.
 func Read(r io.Reader, name string, opts LoadOptions) (*Source, error) {
 	return read(r, name, opts)
 }
@@ -205,8 +302,37 @@ func read(r io.Reader, name string, opts LoadOptions) (*Source, error) {
 			names = []int{n}
 		}
 		return traceSource(name, format, flameTrace([]*flameLayer{fl}, names), opts), nil
+	case FormatMegatron:
+		b := &tokenBuilder{experts: opts.Experts}
+		if err := readMegatron(br, name, int64(megatronRank(filepath.Base(name))), b); err != nil {
+			return nil, err
+		}
+		return builtTrace(name, format, b, opts)
+	case FormatVLLMLoadStats:
+		s, err := readVLLMLoadStats(br, name, opts)
+		if err != nil {
+			return nil, err
+		}
+		return statsSource(name, format, s)
+	case FormatSGLangPT, FormatTRTLLM:
+		data, err := io.ReadAll(io.LimitReader(br, maxRandomAccessBytes+1))
+		if err != nil {
+			return nil, perr(name, 0, "", "read: %v", err)
+		}
+		if len(data) > maxRandomAccessBytes {
+			return nil, perr(name, 0, "", "larger than %d bytes: load it from a file (Load) instead", maxRandomAccessBytes)
+		}
+		ra := bytes.NewReader(data)
+		if format == FormatSGLangPT {
+			return readSGLang(name, []randomFile{{name, ra, int64(len(data))}}, opts)
+		}
+		return readTRTLLM(name, nil, []randomFile{{name, ra, int64(len(data))}}, opts)
 	}
-	data, err := readCapped(br, name)
+	limit := int64(maxJSONBytes)
+	if format == FormatMoetunerStats {
+		limit = maxStatsFileBytes
+	}
+	data, err := readCappedAt(br, name, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -227,17 +353,60 @@ func read(r io.Reader, name string, opts LoadOptions) (*Source, error) {
 		if s, err = parseLogicalCount(data, name, opts.TopK, opts.KeepZeroLayers); err != nil {
 			return nil, err
 		}
+	case FormatMoetunerStats:
+		if s, err = parseMoetunerStats(data, name); err != nil {
+			return nil, err
+		}
+	case FormatSGLangRoutedExperts:
+		t, err := parseRoutedExperts(data, name, opts)
+		if err != nil {
+			return nil, err
+		}
+		return traceSource(name, format, t, opts), nil
 	default:
-		return nil, perr(name, 0, "", "unknown format %q: use one of jsonl, npy, flame-csv, olmoe-json, fiddler-json, logical-count", format)
+		return nil, perr(name, 0, "", "unknown format %q: use one of %s", format, formatList())
 	}
-	if name != "" {
+	src.Stats = s
+	return statsSource(name, format, s, src)
+}
+
+// maxRandomAccessBytes caps a .pt or .safetensors file read through Read.
+const maxRandomAccessBytes = 4 << 30
+
+func formatList() string {
+	names := make([]string, len(Formats))
+	for i, f := range Formats {
+		names[i] = string(f)
+	}
+	return strings.Join(names, ", ")
+}
+
+// statsSource validates count-only stats and wraps them in a Source; src,
+// when given, is the Source to fill.
+func statsSource(name string, format Format, s *Stats, src ...*Source) (*Source, error) {
+	if name != "" && s.Sources == nil {
 		s.Sources = []string{name}
 	}
 	if err := s.Validate(); err != nil {
 		return nil, perr(name, 0, "", "%v", err)
 	}
-	src.Stats = s
-	return src, nil
+	if len(src) > 0 {
+		src[0].Stats = s
+		return src[0], nil
+	}
+	return &Source{Path: name, Format: format, Stats: s}, nil
+}
+
+// builtTrace validates the trace a tokenBuilder assembled.
+func builtTrace(name string, format Format, b *tokenBuilder, opts LoadOptions) (*Source, error) {
+	t := b.trace()
+	if t == nil {
+		return nil, perr(name, 0, "", "no tokens recorded")
+	}
+	if err := t.Validate(); err != nil {
+		return nil, perr(name, 0, "", "%v", err)
+	}
+	return traceSource(name, format, t, opts), nil
 }
 
 func traceSource(name string, format Format, t *Trace, opts LoadOptions) *Source {
@@ -249,37 +418,57 @@ func traceSource(name string, format Format, t *Trace, opts LoadOptions) *Source
 }
 
 // Detect guesses the format of a file from its name and its first bytes:
-// the NPY magic or .npy; a CSV header starting layer_id,token_id or .csv;
-// a JSON object with "logical_count" (or a bare JSON array), with
-// "expert_popularity", with "expert_counts" and "num_experts", or with
-// "moetuner_trace" or "layers" (JSONL, also for .jsonl). It returns a
-// *ParseError when nothing matches.
+// the NPY magic or .npy; a zip header or .pt (SGLang recorder dump);
+// .safetensors (TensorRT-LLM); a CSV header starting layer_id,token_id or
+// .csv; router_trace_rank<N>.jsonl or a first line with "top_indices"
+// (Megatron); "eplb_load_stats" or a first "eplb_initial_mapping" record
+// (vLLM); a JSON object
+// with "schema" "moetuner.stats/...", with "routed_experts", with
+// "logical_count" (or a bare JSON array), with "expert_popularity", with
+// "expert_counts" and "num_experts", or with "moetuner_trace" or "layers"
+// (JSONL, also for .jsonl). It returns a *ParseError when nothing matches.
 func Detect(name string, head []byte) (Format, error) {
 	ext := strings.ToLower(filepath.Ext(name))
 	trimmed := bytes.TrimLeft(head, " \t\r\n\ufeff")
+	first := trimmed
+	if i := bytes.IndexByte(first, '\n'); i >= 0 {
+		first = first[:i]
+	}
+	has := func(b []byte, k string) bool { return bytes.Contains(b, []byte(`"`+k+`"`)) }
 	switch {
 	case bytes.HasPrefix(head, []byte(npyMagic)) || ext == ".npy":
 		return FormatNPY, nil
+	case bytes.HasPrefix(head, []byte("PK\x03\x04")) || ext == ".pt" || ext == ".pth":
+		return FormatSGLangPT, nil
+	case ext == ".safetensors":
+		return FormatTRTLLM, nil
 	case bytes.HasPrefix(trimmed, []byte("layer_id,token_id")) || ext == ".csv":
 		return FormatFLAME, nil
+	case megatronRank(filepath.Base(name)) >= 0 || (len(first) > 0 && first[0] == '{' && has(first, "top_indices")):
+		return FormatMegatron, nil
+	case len(first) > 0 && first[0] == '{' && (bytes.Contains(trimmed, []byte(`"eplb_load_stats"`)) || bytes.Contains(first, []byte(`"eplb_initial_mapping"`))):
+		return FormatVLLMLoadStats, nil
+	case len(trimmed) > 0 && trimmed[0] == '{' && has(trimmed, "schema") && bytes.Contains(trimmed, []byte(`"moetuner.stats/`)):
+		return FormatMoetunerStats, nil
+	case len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[') && has(trimmed, "routed_experts"):
+		return FormatSGLangRoutedExperts, nil
 	case ext == ".jsonl":
 		return FormatJSONL, nil
 	case len(trimmed) > 0 && trimmed[0] == '[':
 		return FormatLogicalCount, nil
 	case len(trimmed) > 0 && trimmed[0] == '{':
-		has := func(k string) bool { return bytes.Contains(trimmed, []byte(`"`+k+`"`)) }
 		switch {
-		case has("logical_count"):
+		case has(trimmed, "logical_count"):
 			return FormatLogicalCount, nil
-		case has("expert_popularity"):
+		case has(trimmed, "expert_popularity"):
 			return FormatFiddler, nil
-		case has("expert_counts") && has("num_experts"):
+		case has(trimmed, "expert_counts") && has(trimmed, "num_experts"):
 			return FormatOLMoE, nil
-		case has("moetuner_trace") || has("layers"):
+		case has(trimmed, "moetuner_trace") || has(trimmed, "layers"):
 			return FormatJSONL, nil
 		}
 	case len(trimmed) == 0:
 		return FormatAuto, perr(name, 0, "", "empty file: nothing to read")
 	}
-	return FormatAuto, perr(name, 0, "", "cannot detect the format: set LoadOptions.Format (jsonl, npy, flame-csv, olmoe-json, fiddler-json, logical-count)")
+	return FormatAuto, perr(name, 0, "", "cannot detect the format: set LoadOptions.Format (%s)", formatList())
 }

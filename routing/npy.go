@@ -32,51 +32,51 @@ type npyHeader struct {
 	shape   []int
 }
 
-func readNPY(r io.Reader, file string, experts int) (*Trace, error) {
-	br := bufio.NewReader(r)
+// readNPYHeader reads an NPY preamble and header and checks the dtype
+// (int16, int32, int64 or uint8) and the order (C).
+func readNPYHeader(br *bufio.Reader, file string) (h npyHeader, size int, order binary.ByteOrder, err error) {
 	var pre [8]byte
 	if _, err := io.ReadFull(br, pre[:]); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, perr(file, 0, "", "empty file: want a .npy array")
+			return h, 0, nil, perr(file, 0, "", "empty file: want a .npy array")
 		}
-		return nil, perr(file, 0, "", "truncated NPY preamble: the file is cut short")
+		return h, 0, nil, perr(file, 0, "", "truncated NPY preamble: the file is cut short")
 	}
 	if string(pre[:6]) != npyMagic {
-		return nil, perr(file, 0, "", "not an NPY file (bad magic): save the array with numpy.save")
+		return h, 0, nil, perr(file, 0, "", "not an NPY file (bad magic): save the array with numpy.save")
 	}
 	var hlen int
 	switch pre[6] {
 	case 1:
 		var b [2]byte
 		if _, err := io.ReadFull(br, b[:]); err != nil {
-			return nil, perr(file, 0, "", "truncated NPY header length")
+			return h, 0, nil, perr(file, 0, "", "truncated NPY header length")
 		}
 		hlen = int(binary.LittleEndian.Uint16(b[:]))
 	case 2, 3:
 		var b [4]byte
 		if _, err := io.ReadFull(br, b[:]); err != nil {
-			return nil, perr(file, 0, "", "truncated NPY header length")
+			return h, 0, nil, perr(file, 0, "", "truncated NPY header length")
 		}
 		hlen = int(binary.LittleEndian.Uint32(b[:]))
 	default:
-		return nil, perr(file, 0, "", "unsupported NPY version %d.%d: save with numpy.save (version 1, 2 or 3)", pre[6], pre[7])
+		return h, 0, nil, perr(file, 0, "", "unsupported NPY version %d.%d: save with numpy.save (version 1, 2 or 3)", pre[6], pre[7])
 	}
 	if hlen > maxNPYHeader {
-		return nil, perr(file, 0, "", "NPY header of %d bytes exceeds %d: the file is corrupt", hlen, maxNPYHeader)
+		return h, 0, nil, perr(file, 0, "", "NPY header of %d bytes exceeds %d: the file is corrupt", hlen, maxNPYHeader)
 	}
 	hb := make([]byte, hlen)
 	if _, err := io.ReadFull(br, hb); err != nil {
-		return nil, perr(file, 0, "", "truncated NPY header: the file is cut short")
+		return h, 0, nil, perr(file, 0, "", "truncated NPY header: the file is cut short")
 	}
-	h, err := parseNPYHeader(string(hb))
+	h, err = parseNPYHeader(string(hb))
 	if err != nil {
-		return nil, withFile(err, file)
+		return h, 0, nil, withFile(err, file)
 	}
-	var size int
-	var order binary.ByteOrder = binary.LittleEndian
+	order = binary.LittleEndian
 	d := h.descr
 	if len(d) != 3 || !strings.ContainsRune("<>|=", rune(d[0])) {
-		return nil, perr(file, 0, "descr", "unsupported dtype %q: use int16, int32, int64 or uint8", d)
+		return h, 0, nil, perr(file, 0, "descr", "unsupported dtype %q: use int16, int32, int64 or uint8", d)
 	}
 	if d[0] == '>' {
 		order = binary.BigEndian
@@ -91,10 +91,75 @@ func readNPY(r io.Reader, file string, experts int) (*Trace, error) {
 	case "u1":
 		size = 1
 	default:
-		return nil, perr(file, 0, "descr", "unsupported dtype %q: use int16, int32, int64 or uint8 (cast with arr.astype(np.int16))", d)
+		return h, 0, nil, perr(file, 0, "descr", "unsupported dtype %q: use int16, int32, int64 or uint8 (cast with arr.astype(np.int16))", d)
 	}
 	if h.fortran && len(h.shape) > 1 {
-		return nil, perr(file, 0, "fortran_order", "Fortran-order arrays are not supported: save np.ascontiguousarray(arr)")
+		return h, 0, nil, perr(file, 0, "fortran_order", "Fortran-order arrays are not supported: save np.ascontiguousarray(arr)")
+	}
+	return h, size, order, nil
+}
+
+// readNPYData reads the n elements of size bytes that follow the header,
+// refusing a short or long file.
+func readNPYData(br *bufio.Reader, file string, h npyHeader, n uint64, size int) ([]byte, error) {
+	// ReadAll grows with the data actually present, so a header that lies
+	// about the shape cannot make us allocate more than the file holds.
+	raw, err := io.ReadAll(io.LimitReader(br, int64(n)*int64(size)+1))
+	if err != nil {
+		return nil, perr(file, 0, "", "read: %v", err)
+	}
+	if uint64(len(raw)) < n*uint64(size) {
+		return nil, perr(file, 0, "", "truncated data: %d bytes, shape %v of %s needs %d", len(raw), h.shape, h.descr, n*uint64(size))
+	}
+	if uint64(len(raw)) > n*uint64(size) {
+		return nil, perr(file, 0, "", "trailing bytes after the %v array: the header shape does not match the data", h.shape)
+	}
+	return raw, nil
+}
+
+func npyInt(b []byte, size int, order binary.ByteOrder) int64 {
+	switch size {
+	case 1:
+		return int64(b[0])
+	case 2:
+		return int64(int16(order.Uint16(b)))
+	case 4:
+		return int64(int32(order.Uint32(b)))
+	}
+	return int64(order.Uint64(b))
+}
+
+// readNPYInts reads a sidecar of per-token source ranks: an integer array
+// of shape [tokens], each -1 (unknown) or a rank in [0, 2^31).
+func readNPYInts(r io.Reader, file string, tokens int) ([]int32, error) {
+	br := bufio.NewReader(r)
+	h, size, order, err := readNPYHeader(br, file)
+	if err != nil {
+		return nil, err
+	}
+	if len(h.shape) != 1 || h.shape[0] != tokens {
+		return nil, perr(file, 0, "shape", "shape %v, want [%d]: one source rank per token of the trace", h.shape, tokens)
+	}
+	raw, err := readNPYData(br, file, h, uint64(tokens), size)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int32, tokens)
+	for i := range out {
+		v := npyInt(raw[i*size:(i+1)*size], size, order)
+		if v < -1 || v > math.MaxInt32 {
+			return nil, perr(file, 0, fmt.Sprintf("data[%d]", i), "source rank %d out of range: want -1 (unknown) or a rank ≥ 0", v)
+		}
+		out[i] = int32(v)
+	}
+	return out, nil
+}
+
+func readNPY(r io.Reader, file string, experts int) (*Trace, error) {
+	br := bufio.NewReader(r)
+	h, size, order, err := readNPYHeader(br, file)
+	if err != nil {
+		return nil, err
 	}
 	var T, L, K int
 	switch len(h.shape) {
@@ -115,17 +180,9 @@ func readNPY(r io.Reader, file string, experts int) (*Trace, error) {
 	if T == 0 {
 		return nil, perr(file, 0, "shape", "no tokens in shape %v", h.shape)
 	}
-	// ReadAll grows with the data actually present, so a header that lies
-	// about the shape cannot make us allocate more than the file holds.
-	raw, err := io.ReadAll(io.LimitReader(br, int64(n)*int64(size)+1))
+	raw, err := readNPYData(br, file, h, n, size)
 	if err != nil {
-		return nil, perr(file, 0, "", "read: %v", err)
-	}
-	if uint64(len(raw)) < n*uint64(size) {
-		return nil, perr(file, 0, "", "truncated data: %d bytes, shape %v of %s needs %d", len(raw), h.shape, d, n*uint64(size))
-	}
-	if uint64(len(raw)) > n*uint64(size) {
-		return nil, perr(file, 0, "", "trailing bytes after the %v array: the header shape does not match the data", h.shape)
+		return nil, err
 	}
 	limit := int64(math.MaxInt16 + 1)
 	if experts > 0 {
@@ -134,18 +191,7 @@ func readNPY(r io.Reader, file string, experts int) (*Trace, error) {
 	t := &Trace{Tokens: T, Layers: L, TopK: K, IDs: make([]int16, n)}
 	maxID := int64(-1)
 	for i := range t.IDs {
-		b := raw[i*size : (i+1)*size]
-		var v int64
-		switch size {
-		case 1:
-			v = int64(b[0])
-		case 2:
-			v = int64(int16(order.Uint16(b)))
-		case 4:
-			v = int64(int32(order.Uint32(b)))
-		case 8:
-			v = int64(order.Uint64(b))
-		}
+		v := npyInt(raw[i*size:(i+1)*size], size, order)
 		if v < 0 || v >= limit {
 			field := fmt.Sprintf("data[%d,%d,%d]", i/(L*K), i/K%L, i%K)
 			if experts > 0 {

@@ -33,8 +33,9 @@ func StatsFromLoad(load [][]float64, topK int) *Stats {
 // Transitions (when set) is (Layers-1)×Experts², CoActivation (when set) is
 // Layers×Experts² symmetric with a zero diagonal, every StepLoad step is
 // Layers×Experts, patterns have Layers×TopK ids in range and are sorted by
-// key, LayerNames is nil or has Layers entries, and every count is finite
-// and non-negative. It returns nil when s is valid.
+// key, LayerNames is nil or has Layers distinct entries, SourceLoad (when
+// set) has Layers×Experts matrices that sum to at most Load, and every
+// count is finite and non-negative. It returns nil when s is valid.
 func (s *Stats) Validate() error {
 	if s == nil {
 		return errors.New("routing: nil stats")
@@ -79,8 +80,29 @@ func (s *Stats) Validate() error {
 			return err
 		}
 	}
+	if s.SourceLoad != nil {
+		sum := newMatrix(L, E)
+		for r, m := range s.SourceLoad {
+			if err := checkMatrix(fmt.Sprintf("SourceLoad[%d]", r), m, L, E); err != nil {
+				return err
+			}
+			addMatrix(sum, m)
+		}
+		for l := range L {
+			for e := range E {
+				if sum[l][e] > s.Load[l][e]*(1+1e-9)+1e-9 {
+					return fmt.Errorf("routing: SourceLoad summed over sources is %v at layer %d expert %d, more than Load %v", sum[l][e], l, e, s.Load[l][e])
+				}
+			}
+		}
+	}
 	if s.LayerNames != nil && len(s.LayerNames) != L {
 		return fmt.Errorf("routing: len(LayerNames) = %d, want %d layers or nil", len(s.LayerNames), L)
+	}
+	for i, n := range s.LayerNames {
+		if j := slices.Index(s.LayerNames[:i], n); j >= 0 {
+			return fmt.Errorf("routing: LayerNames[%d] = %d repeats LayerNames[%d]", i, n, j)
+		}
 	}
 	if s.ModelLayers != 0 {
 		top := L - 1
@@ -146,7 +168,8 @@ func (s *Stats) isZero() bool {
 // mismatch and s is left unchanged. Load, Tokens, Transitions, CoActivation
 // and pattern counts add up (patterns by key). A matrix or histogram that one
 // side lacks (nil) is dropped from the result, as the sum would be
-// incomplete. StepLoad concatenates: o's steps follow s's. Sources are
+// incomplete. StepLoad concatenates: o's steps follow s's. SourceLoad adds
+// rank by rank (a rank only one side has is kept as it is). Sources are
 // appended.
 func (s *Stats) Merge(o *Stats) error {
 	if o == nil {
@@ -220,6 +243,16 @@ func (s *Stats) Merge(o *Stats) error {
 		}
 	} else {
 		s.StepLoad = nil
+	}
+	if s.SourceLoad != nil && o.SourceLoad != nil {
+		for len(s.SourceLoad) < len(o.SourceLoad) {
+			s.SourceLoad = append(s.SourceLoad, newMatrix(s.Layers, s.Experts))
+		}
+		for r, m := range o.SourceLoad {
+			addMatrix(s.SourceLoad[r], m)
+		}
+	} else {
+		s.SourceLoad = nil
 	}
 	if s.Patterns != nil && o.Patterns != nil {
 		s.Patterns = mergePatterns(s.Patterns, o.Patterns)
@@ -295,6 +328,17 @@ func cloneMatrix(m [][]float64) [][]float64 {
 	return out
 }
 
+func cloneMatrices(ms [][][]float64) [][][]float64 {
+	if ms == nil {
+		return nil
+	}
+	out := make([][][]float64, len(ms))
+	for i, m := range ms {
+		out[i] = cloneMatrix(m)
+	}
+	return out
+}
+
 // Clone returns a deep copy of s; nil for nil.
 func (s *Stats) Clone() *Stats {
 	if s == nil {
@@ -304,12 +348,8 @@ func (s *Stats) Clone() *Stats {
 	c.Load = cloneMatrix(s.Load)
 	c.Transitions = cloneMatrix(s.Transitions)
 	c.CoActivation = cloneMatrix(s.CoActivation)
-	if s.StepLoad != nil {
-		c.StepLoad = make([][][]float64, len(s.StepLoad))
-		for i, m := range s.StepLoad {
-			c.StepLoad[i] = cloneMatrix(m)
-		}
-	}
+	c.StepLoad = cloneMatrices(s.StepLoad)
+	c.SourceLoad = cloneMatrices(s.SourceLoad)
 	if s.Patterns != nil {
 		c.Patterns = make([]Pattern, len(s.Patterns))
 		for i, p := range s.Patterns {
@@ -322,14 +362,17 @@ func (s *Stats) Clone() *Stats {
 }
 
 // Scale multiplies every count in s (Tokens, Load, Transitions,
-// CoActivation, StepLoad and pattern counts) by f, for example to weight
-// one workload against another before Merge.
+// CoActivation, StepLoad, SourceLoad and pattern counts) by f, for example
+// to weight one workload against another before Merge.
 func (s *Stats) Scale(f float64) {
 	s.Tokens *= f
 	scaleMatrix(s.Load, f)
 	scaleMatrix(s.Transitions, f)
 	scaleMatrix(s.CoActivation, f)
 	for _, m := range s.StepLoad {
+		scaleMatrix(m, f)
+	}
+	for _, m := range s.SourceLoad {
 		scaleMatrix(m, f)
 	}
 	for i := range s.Patterns {

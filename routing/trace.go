@@ -142,7 +142,9 @@ type StatsOptions struct {
 // Stats aggregates t. It assumes t is valid (see Validate); ids out of range
 // panic. Transitions and CoActivation are left nil when Layers×Experts²
 // exceeds 2^24 entries; Patterns is nil when NoPatterns is set or when t has
-// more than MaxPatterns distinct paths; StepLoad is nil when Step is nil.
+// more than MaxPatterns distinct paths; StepLoad is nil when Step is nil;
+// SourceLoad is nil when Source is nil or names a rank so large that
+// ranks×Layers×Experts exceeds 2^24.
 func (t *Trace) Stats(opts StatsOptions) *Stats {
 	L, E, K := t.Layers, t.Experts, t.TopK
 	s := &Stats{
@@ -174,6 +176,22 @@ func (t *Trace) Stats(opts StatsOptions) *Stats {
 			s.StepLoad[i] = newMatrix(L, E)
 		}
 	}
+	var srcLoad [][][]float64
+	if t.Source != nil {
+		maxSrc := int32(-1)
+		for _, r := range t.Source {
+			maxSrc = max(maxSrc, r)
+		}
+		// Ranks are dense small integers; a stray huge id leaves the
+		// per-source loads unknown rather than allocating for it.
+		if n := int(maxSrc) + 1; n > 0 && n*L*E <= maxDenseEntries {
+			srcLoad = make([][][]float64, n)
+			for r := range srcLoad {
+				srcLoad[r] = newMatrix(L, E)
+			}
+		}
+	}
+	s.SourceLoad = srcLoad
 	var pats map[string]int
 	if !opts.NoPatterns {
 		pats = make(map[string]int)
@@ -188,6 +206,12 @@ func (t *Trace) Stats(opts StatsOptions) *Stats {
 			}
 			if s.StepLoad != nil {
 				sl := s.StepLoad[stepIndex[t.Step[tok]]][l]
+				for _, e := range set {
+					sl[e]++
+				}
+			}
+			if srcLoad != nil && t.Source[tok] >= 0 {
+				sl := srcLoad[t.Source[tok]][l]
 				for _, e := range set {
 					sl[e]++
 				}

@@ -94,6 +94,12 @@ type Stats struct {
 	CoActivation [][]float64
 	// StepLoad[s][l][e] is Load per step; nil when steps are unknown.
 	StepLoad [][][]float64
+	// SourceLoad[r][l][e] is Load restricted to the tokens whose source
+	// (home) rank is r, for r in [0, len(SourceLoad)); nil when sources are
+	// unknown. Tokens of unknown source count in Load only, so
+	// Σ_r SourceLoad[r] ≤ Load element by element (equal when every source
+	// is known).
+	SourceLoad [][][]float64
 	// Patterns is the histogram of distinct token paths (sorted by key), nil
 	// when unknown or when there were more than MaxPatterns distinct paths.
 	Patterns []Pattern

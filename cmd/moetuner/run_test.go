@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
 )
 
 func runCLI(t *testing.T, args ...string) (int, string, string) {
@@ -269,4 +270,119 @@ func TestDispatchLocalFlags(t *testing.T) {
 		assert.Equal(t, tc.code, code, tc.args)
 		assert.Contains(t, stderr, tc.want, tc.args)
 	}
+}
+
+// TestStatsOut is the acceptance check of stats --out: the SGLang stat
+// dump, the two per_token dumps together and the Megatron traces all give
+// the same logical_count, with the loads at rows 2-9 and dense rows zero;
+// moetuner-format files add up.
+func TestStatsOut(t *testing.T) {
+	chdirRoot(t)
+	dir := t.TempDir()
+	var ex struct {
+		Load [][]float64 `json:"logical_load_moe_layers"`
+	}
+	b, err := os.ReadFile("testdata/serving-stacks/expected.json")
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &ex))
+	check := func(t *testing.T, path string) {
+		var lc struct {
+			Rows [][]float64 `json:"logical_count"`
+		}
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(b, &lc))
+		require.Len(t, lc.Rows, 10)
+		assert.Equal(t, make([]float64, 64), lc.Rows[0], "dense layer 0")
+		assert.Equal(t, make([]float64, 64), lc.Rows[1], "dense layer 1")
+		assert.Equal(t, ex.Load, lc.Rows[2:])
+	}
+	vs := "testdata/serving-stacks/"
+	for name, args := range map[string][]string{
+		"stat":      {vs + "sglang_stat.pt"},
+		"per_token": {vs + "sglang_per_token_0.pt", vs + "sglang_per_token_1.pt"},
+		"megatron":  {vs + "megatron_router_trace"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out := filepath.Join(dir, name+".json")
+			code, stdout, stderr := runCLI(t, append(append([]string{"stats"}, args...), "--out", out, "--format", "logical-count")...)
+			require.Equal(t, 0, code, stderr)
+			assert.Contains(t, stdout, "logical_count of 10 rows × 64 experts, MoE layers at rows [2 3 4 5 6 7 8 9]")
+			check(t, out)
+		})
+	}
+
+	a, bb, all := filepath.Join(dir, "a.json"), filepath.Join(dir, "b.json"), filepath.Join(dir, "all.json")
+	code, _, stderr := runCLI(t, "stats", "--out", a, vs+"megatron_router_trace")
+	require.Equal(t, 0, code, stderr)
+	code, _, stderr = runCLI(t, "stats", vs+"sglang_per_pass_0.pt", vs+"sglang_per_pass_1.pt", "--out", bb)
+	require.Equal(t, 0, code, stderr)
+	code, stdout, stderr := runCLI(t, "stats", a, bb, "--out", all)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "source "+a+" (moetuner-stats)")
+	var sa, sb, sall struct {
+		Load [][]float64 `json:"load"`
+	}
+	for p, v := range map[string]any{a: &sa, bb: &sb, all: &sall} {
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(b, v))
+	}
+	for l := range sall.Load {
+		for e := range sall.Load[l] {
+			require.Equal(t, sa.Load[l][e]+sb.Load[l][e], sall.Load[l][e])
+		}
+	}
+
+	code, _, stderr = runCLI(t, "stats", vs+"sglang_stat.pt", "--format", "logical-count")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, stderr, "--format logical-count needs --out FILE")
+	code, _, stderr = runCLI(t, "stats", vs+"sglang_stat.pt", "--format", "csv")
+	assert.Equal(t, 2, code)
+	assert.Contains(t, stderr, `invalid value "csv" for flag -format`)
+}
+
+// TestStatsOutShared runs the acceptance commands on the shared fixtures.
+func TestStatsOutShared(t *testing.T) {
+	chdirRoot(t)
+	shared := filepath.Join("..", "shared", "fixtures", "serving-stacks")
+	b, err := os.ReadFile(filepath.Join(shared, "EXPECTED.json"))
+	if err != nil {
+		t.Skip("shared serving-stack fixtures not present")
+	}
+	var ex struct {
+		Load [][]float64 `json:"logical_load_moe_layers"`
+	}
+	require.NoError(t, json.Unmarshal(b, &ex))
+	dir := t.TempDir()
+	for name, args := range map[string][]string{
+		"stat":      {filepath.Join(shared, "sglang_stat.pt")},
+		"per_token": {filepath.Join(shared, "sglang_per_token_0.pt"), filepath.Join(shared, "sglang_per_token_1.pt")},
+		"megatron":  {filepath.Join(shared, "megatron_router_trace") + "/"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out := filepath.Join(dir, name+".json")
+			code, _, stderr := runCLI(t, append(append([]string{"stats"}, args...), "--out", out, "--format", "logical-count")...)
+			require.Equal(t, 0, code, stderr)
+			var lc struct {
+				Rows [][]float64 `json:"logical_count"`
+			}
+			b, err := os.ReadFile(out)
+			require.NoError(t, err)
+			require.NoError(t, json.Unmarshal(b, &lc))
+			require.Len(t, lc.Rows, 10)
+			assert.Equal(t, ex.Load, lc.Rows[2:10])
+			assert.Equal(t, make([]float64, 64), lc.Rows[0])
+		})
+	}
+}
+
+// TestTraceFormatsListEveryReader keeps --trace-format in step with the
+// formats routing reads.
+func TestTraceFormatsListEveryReader(t *testing.T) {
+	want := []string{""}
+	for _, f := range routing.Formats {
+		want = append(want, string(f))
+	}
+	assert.Equal(t, want, traceFormats)
 }

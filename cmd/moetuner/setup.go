@@ -55,7 +55,7 @@ type common struct {
 
 func (c *common) register(fs *flag.FlagSet, solve bool) {
 	fs.Var(&c.traces, "trace", "routing trace file or directory (repeatable; stats are added up)")
-	choiceVar(fs, &c.format, "trace-format", "", traceFormats, "force the trace format: jsonl, npy, flame-csv, olmoe-json, fiddler-json, logical-count (default: detect)")
+	choiceVar(fs, &c.format, "trace-format", "", traceFormats, "force the trace format: jsonl, npy, flame-csv, olmoe-json, fiddler-json, logical-count, sglang-pt, sglang-routed-experts, trtllm-expert-statistic, megatron-router-trace, vllm-eplb-load-stats, moetuner-stats (default: detect)")
 	choiceVar(fs, &c.transitions, "transitions", "all-pairs", []string{"all-pairs", "top1"}, "transition counting for per-token traces: all-pairs (k×k) or top1")
 	fs.IntVar(&c.topK, "top-k", 0, "top-k for count formats that do not state it (default: the model's)")
 	fs.StringVar(&c.cluster, "cluster", "h100x8", "cluster preset ("+strings.Join(costmodel.ClusterNames(), ", ")+", or <n>x<preset>) or YAML file")
@@ -282,7 +282,8 @@ func (e *cliError) Error() string { return e.msg }
 func (e *cliError) Unwrap() error { return e.err }
 
 // traceFormats are the values of --trace-format ("" detects the format).
-var traceFormats = []string{"", "jsonl", "npy", "flame-csv", "olmoe-json", "fiddler-json", "logical-count"}
+var traceFormats = []string{"", "jsonl", "npy", "flame-csv", "olmoe-json", "fiddler-json", "logical-count",
+	"sglang-pt", "sglang-routed-experts", "trtllm-expert-statistic", "megatron-router-trace", "vllm-eplb-load-stats", "moetuner-stats"}
 
 // setDuration is a duration flag that records whether it was given.
 type setDuration struct {

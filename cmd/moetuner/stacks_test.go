@@ -250,9 +250,9 @@ func TestPlanFromStackFile(t *testing.T) {
 func TestStatsLogicalCount(t *testing.T) {
 	chdirRoot(t)
 	out := filepath.Join(t.TempDir(), "lc.json")
-	code, stdout, stderr := runCLI(t, "stats", "--logical-count", out, flameTrace)
+	code, stdout, stderr := runCLI(t, "stats", flameTrace, "--out", out, "--format", "logical-count")
 	require.Equal(t, 0, code, stderr)
-	assert.Contains(t, stdout, "wrote "+out+": logical_count of 10 decoder layers × 64 experts")
+	assert.Contains(t, stdout, "wrote "+out+": logical_count of 10 rows × 64 experts")
 	var m struct {
 		LC [][]float64 `json:"logical_count"`
 	}

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"text/tabwriter"
 
 	"github.com/moetuner/moetuner/costmodel"
+
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
@@ -17,14 +19,33 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	topK := fs.Int("top-k", 0, "top-k for count formats that do not state it")
 	choiceVar(fs, &transitions, "transitions", "all-pairs", []string{"all-pairs", "top1"}, "transition counting: all-pairs or top1")
 	jsonOut := fs.String("json", "", "also write the summary as JSON to this file")
-	logicalCount := fs.String("logical-count", "", "also write the loads as SGLang's {\"logical_count\": [decoder layers][experts]} JSON to this file (dense layers as zero rows), for --init-expert-location to run SGLang's own EPLB on")
-	model := fs.String("model", "", "with --logical-count: model preset or YAML file that says the decoder layers when the trace does not (default: the preset matching the trace's shape)")
-	if err := parse(fs, args); err != nil {
-		return err
+	out := fs.String("out", "", "also write the aggregated statistics to this file (merge several with: moetuner stats a.json b.json --out all.json)")
+	var outFormat string
+	choiceVar(fs, &outFormat, "format", "moetuner", []string{"moetuner", "logical-count"},
+		"format of --out: moetuner (moetuner.stats/v1, read back by every command; files add up) or logical-count ({\"logical_count\": [decoder layers][experts]}, dense layers zero, for SGLang's --init-expert-location and EPLB)")
+	model := fs.String("model", "", "with --format logical-count: model preset or YAML file that says the decoder layers when the trace does not (default: the preset matching the trace's shape)")
+	// Flags may follow the traces (moetuner stats a.pt b.pt --out s.json).
+	var traces []string
+	for {
+		if err := parse(fs, args); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		if i := len(args) - fs.NArg() - 1; i >= 0 && args[i] == "--" {
+			traces = append(traces, fs.Args()...)
+			break
+		}
+		traces = append(traces, fs.Arg(0))
+		args = fs.Args()[1:]
 	}
-	if fs.NArg() == 0 {
+	if len(traces) == 0 {
 		fs.Usage()
 		return errUsage
+	}
+	if *out == "" && outFormat != "moetuner" {
+		return usagef("--format %s needs --out FILE", outFormat)
 	}
 	lo := routing.LoadOptions{Format: routing.Format(format), TopK: *topK}
 	if transitions == "top1" {
@@ -32,7 +53,7 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	} else if transitions != "all-pairs" {
 		return fmt.Errorf("--transitions %q: want all-pairs or top1", transitions)
 	}
-	stats, sources, err := routing.LoadAll(fs.Args(), lo)
+	stats, sources, err := routing.LoadAll(traces, lo)
 	if err != nil {
 		return err
 	}
@@ -56,18 +77,26 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 			optPct(sum.HasTransitions && int(l.Layer) < sum.Layers-1, l.TopPairShare), optPct(sum.HasTransitions && int(l.Layer) < sum.Layers-1, l.RowMaxShare))
 	}
 	tw.Flush()
-	if *logicalCount != "" {
-		c := common{model: *model}
-		m, err := c.loadModel(stats)
-		if err != nil && *model != "" {
+	if *out != "" {
+		w := stats
+		if outFormat == "logical-count" {
+			if w, err = withLayout(stats, *model, stderr); err != nil {
+				return err
+			}
+		}
+		var buf bytes.Buffer
+		if err := routing.WriteStats(&buf, w, routing.StatsFormat(outFormat)); err != nil {
 			return err
 		}
-		// Without a matching preset the trace alone must say.
-		c.layout, c.modelName = planLayout(stats, m, costmodel.Cluster{Nodes: 1, GPUsPerNode: 1}), m.Name
-		if err := placement.WriteLogicalCountFile(*logicalCount, stats, c.layout); err != nil {
-			return c.layoutError(err, *logicalCount, costmodel.Cluster{})
+		if err := placement.WriteFileAtomic(*out, buf.Bytes()); err != nil {
+			return err
 		}
-		fmt.Fprintf(stdout, "wrote %s: logical_count of %d decoder layers × %d experts\n", *logicalCount, c.layout.ModelLayers, stats.Experts)
+		if outFormat == "logical-count" {
+			rows, n := routing.LogicalCountRows(w)
+			fmt.Fprintf(stdout, "wrote %s: logical_count of %d rows × %d experts, MoE layers at rows %v\n", *out, n, stats.Experts, rows)
+		} else {
+			fmt.Fprintf(stdout, "wrote %s (moetuner.stats/v1)\n", *out)
+		}
 	}
 	return writeJSON(*jsonOut, sum)
 }
@@ -77,4 +106,28 @@ func optPct(ok bool, v float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.1f%%", 100*v)
+}
+
+// withLayout returns stats (a copy when it changes anything) with the
+// decoder layers the trace does not record taken from the model (--model,
+// else the preset matching the trace's shape), as plan places SGLang
+// maps. When neither knows the decoder-layer count, it says so on stderr:
+// the file then ends at the last MoE layer.
+func withLayout(stats *routing.Stats, model string, stderr io.Writer) (*routing.Stats, error) {
+	c := common{model: model}
+	m, err := c.loadModel(stats)
+	if err != nil && model != "" {
+		return nil, err
+	}
+	l := planLayout(stats, m, costmodel.Cluster{Nodes: 1, GPUsPerNode: 1})
+	w := stats
+	if l.ModelLayers != stats.ModelLayers || (l.LayerIDs != nil && stats.LayerNames == nil) {
+		c := *stats
+		c.ModelLayers, c.LayerNames = l.ModelLayers, l.LayerIDs
+		w = &c
+	}
+	if w.ModelLayers == 0 {
+		fmt.Fprintln(stderr, "moetuner: stats: neither the trace nor a model preset says how many decoder layers the model has: logical_count ends at the last MoE layer (pass --model to add trailing dense layers)")
+	}
+	return w, nil
 }
