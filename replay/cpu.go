@@ -72,27 +72,52 @@ type cpuExpert struct{ w1, w3, w2 []float32 }
 // Run executes w's expert FFNs and returns the measured per-GPU times, with
 // the communication modeled from opts (see RunOptions).
 func (b CPU) Run(ctx context.Context, w *Workload, opts RunOptions) (*Measurement, error) {
-	h, f, scale := b.sizes()
-	m := newMeasurement("cpu", w, opts)
-	if err := modelComm(m, w, opts); err != nil {
+	ms, err := b.runAll(ctx, []*Workload{w}, opts)
+	if err != nil {
 		return nil, err
+	}
+	return ms[0], nil
+}
+
+// runAll runs several workloads of the same shape (one per plan, same
+// routing data) in one pass, interleaved as finely as possible: for every
+// iteration, layer and GPU, each timed repeat runs every workload's share of
+// it back to back, in an order that alternates from repeat to repeat and
+// from entry to entry (A B, B A, …). A burst of other load, a frequency
+// change or a cold cache then hits every plan alike, and no plan always
+// runs first. All workloads share one set of expert weights and buffers.
+func (b CPU) runAll(ctx context.Context, ws []*Workload, opts RunOptions) ([]*Measurement, error) {
+	h, f, scale := b.sizes()
+	w0 := ws[0]
+	ms := make([]*Measurement, len(ws))
+	maxSlot := 0
+	for j, w := range ws {
+		if w.Iterations() != w0.Iterations() || w.Layers() != w0.Layers() || w.GPUs() != w0.GPUs() || w.Plan.Experts != w0.Plan.Experts {
+			return nil, fmt.Errorf("replay: workload %d has %d iterations × %d layers × %d GPUs, workload 0 %d × %d × %d; interleaved plans must replay the same routing data on the same GPUs",
+				j, w.Iterations(), w.Layers(), w.GPUs(), w0.Iterations(), w0.Layers(), w0.GPUs())
+		}
+		ms[j] = newMeasurement("cpu", w, opts)
+		if err := modelComm(ms[j], w, opts); err != nil {
+			return nil, err
+		}
+		maxSlot = max(maxSlot, w.maxSlotTokens())
 	}
 	capBytes := b.MaxWeightBytes
 	if capBytes <= 0 {
 		capBytes = DefaultCPUMaxWeightBytes
 	}
 	setBytes := int64(3*h*f) * 4
-	sets := int(min(int64(w.Plan.Experts), max(1, capBytes/setBytes)))
+	sets := int(min(int64(w0.Plan.Experts), max(1, capBytes/setBytes)))
 	experts := make([]cpuExpert, sets)
 	for e := range experts {
 		experts[e] = cpuExpert{w1: fill(h*f, e, 1), w3: fill(h*f, e, 2), w2: fill(f*h, e, 3)}
 	}
-	maxTok := b.ScaledTokens(w.maxSlotTokens())
+	maxTok := b.ScaledTokens(maxSlot)
 	x := fill(maxTok*h, 0, 4)
 	gate := make([]float32, maxTok*f)
 	up := make([]float32, maxTok*f)
 	y := make([]float32, maxTok*h)
-	runGPU := func(i, l int, slots []int) {
+	runGPU := func(w *Workload, i, l int, slots []int) {
 		for _, s := range slots {
 			n := b.ScaledTokens(w.SlotTokens[i][l][s])
 			if n == 0 {
@@ -109,32 +134,53 @@ func (b CPU) Run(ctx context.Context, w *Workload, opts RunOptions) (*Measuremen
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	for range opts.warmup() {
-		for g, slots := range w.GPUSlots(0) {
-			_ = g
-			runGPU(0, 0, slots)
+		for _, w := range ws {
+			for _, slots := range w.GPUSlots(0) {
+				runGPU(w, 0, 0, slots)
+			}
 		}
 	}
 	reps := opts.repeats()
-	times := make([]time.Duration, reps)
-	for i := range w.Iterations() {
-		for l := range w.Layers() {
+	times := make([][]time.Duration, len(ws))
+	for j := range times {
+		times[j] = make([]time.Duration, reps)
+	}
+	slots := make([][][]int, len(ws))
+	for i := range w0.Iterations() {
+		for l := range w0.Layers() {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			for g, slots := range w.GPUSlots(l) {
+			for j, w := range ws {
+				slots[j] = w.GPUSlots(l)
+			}
+			for g := range w0.GPUs() {
 				for r := range reps {
-					start := threadTime()
-					runGPU(i, l, slots)
-					times[r] = threadTime() - start
+					for k := range ws {
+						j := k
+						if (r+g+l)%2 == 1 {
+							j = len(ws) - 1 - k
+						}
+						start := threadTime()
+						runGPU(ws[j], i, l, slots[j][g])
+						times[j][r] = threadTime() - start
+					}
 				}
-				m.GPUTime[i][l][g] = median(times)
+				for j := range ws {
+					ms[j].GPUTime[i][l][g] = median(times[j])
+				}
 			}
 		}
 	}
-	m.Compute = Measured
-	m.ComputeNote = fmt.Sprintf("gonum float32 SwiGLU experts (3 GEMMs + SiLU⊙) at hidden %d, FFN %d, token scale %g, single-threaded, timed by the thread's CPU clock; median of %d repeats after %d warm-up", h, f, scale, reps, opts.warmup())
-	m.finish(opts)
-	return m, nil
+	for _, m := range ms {
+		m.Compute = Measured
+		m.ComputeNote = fmt.Sprintf("gonum float32 SwiGLU experts (3 GEMMs + SiLU⊙) at hidden %d, FFN %d, token scale %g, single-threaded, timed by the thread's CPU clock; median of %d repeats after %d warm-up", h, f, scale, reps, opts.warmup())
+		if len(ws) > 1 {
+			m.ComputeNote += fmt.Sprintf("; %d plans interleaved GPU by GPU, alternating order", len(ws))
+		}
+		m.finish(opts)
+	}
+	return ms, nil
 }
 
 // fill returns n deterministic small values, so the arithmetic stays finite.
