@@ -11,11 +11,21 @@ import (
 	"gonum.org/v1/gonum/blas/gonum"
 )
 
-// Defaults of the CPU backend: Mixtral's FFN/hidden ratio of 3.5 at a size a
-// laptop core runs in milliseconds per expert.
+// Defaults of the CPU backend: Mixtral's FFN/hidden ratio of 3.5, and a
+// sixteenth of the routed tokens, at which one GPU's share of a Mixtral
+// layer (4096 tokens, 2 experts per GPU) runs 3-5 ms on one core, over a
+// thousand times the thread clock's resolution, with the per-token work
+// 96-100 % of an expert's time (calibration), while a round of two plans
+// over 32 layers takes 3-5 s, so the five or more rounds a confidence
+// interval needs take well under a minute. Measured on a loaded 2-core
+// machine, the noise of a plan replayed against itself does not shrink at
+// larger sizes (it comes from the other load's cache and memory traffic,
+// in proportion to the work), so larger sizes only cost time; the README
+// shows the measurement.
 const (
-	DefaultCPUHidden         = 256
-	DefaultCPUFFN            = 896
+	DefaultCPUHidden         = 128
+	DefaultCPUFFN            = 448
+	DefaultCPUTokenScale     = 1.0 / 16
 	DefaultCPUMaxWeightBytes = 512 << 20
 )
 
@@ -24,14 +34,15 @@ const (
 // goroutine, and times each GPU's share of each layer. An expert is SwiGLU in
 // float32: Y = (SiLU(X·W1) ⊙ (X·W3))·W2 with X [tokens×Hidden], W1 and W3
 // [Hidden×FFN], W2 [FFN×Hidden]: three GEMMs and the activation. The zero
-// value uses DefaultCPUHidden × DefaultCPUFFN and the true token counts.
+// value uses DefaultCPUHidden × DefaultCPUFFN and DefaultCPUTokenScale.
 type CPU struct {
 	// Hidden and FFN are the scaled-down expert sizes; 0 means
 	// DefaultCPUHidden and DefaultCPUFFN.
 	Hidden, FFN int
 	// TokenScale multiplies every slot's token count before running it
 	// (rounded, at least 1 for a slot with tokens), to keep runs short on
-	// large batches; 0 means 1. Reported times are for the scaled counts.
+	// large batches; 0 means DefaultCPUTokenScale, 1 the true counts.
+	// Reported times are for the scaled counts.
 	TokenScale float64
 	// MaxWeightBytes caps the memory of the expert weights; 0 means
 	// DefaultCPUMaxWeightBytes. Weights are allocated once per logical expert
@@ -44,23 +55,25 @@ type CPU struct {
 // Name returns "cpu".
 func (CPU) Name() string { return "cpu" }
 
-func (b CPU) sizes() (h, f int, scale float64) {
-	h, f, scale = b.Hidden, b.FFN, b.TokenScale
-	if h <= 0 {
-		h = DefaultCPUHidden
+// Sizes returns the hidden size, FFN size and token scale the backend runs,
+// defaults applied.
+func (b CPU) Sizes() (hidden, ffn int, tokenScale float64) {
+	hidden, ffn, tokenScale = b.Hidden, b.FFN, b.TokenScale
+	if hidden <= 0 {
+		hidden = DefaultCPUHidden
 	}
-	if f <= 0 {
-		f = DefaultCPUFFN
+	if ffn <= 0 {
+		ffn = DefaultCPUFFN
 	}
-	if scale <= 0 {
-		scale = 1
+	if tokenScale <= 0 {
+		tokenScale = DefaultCPUTokenScale
 	}
-	return h, f, scale
+	return hidden, ffn, tokenScale
 }
 
 // ScaledTokens returns the token count the backend runs for n routed tokens.
 func (b CPU) ScaledTokens(n int) int {
-	_, _, scale := b.sizes()
+	_, _, scale := b.Sizes()
 	if n == 0 {
 		return 0
 	}
@@ -87,7 +100,7 @@ func (b CPU) Run(ctx context.Context, w *Workload, opts RunOptions) (*Measuremen
 // change or a cold cache then hits every plan alike, and no plan always
 // runs first. All workloads share one set of expert weights and buffers.
 func (b CPU) runAll(ctx context.Context, ws []*Workload, opts RunOptions) ([]*Measurement, error) {
-	h, f, scale := b.sizes()
+	h, f, scale := b.Sizes()
 	w0 := ws[0]
 	ms := make([]*Measurement, len(ws))
 	maxSlot := 0

@@ -49,9 +49,9 @@
 //
 // CPU runs every GPU's experts for real with gonum in float32, as SwiGLU:
 // Y = (SiLU(X·W1) ⊙ (X·W3))·W2, three GEMMs and the activation, at a
-// scaled-down size (default hidden 256, FFN 896: Mixtral's ratio 3.5) with
-// the true token counts, optionally multiplied by TokenScale to bound the
-// run time. GEMMs are issued in tiles small enough that gonum's Sgemm stays
+// scaled-down size (default hidden 128, FFN 448: Mixtral's ratio 3.5) with
+// the token counts multiplied by TokenScale (default 1/16; 1 runs the true
+// counts) to bound the run time. GEMMs are issued in tiles small enough that gonum's Sgemm stays
 // serial, so the timing is single-threaded whatever GOMAXPROCS is. Virtual
 // GPUs run one after another; each GPU's share of a layer is repeated
 // RunOptions.Repeats times after a warm-up and the median kept. Several

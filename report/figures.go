@@ -31,16 +31,37 @@ const (
 
 func px(n int) vg.Length { return vg.Length(n) * vg.Inch / dpi }
 
-// grid is a GridXYZ over z[row][col]: columns on x, rows on y.
-type grid struct{ z [][]float64 }
+// grid is a GridXYZ over z[row][col]: columns on x, rows on y, row 0 at
+// the bottom, or at the top when topDown (as a matrix is printed).
+type grid struct {
+	z       [][]float64
+	topDown bool
+}
 
-func (g grid) Dims() (c, r int)   { return len(g.z[0]), len(g.z) }
-func (g grid) Z(c, r int) float64 { return g.z[r][c] }
-func (g grid) X(c int) float64    { return float64(c) }
-func (g grid) Y(r int) float64    { return float64(r) }
+func (g grid) Dims() (c, r int) { return len(g.z[0]), len(g.z) }
 
-// heatFigure draws z[row][col] with a color bar from lo to hi, labelled unit.
-func heatFigure(title, xLabel, yLabel, unit string, z [][]float64, lo, hi float64, labels bool) ([]byte, error) {
+// Z returns the value drawn at (c, r), row r counted from the bottom.
+func (g grid) Z(c, r int) float64 {
+	if g.topDown {
+		return g.z[len(g.z)-1-r][c]
+	}
+	return g.z[r][c]
+}
+func (g grid) X(c int) float64 { return float64(c) }
+func (g grid) Y(r int) float64 { return float64(r) }
+
+// y is where row r of z is drawn.
+func (g grid) y(r int) float64 {
+	if g.topDown {
+		return float64(len(g.z) - 1 - r)
+	}
+	return float64(r)
+}
+
+// heatFigure draws z[row][col] with a color bar from lo to hi, labelled
+// unit. A matrix has row 0 at the top; labels writes every cell's value (in
+// MB) into it.
+func heatFigure(title, xLabel, yLabel, unit string, z [][]float64, lo, hi float64, matrix, labels bool) ([]byte, error) {
 	if !(hi > lo) {
 		hi = lo + math.Max(1e-9, math.Abs(lo)*1e-6)
 	}
@@ -51,17 +72,18 @@ func heatFigure(title, xLabel, yLabel, unit string, z [][]float64, lo, hi float6
 	p.Title.Text = title
 	p.X.Label.Text = xLabel
 	p.Y.Label.Text = yLabel
-	hm := plotter.NewHeatMap(grid{z}, cm.Palette(paletteSteps))
+	g := grid{z: z, topDown: matrix}
+	hm := plotter.NewHeatMap(g, cm.Palette(paletteSteps))
 	hm.Min, hm.Max = lo, hi
 	p.Add(hm)
 	cols, rows := len(z[0]), len(z)
-	p.X.Tick.Marker = intTicks(cols)
-	p.Y.Tick.Marker = intTicks(rows)
+	p.X.Tick.Marker = intTicks(cols, false)
+	p.Y.Tick.Marker = intTicks(rows, matrix)
 	if labels {
 		var xy plotter.XYLabels
 		for r := range rows {
 			for c := range cols {
-				xy.XYs = append(xy.XYs, plotter.XY{X: float64(c), Y: float64(r)})
+				xy.XYs = append(xy.XYs, plotter.XY{X: g.X(c), Y: g.y(r)})
 				xy.Labels = append(xy.Labels, bytesStr(z[r][c]*1e6))
 			}
 		}
@@ -98,15 +120,20 @@ func heatFigure(title, xLabel, yLabel, unit string, z [][]float64, lo, hi float6
 	return buf.Bytes(), nil
 }
 
-// intTicks labels integer positions 0..n-1, thinned to about 10 labels.
-func intTicks(n int) plot.TickerFunc {
+// intTicks labels integer positions 0..n-1, thinned to about 10 labels;
+// reversed, position i is labelled n-1-i (row 0 on top).
+func intTicks(n int, reversed bool) plot.TickerFunc {
 	return func(min, max float64) []plot.Tick {
 		step := max1(n / 10)
 		var ts []plot.Tick
 		for i := 0; i < n; i++ {
+			idx := i
+			if reversed {
+				idx = n - 1 - i
+			}
 			t := plot.Tick{Value: float64(i)}
-			if i%step == 0 {
-				t.Label = fmt.Sprint(i)
+			if idx%step == 0 {
+				t.Label = fmt.Sprint(idx)
 			}
 			ts = append(ts, t)
 		}
@@ -208,18 +235,18 @@ func planFigures(in Input) ([][]figure, error) {
 				}
 			}
 		}
-		b, err := heatFigure(pl.Name+": GPU load ÷ layer mean", "GPU", "MoE layer", "load ÷ mean", z, 1-dev, 1+dev, false)
+		b, err := heatFigure(pl.Name+": GPU load ÷ layer mean", "GPU", "MoE layer", "load ÷ mean", z, 1-dev, 1+dev, false, false)
 		if err != nil {
 			return nil, fmt.Errorf("report: plan %q load map: %w", pl.Name, err)
 		}
 		out[k] = append(out[k], newFigure(pl.Name+" load", fmt.Sprintf("%s: routed tokens per GPU and layer, relative to the layer's mean (1 = balanced; busiest/mean %.3f on average, %.3f at worst).", pl.Name, pl.Report.MeanImbalance, pl.Report.MaxImbalance), b, smallW, smallH))
-		b, err = heatFigure(pl.Name+": dispatch bytes, GPU → GPU", "destination GPU", "source GPU", "MB (all layers)", gpuM[k], 0, maxGPU, false)
+		b, err = heatFigure(pl.Name+": dispatch bytes, GPU → GPU", "destination GPU", "source GPU", "MB (all layers)", gpuM[k], 0, maxGPU, true, false)
 		if err != nil {
 			return nil, fmt.Errorf("report: plan %q traffic map: %w", pl.Name, err)
 		}
 		out[k] = append(out[k], newFigure(pl.Name+" GPU traffic", pl.Name+": dispatch bytes from each source GPU to each destination GPU, summed over layers (combine mirrors it).", b, smallW, smallH))
 		if in.Cluster.Nodes > 1 {
-			b, err = heatFigure(pl.Name+": dispatch bytes, node → node", "destination node", "source node", "MB (all layers)", nodeM[k], 0, maxNode, true)
+			b, err = heatFigure(pl.Name+": dispatch bytes, node → node", "destination node", "source node", "MB (all layers)", nodeM[k], 0, maxNode, true, true)
 			if err != nil {
 				return nil, fmt.Errorf("report: plan %q node map: %w", pl.Name, err)
 			}

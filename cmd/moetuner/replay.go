@@ -25,9 +25,9 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	batch := fs.Int("batch-tokens", 0, "tokens per iteration (default: a per-token trace in one batch; 4096 for count-only stats)")
 	iters := fs.Int("iterations", 0, "iterations: batches sampled from count-only stats (default 4), or the most batches cut from a trace (default all)")
 	seed := fs.Uint64("seed", 0, "seed of the batch sampler for count-only stats (default 0x6d6f65)")
-	hidden := fs.Int("hidden", 0, "expert hidden size the cpu/gpu backend runs (default: cpu 256, gpu the model's)")
-	ffn := fs.Int("ffn", 0, "expert FFN size the cpu/gpu backend runs (default: cpu 896, gpu the model's)")
-	tokenScale := fs.Float64("token-scale", 0, "cpu: multiply every expert's token count by this (default 1)")
+	hidden := fs.Int("hidden", 0, fmt.Sprintf("expert hidden size the cpu/gpu backend runs (default: cpu %d, gpu the model's)", replay.DefaultCPUHidden))
+	ffn := fs.Int("ffn", 0, fmt.Sprintf("expert FFN size the cpu/gpu backend runs (default: cpu %d, gpu the model's)", replay.DefaultCPUFFN))
+	tokenScale := fs.Float64("token-scale", 0, fmt.Sprintf("cpu: multiply every expert's token count by this (default %g; 1 runs the true counts)", replay.DefaultCPUTokenScale))
 	repeats := fs.Int("repeats", 0, "cpu/gpu: timed repeats per GPU and layer, median kept (default 3)")
 	rounds := fs.Int("rounds", 0, "at most this many interleaved rounds (every plan once per round, cpu: GPU share by GPU share); replay stops earlier once every difference is resolved (default: cpu/gpu 30, sim 1: it is deterministic)")
 	minRounds := fs.Int("min-rounds", 0, "cpu/gpu: at least this many rounds before stopping on resolved differences (default 5)")
@@ -61,8 +61,9 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	case "cpu":
 		cb := replay.CPU{Hidden: *hidden, FFN: *ffn, TokenScale: *tokenScale}
-		b, scale = cb, *tokenScale
-		model.Hidden, model.FFN, model.BytesPerExpert = cmpOr(*hidden, replay.DefaultCPUHidden), cmpOr(*ffn, replay.DefaultCPUFFN), 0
+		b = cb
+		model.Hidden, model.FFN, scale = cb.Sizes()
+		model.BytesPerExpert = 0
 	case "gpu":
 		gb := replay.GPU{Hidden: *hidden, FFN: *ffn}
 		if *devices != "" {
