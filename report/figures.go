@@ -111,13 +111,13 @@ func heatFigure(title, xLabel, yLabel, unit string, z [][]float64, lo, hi float6
 
 	c := vgimg.NewWith(vgimg.UseWH(px(smallW), px(smallH)), vgimg.UseDPI(dpi))
 	dc := draw.New(c)
-	p.Draw(draw.Crop(dc, 0, -px(colorBarW), 0, 0))
-	bar.Draw(draw.Crop(dc, px(smallW-colorBarW+8), 0, 0, 0))
-	var buf bytes.Buffer
-	if _, err := (vgimg.PngCanvas{Canvas: c}).WriteTo(&buf); err != nil {
+	if err := drawSafely(func() {
+		p.Draw(draw.Crop(dc, 0, -px(colorBarW), 0, 0))
+		bar.Draw(draw.Crop(dc, px(smallW-colorBarW+8), 0, 0, 0))
+	}); err != nil {
 		return nil, err
 	}
-	return buf.Bytes(), nil
+	return encodePNG(c)
 }
 
 // intTicks labels integer positions 0..n-1, thinned to about 10 labels;
@@ -151,12 +151,31 @@ func max1(n int) int {
 // renderPNG renders p at w×h pixels.
 func renderPNG(p *plot.Plot, w, h int) ([]byte, error) {
 	c := vgimg.NewWith(vgimg.UseWH(px(w), px(h)), vgimg.UseDPI(dpi))
-	p.Draw(draw.New(c))
+	if err := drawSafely(func() { p.Draw(draw.New(c)) }); err != nil {
+		return nil, err
+	}
+	return encodePNG(c)
+}
+
+func encodePNG(c *vgimg.Canvas) ([]byte, error) {
 	var buf bytes.Buffer
 	if _, err := (vgimg.PngCanvas{Canvas: c}).WriteTo(&buf); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// drawSafely runs draw and turns a panic into an error: gonum/plot panics
+// on some data ranges (an axis spanning 1e308, for one), and a report must
+// fail with an error, not crash, on odd input.
+func drawSafely(draw func()) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("cannot draw the data: %v", r)
+		}
+	}()
+	draw()
+	return nil
 }
 
 // lines draws one line per series over x = 0, 1, …

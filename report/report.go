@@ -1,16 +1,3 @@
-// Package report renders what moetuner knows about a set of placements as
-// one self-contained HTML page: the modeled comparison table and plots
-// (per-layer × per-GPU load heatmaps, busiest/mean per layer, GPU×GPU and
-// node×node dispatch traffic, cross-node bytes per layer, the gap to a
-// lower bound), and, when given, replay measurements with their confidence
-// intervals and a backtest. Plots are drawn with gonum.org/v1/plot and
-// embedded as base64 PNG; the page loads nothing from the network (no
-// fonts, styles or scripts from elsewhere; the only script is inline and
-// records, for tests, how many plots the browser decoded and where).
-//
-// Write takes an Input the caller fills: the cost reports come from
-// costmodel (Scenario.Evaluate), bounds and gaps from whatever solved the
-// plans (report does not import the solver), measurements from replay.
 package report
 
 import (
@@ -111,8 +98,12 @@ type Series struct {
 	Values []float64 `json:"values"`
 }
 
+// maxValue bounds the values report plots: gonum/plot panics on, or loops
+// over, axes that span more than float64 can hold.
+const maxValue = 1e15
+
 // Validate checks that b is complete: at least one window and series, one
-// value per window in every series, finite values, named series.
+// value per window in every series, values within ±1e15, named series.
 func (b *Backtest) Validate() error {
 	if len(b.Windows) == 0 || len(b.Series) == 0 {
 		return errors.New("report: backtest: needs at least one window and one series")
@@ -125,8 +116,8 @@ func (b *Backtest) Validate() error {
 			return fmt.Errorf("report: backtest: series[%d] %q has %d values for %d windows; give one value per window", k, s.Name, len(s.Values), len(b.Windows))
 		}
 		for w, v := range s.Values {
-			if math.IsNaN(v) || math.IsInf(v, 0) {
-				return fmt.Errorf("report: backtest: series[%d] %q: values[%d] is %v; want a finite number", k, s.Name, w, v)
+			if !(math.Abs(v) <= maxValue) {
+				return fmt.Errorf("report: backtest: series[%d] %q: values[%d] is %v; want a number within ±%g", k, s.Name, w, v, maxValue)
 			}
 		}
 	}
@@ -176,6 +167,18 @@ func (in *Input) validate() error {
 		}
 		if len(r.Diffs) != 0 && len(r.Diffs) != len(r.Measurements)-1 {
 			return fmt.Errorf("report: replay: %d differences for %d measurements; want one per measurement after the first", len(r.Diffs), len(r.Measurements))
+		}
+		for j, d := range r.Diffs {
+			for _, x := range []struct {
+				name string
+				d    replay.Difference
+			}{{"tail", d.Tail}, {"mean", d.Mean}, {"layer time", d.Time}} {
+				// A relative difference; an interval may be missing (NaN).
+				ok := math.Abs(x.d.Estimate) <= 1e6 && (math.IsNaN(x.d.Lo) || math.Abs(x.d.Lo) <= 1e6) && (math.IsNaN(x.d.Hi) || math.Abs(x.d.Hi) <= 1e6)
+				if !ok {
+					return fmt.Errorf("report: replay: difference %d, %s: %v [%v, %v] is not a relative difference (want |x| ≤ 1e6)", j, x.name, x.d.Estimate, x.d.Lo, x.d.Hi)
+				}
+			}
 		}
 	}
 	if in.Backtest != nil {
@@ -417,7 +420,7 @@ p.note { font-size: 13px; color: #444; max-width: 1100px; }
 {{end}}
 <h2>All plans</h2>
 <div class="grid">{{range .Shared}}{{template "fig" .}}{{end}}</div>
-{{with .Replay}}<h2>Replay (measured)</h2>
+{{with .Replay}}<h2>Replay</h2>
 <p class="note">{{.Note}}</p>
 {{range .Diffs}}<p class="note">{{.}}</p>{{end}}
 <div class="grid">{{range .Figs}}{{template "fig" .}}{{end}}</div>

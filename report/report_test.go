@@ -8,6 +8,7 @@ import (
 	"image"
 	"image/png"
 	"math"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -206,4 +207,60 @@ func TestWriteTable(t *testing.T) {
 	var again bytes.Buffer
 	require.NoError(t, Write(&again, in))
 	assert.True(t, bytes.Equal(buf.Bytes(), again.Bytes()), "two renders differ")
+}
+
+func TestReadJSON(t *testing.T) {
+	read := func(name string) []byte {
+		data, err := os.ReadFile(filepath.Join("..", "testdata", "report", name))
+		require.NoError(t, err)
+		return data
+	}
+	r, err := ReadReplay(read("replay-cpu.json"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"flame-contiguous.json", "flame-joint.json"}, r.Names)
+	require.Len(t, r.Measurements, 2)
+	require.Len(t, r.Diffs, 1)
+	assert.Equal(t, 3, r.Rounds)
+	assert.False(t, math.IsNaN(r.Diffs[0].Tail.Lo), "a cpu comparison has intervals")
+	assert.Contains(t, r.Note, "backend cpu")
+	r, err = ReadReplay(read("replay-sim.json"))
+	require.NoError(t, err)
+	assert.True(t, math.IsNaN(r.Diffs[0].Tail.Lo), "one sim round: no interval (null)")
+	b, err := ReadBacktest(read("backtest.json"))
+	require.NoError(t, err)
+	assert.Len(t, b.Series, 2)
+
+	for name, tc := range map[string]struct {
+		data, want string
+	}{
+		"syntax":         {`{"plans": [`, "report: replay: unexpected end of JSON input"},
+		"no plans":       {`{"plans": []}`, "report: replay: no plans"},
+		"no measurement": {`{"plans": [{"file": "a.json"}]}`, `report: replay: plans[0] ("a.json") has no measured layers`},
+		"diff count": {`{"plans": [{"file": "a", "measurement": {"layers": [{"tail_ns": 1}]}}], "comparison": {"diffs": [{"tail": {"estimate": 0}}]}}`,
+			"comparison.diffs has 1 entries for 1 plans"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := ReadReplay([]byte(tc.data))
+			assert.ErrorContains(t, err, tc.want)
+		})
+	}
+	_, err = ReadBacktest([]byte(`{"windows": []}`))
+	assert.ErrorContains(t, err, "report: backtest: needs at least one window and one series")
+	assert.Equal(t, []string{"a.json", "x/b.json", "y/b.json"}, PlanNames([]string{"p/a.json", "x/b.json", "y/b.json"}))
+}
+
+// TestWriteHugeValues: gonum/plot panics on an axis spanning 1e308 (found
+// by FuzzReadJSON) and loops forever on one spanning ±1e308; Write refuses
+// such values, and turns a panic while drawing into an error.
+func TestWriteHugeValues(t *testing.T) {
+	in := flameInput(t, 1)
+	in.Backtest = &Backtest{Windows: []string{"a"}, Series: []Series{{Name: "x", Values: []float64{1e308}}, {Name: "y", Values: []float64{-1e308}}}}
+	var buf bytes.Buffer
+	assert.ErrorContains(t, Write(&buf, in), `report: backtest: series[0] "x": values[0] is 1e+308; want a number within ±1e+15`)
+	in.Backtest = nil
+	in.Replay = simReplay(t, in)
+	in.Replay.Diffs[0].Tail.Hi = 1e300
+	assert.ErrorContains(t, Write(&buf, in), "report: replay: difference 0, tail")
+	assert.Zero(t, buf.Len())
+	assert.ErrorContains(t, drawSafely(func() { panic("illegal range") }), "cannot draw the data: illegal range")
 }

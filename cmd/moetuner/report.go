@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -40,7 +39,7 @@ func cmdReport(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	sc := costmodel.Scenario{Stats: p.Stats, Cluster: p.Cluster, Model: p.Model, Flow: p.Flow, Mode: p.Mode, Dispatch: p.Dispatch}
-	names := planNames(plans)
+	names := report.PlanNames(plans)
 	var rps []report.Plan
 	for k, path := range plans {
 		plan, err := readPlan(path, p.Cluster.GPUs())
@@ -77,22 +76,6 @@ func cmdReport(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// planNames labels plans by file name, or by path where two share one.
-func planNames(paths []string) []string {
-	count := map[string]int{}
-	for _, p := range paths {
-		count[filepath.Base(p)]++
-	}
-	out := make([]string, len(paths))
-	for k, p := range paths {
-		out[k] = filepath.Base(p)
-		if count[out[k]] > 1 {
-			out[k] = filepath.ToSlash(p)
-		}
-	}
-	return out
-}
-
 // reportInput describes the problem p and its plans for report.Write.
 func reportInput(p solver.Problem, sources []*routing.Source, plans []report.Plan) report.Input {
 	var traces []string
@@ -118,66 +101,44 @@ func writeReport(path string, in report.Input) error {
 // maxJSONBytes caps the replay and backtest files report reads.
 const maxJSONBytes = 256 << 20
 
-func readJSONFile(path, flag string, v any) error {
+func readJSONFile(path, flag string) ([]byte, error) {
 	st, err := os.Stat(path)
 	if err != nil {
-		return fmt.Errorf("--%s: %w", flag, err)
+		return nil, fmt.Errorf("--%s: %w", flag, err)
 	}
 	if st.Size() > maxJSONBytes {
-		return fmt.Errorf("--%s %s: %d bytes, more than the %d MiB a %s file may have", flag, path, st.Size(), maxJSONBytes>>20, flag)
+		return nil, fmt.Errorf("--%s %s: %d bytes, more than the %d MiB a %s file may have", flag, path, st.Size(), maxJSONBytes>>20, flag)
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("--%s: %w", flag, err)
+		return nil, fmt.Errorf("--%s: %w", flag, err)
 	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return fmt.Errorf("--%s %s: %w", flag, path, err)
-	}
-	return nil
+	return data, nil
 }
 
 // readReplayJSON reads what 'moetuner replay --json' writes.
 func readReplayJSON(path string) (*report.Replay, error) {
-	var r jsonReplay
-	if err := readJSONFile(path, "replay", &r); err != nil {
+	data, err := readJSONFile(path, "replay")
+	if err != nil {
 		return nil, err
 	}
-	if len(r.Plans) == 0 {
-		return nil, fmt.Errorf("--replay %s: no plans; want the file 'moetuner replay --json' writes", path)
+	r, err := report.ReadReplay(data)
+	if err != nil {
+		return nil, fmt.Errorf("--replay %s: %w", path, err)
 	}
-	var files []string
-	for _, pl := range r.Plans {
-		files = append(files, pl.File)
-	}
-	out := &report.Replay{Names: planNames(files)}
-	for k, pl := range r.Plans {
-		m := pl.Measurement
-		if m == nil || len(m.Layers) == 0 {
-			return nil, fmt.Errorf("--replay %s: plans[%d] (%s) has no measurement; want the file 'moetuner replay --json' writes", path, k, pl.File)
-		}
-		out.Measurements = append(out.Measurements, m)
-	}
-	m0 := out.Measurements[0]
-	out.Note = fmt.Sprintf("backend %s, mode %s; compute %s (%s); communication %s", r.Backend, r.Mode, m0.Compute, m0.ComputeNote, m0.Communication)
-	if c := r.Comparison; c != nil {
-		if len(c.Diffs) != len(out.Measurements)-1 {
-			return nil, fmt.Errorf("--replay %s: comparison.diffs has %d entries for %d plans; want one per plan after the first", path, len(c.Diffs), len(out.Measurements))
-		}
-		out.Diffs, out.Rounds = c.Diffs, c.Rounds
-		out.Note += fmt.Sprintf("; %d interleaved rounds, stopped: %s", c.Rounds, c.Stop)
-	}
-	return out, nil
+	return r, nil
 }
 
 func readBacktestJSON(path string) (*report.Backtest, error) {
-	var b report.Backtest
-	if err := readJSONFile(path, "backtest", &b); err != nil {
+	data, err := readJSONFile(path, "backtest")
+	if err != nil {
 		return nil, err
 	}
-	if err := b.Validate(); err != nil {
+	b, err := report.ReadBacktest(data)
+	if err != nil {
 		return nil, fmt.Errorf("--backtest %s: %w", path, err)
 	}
-	return &b, nil
+	return b, nil
 }
 
 // compareReport writes compare's results as a report: every strategy's

@@ -49,8 +49,8 @@ func TestReportCommand(t *testing.T) {
 		"positional":    {append([]string{"x"}, flameReport...), 2, "report takes no positional arguments"},
 		"gpu mismatch":  {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/mixtral-joint.json"}, 1, "mixtral-joint.json"},
 		"missing plan":  {[]string{"--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "nope.json"}, 1, "nope.json"},
-		"bad replay":    {append([]string{"--replay", writeFile(t, dir, "bad-replay.json", `{"plans": []}`)}, flameReport...), 1, "--replay " + filepath.Join(dir, "bad-replay.json") + ": no plans"},
-		"replay syntax": {append([]string{"--replay", writeFile(t, dir, "syntax.json", `{"plans": [`)}, flameReport...), 1, "--replay " + filepath.Join(dir, "syntax.json") + ": unexpected end of JSON input"},
+		"bad replay":    {append([]string{"--replay", writeFile(t, dir, "bad-replay.json", `{"plans": []}`)}, flameReport...), 1, "--replay " + filepath.Join(dir, "bad-replay.json") + ": report: replay: no plans"},
+		"replay syntax": {append([]string{"--replay", writeFile(t, dir, "syntax.json", `{"plans": [`)}, flameReport...), 1, "--replay " + filepath.Join(dir, "syntax.json") + ": report: replay: unexpected end of JSON input"},
 		"bad backtest": {append([]string{"--backtest", writeFile(t, dir, "bt.json", `{"windows": ["a", "b"], "series": [{"name": "x", "values": [1]}]}`)}, flameReport...), 1,
 			`report: backtest: series[0] "x" has 1 values for 2 windows`},
 	} {
