@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -98,4 +102,22 @@ func TestReplayErrors(t *testing.T) {
 	assert.Equal(t, 0, code)
 	assert.Contains(t, stderr, "-backend")
 	assert.Contains(t, stderr, "-calibrate")
+}
+
+// TestReplayInterrupted: a signal after some rounds stops replay, which
+// reports what the complete rounds measured and exits 0.
+func TestReplayInterrupted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs GEMMs")
+	}
+	chdirRoot(t)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	timer := time.AfterFunc(1500*time.Millisecond, func() { cancel(&interruptError{sig: syscall.SIGTERM}) })
+	defer timer.Stop()
+	var out, errb strings.Builder
+	code := run(ctx, []string{"replay", "--trace", "testdata/flame-moe-290m/trace.jsonl", "--plan", "testdata/plans/flame-contiguous.json", "--plan", "testdata/plans/flame-joint.json",
+		"--backend", "cpu", "--hidden", "16", "--ffn", "56", "--repeats", "1", "--min-rounds", "100000", "--rounds", "100000"}, strings.NewReader(""), &out, &errb)
+	assert.Equal(t, 0, code, errb.String())
+	assert.Regexp(t, `percentile bootstrap over \d+ interleaved rounds, .*interrupted after`, out.String())
+	assert.Contains(t, out.String(), "B vs A: tail ")
 }
