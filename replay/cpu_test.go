@@ -2,7 +2,6 @@ package replay
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -39,33 +38,27 @@ func TestCPUJointTailBelowContiguous(t *testing.T) {
 	}
 	st, c, m := mixtral(t)
 	var ws []*Workload
-	for _, name := range []string{"mixtral-joint.json", "mixtral-contiguous.json"} {
+	for _, name := range []string{"mixtral-contiguous.json", "mixtral-joint.json"} {
 		w, err := NewWorkload(readPlan(t, name), Input{Stats: st}, cpuSetup.wopt)
 		require.NoError(t, err)
 		ws = append(ws, w)
 	}
-	// Many short interleaved rounds: a burst of other load hits one round of
-	// one plan, and the per-entry median over rounds drops it. Under heavy
-	// contention (go test ./... runs packages in parallel on 2 cores) one
-	// measurement can still flip a 5 % difference, so up to three attempts
-	// are made; joint must win one, and the test fails if it loses all.
-	var last string
-	for attempt := 1; attempt <= 3; attempt++ {
-		start := time.Now()
-		ms, err := RunInterleaved(context.Background(), cpuSetup.cpu, ws, 9, RunOptions{Cluster: c, Model: m, Repeats: 1})
-		require.NoError(t, err)
-		joint, contig := ms[0], ms[1]
-		assert.Equal(t, Measured, joint.Compute)
-		assert.Equal(t, Modeled, joint.Communication)
-		last = fmt.Sprintf("attempt %d, cpu replay in %v: mean per-layer tail joint %v, contiguous %v (%.1f%%); mean %v vs %v; modeled token tails %v vs %v",
-			attempt, time.Since(start), joint.MeanLayerTail(), contig.MeanLayerTail(), 100*(joint.Tail.Seconds()/contig.Tail.Seconds()-1), joint.Mean, contig.Mean,
-			maxTokSum(ws[0]), maxTokSum(ws[1]))
-		t.Log(last)
-		if joint.MeanLayerTail() < contig.MeanLayerTail() {
-			return
-		}
-	}
-	t.Errorf("joint's measured tail must be below contiguous's; three attempts lost, last: %s", last)
+	// Joint's busiest GPUs hold 5.0 % fewer tokens in this batch. Measured
+	// with intervals, the tail difference must be resolved below 0 (as the
+	// README's three runs are, at hidden 128) and the mean (the same work)
+	// within ±2 %. Hidden 64 measures as surely in a quarter of the time
+	// (the README's table of a plan against itself).
+	start := time.Now()
+	cpu := CPU{Hidden: 64, FFN: 224, TokenScale: cpuSetup.cpu.TokenScale}
+	cmp, err := Compare(context.Background(), cpu, ws, RunOptions{Cluster: c, Model: m, Repeats: 1}, CompareOptions{MaxRounds: 12})
+	require.NoError(t, err)
+	d := cmp.Diffs[0]
+	t.Logf("cpu replay, %d rounds in %v (%s): joint vs contiguous tail %s, mean %s; modeled token tails %v vs %v",
+		cmp.Rounds, time.Since(start), cmp.Stop, d.Tail, d.Mean, maxTokSum(ws[1]), maxTokSum(ws[0]))
+	assert.Equal(t, Measured, cmp.Measurements[1].Compute)
+	assert.Equal(t, Modeled, cmp.Measurements[1].Communication)
+	assert.Less(t, d.Tail.Hi, 0.0, "joint's measured tail must be below contiguous's with 95 %% confidence: %s", d.Tail)
+	assert.InDelta(t, 0, d.Mean.Estimate, 0.02, "both plans run the same work: %s", d.Mean)
 }
 
 func maxTokSum(w *Workload) int {

@@ -49,14 +49,17 @@
 //
 // CPU runs every GPU's experts for real with gonum in float32, as SwiGLU:
 // Y = (SiLU(X·W1) ⊙ (X·W3))·W2, three GEMMs and the activation, at a
-// scaled-down size (default hidden 256, FFN 896: Mixtral's ratio 3.5) with
-// the true token counts, optionally multiplied by TokenScale to bound the
-// run time. GEMMs are issued in tiles small enough that gonum's Sgemm stays
+// scaled-down size (default hidden 128, FFN 448: Mixtral's ratio 3.5) with
+// the token counts multiplied by TokenScale (default 1/16; 1 runs the true
+// counts) to bound the run time. GEMMs are issued in tiles small enough that gonum's Sgemm stays
 // serial, so the timing is single-threaded whatever GOMAXPROCS is. Virtual
 // GPUs run one after another; each GPU's share of a layer is repeated
-// RunOptions.Repeats times after a warm-up and the median kept.
-// RunInterleaved alternates plans round by round and keeps the median per
-// entry, so noise from other load hits all plans alike. Only relative
+// RunOptions.Repeats times after a warm-up and the median kept. Several
+// plans replayed together (RunInterleaved, Compare) are interleaved GPU
+// share by GPU share: each repeat of a GPU's share of a layer runs every
+// plan's share back to back, in an order that alternates, so a burst of
+// other load, a frequency change or a cold cache hits every plan alike and
+// no plan always runs first. Only relative
 // results (plan against plan, model against measurement at the same size)
 // are meaningful: a CPU at hidden 256 says nothing about H100 latency, and
 // the modeled communication is that of the full-size model, so a cpu
@@ -73,6 +76,26 @@
 // arguments, which purego v0.11 passes). The SiLU⊙ is not run (under 0.1 %
 // of the flops; it would need a compiled kernel). Without a
 // driver or device Run returns an error wrapping ErrNoDevice.
+//
+// # Confidence
+//
+// Compare repeats rounds (every plan once per round) and reports each
+// plan's difference against the first, for the tail, the mean and the
+// layer time (E2E), with a percentile bootstrap confidence interval:
+//
+//	estimate = S_j(all rounds)/S_0(all rounds) − 1
+//	S_j(R)   = the summary of plan j with every GPUTime entry the median over the rounds R
+//	interval = the (1−Level)/2 and (1+Level)/2 quantiles of the estimate over
+//	           Resamples resamples R* of the rounds, drawn with replacement,
+//	           the same R* for every plan (a round measured all plans: pairs stay paired)
+//
+// from a PCG generator seeded with CompareOptions.Seed, so the same rounds
+// give the same interval. An interval that contains 0 is "within noise". A
+// difference is resolved when its interval excludes 0 or lies within
+// ±Resolution; Compare stops when every difference is resolved (after at
+// least MinRounds rounds), at MaxRounds, or when the Budget would be
+// exceeded. Stopping on resolution is a sequential test: it makes a 95 %
+// interval a little less than 95 % sure; MinRounds limits the effect.
 //
 // # Calibration
 //

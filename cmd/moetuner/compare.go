@@ -18,6 +18,7 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlagSet("compare", "compare --trace T... [flags]", stderr)
 	var c common
 	c.register(fs, true)
+	reportOut := fs.String("report", "", "also write the comparison with its plots as one self-contained HTML page to this file")
 	strategies := fs.String("strategies", "", "comma-separated strategies to compare (default: contiguous, round-robin, greedy, eplb, eplb-hierarchical when the model has expert groups, moetuner when it fits, joint)")
 	var planFiles multiFlag
 	fs.Var(&planFiles, "plan", "placement file to add as a row, scored like the strategies: the placement you run today, in any format moetuner writes (repeatable)")
@@ -27,7 +28,7 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if fs.NArg() > 0 {
 		return usagef("compare takes no positional arguments (got %q); use --trace and --plan", fs.Args())
 	}
-	p, _, err := c.setup(true)
+	p, sources, err := c.setup(true)
 	if err != nil {
 		return err
 	}
@@ -86,6 +87,12 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fmt.Fprintf(stdout, "%d layers × %d experts (top-%d), %.0f tokens; %s: %d nodes × %d GPUs; model %s; flow %s, mode %s\n",
 		p.Stats.Layers, p.Stats.Experts, p.Stats.TopK, p.Stats.Tokens, p.Cluster.Name, p.Cluster.Nodes, p.Cluster.GPUsPerNode, p.Model.Name, p.Flow, p.Mode)
 	printCompare(stdout, p, results)
+	if *reportOut != "" {
+		if err := compareReport(*reportOut, p, sources, results); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s\n", *reportOut)
+	}
 	return writeJSON(c.jsonOut, jsonResults(p, results))
 }
 

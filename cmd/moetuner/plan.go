@@ -82,8 +82,13 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	opts.Strategy = st
 	res, err := solver.Solve(ctx, p, opts)
-	if err != nil {
+	if err != nil && (res == nil || res.Plan == nil || ctx.Err() == nil) {
 		return err
+	}
+	if ctx.Err() != nil {
+		// Interrupted (Ctrl-C, SIGTERM): a plan the solver returned is
+		// the best it found; write it rather than lose the work, and exit 0.
+		fmt.Fprintf(stderr, "moetuner plan: %v; writing the best plan found so far (status %s)\n", context.Cause(ctx), res.Status)
 	}
 	plan := res.Plan
 	plan.Meta = map[string]string{

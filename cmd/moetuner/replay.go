@@ -25,11 +25,15 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	batch := fs.Int("batch-tokens", 0, "tokens per iteration (default: a per-token trace in one batch; 4096 for count-only stats)")
 	iters := fs.Int("iterations", 0, "iterations: batches sampled from count-only stats (default 4), or the most batches cut from a trace (default all)")
 	seed := fs.Uint64("seed", 0, "seed of the batch sampler for count-only stats (default 0x6d6f65)")
-	hidden := fs.Int("hidden", 0, "expert hidden size the cpu/gpu backend runs (default: cpu 256, gpu the model's)")
-	ffn := fs.Int("ffn", 0, "expert FFN size the cpu/gpu backend runs (default: cpu 896, gpu the model's)")
-	tokenScale := fs.Float64("token-scale", 0, "cpu: multiply every expert's token count by this (default 1)")
+	hidden := fs.Int("hidden", 0, fmt.Sprintf("expert hidden size the cpu/gpu backend runs (default: cpu %d, gpu the model's)", replay.DefaultCPUHidden))
+	ffn := fs.Int("ffn", 0, fmt.Sprintf("expert FFN size the cpu/gpu backend runs (default: cpu %d, gpu the model's)", replay.DefaultCPUFFN))
+	tokenScale := fs.Float64("token-scale", 0, fmt.Sprintf("cpu: multiply every expert's token count by this (default %g; 1 runs the true counts)", replay.DefaultCPUTokenScale))
 	repeats := fs.Int("repeats", 0, "cpu/gpu: timed repeats per GPU and layer, median kept (default 3)")
-	rounds := fs.Int("rounds", 1, "cpu/gpu: run the plans interleaved this many times and keep the median, so machine noise hits every plan alike")
+	rounds := fs.Int("rounds", 0, "at most this many interleaved rounds (every plan once per round, cpu: GPU share by GPU share); replay stops earlier once every difference is resolved (default: cpu/gpu 30, sim 1: it is deterministic)")
+	minRounds := fs.Int("min-rounds", 0, "cpu/gpu: at least this many rounds before stopping on resolved differences (default 5)")
+	budget := fs.Duration("budget", 0, "cpu/gpu: start no round that would end after this wall-clock time (default: none; at least one round runs)")
+	confidence := fs.Float64("confidence", replay.DefaultLevel, "confidence level of the bootstrap intervals of the differences")
+	resolution := fs.Float64("resolution", 100*replay.DefaultResolution, "a difference whose interval lies within ± this many percent counts as resolved (equal to within it)")
 	chunks := fs.Int("chunks", 0, "overlapped mode: pipeline chunks per layer (default 4)")
 	devices := fs.String("devices", "", "gpu: comma-separated CUDA device ordinals; virtual GPU g runs on device g mod n (default 0)")
 	calibrate := fs.String("calibrate", "", "cpu/gpu: fit the cost model's per-token and per-expert compute costs to the measurement and write the cluster YAML here")
@@ -57,8 +61,9 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	case "cpu":
 		cb := replay.CPU{Hidden: *hidden, FFN: *ffn, TokenScale: *tokenScale}
-		b, scale = cb, *tokenScale
-		model.Hidden, model.FFN, model.BytesPerExpert = cmpOr(*hidden, replay.DefaultCPUHidden), cmpOr(*ffn, replay.DefaultCPUFFN), 0
+		b = cb
+		model.Hidden, model.FFN, scale = cb.Sizes()
+		model.BytesPerExpert = 0
 	case "gpu":
 		gb := replay.GPU{Hidden: *hidden, FFN: *ffn}
 		if *devices != "" {
@@ -96,13 +101,34 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		ws = append(ws, w)
 	}
 	ropts := replay.RunOptions{Cluster: p.Cluster, Model: p.Model, Flow: p.Flow, Mode: p.Mode, Chunks: *chunks, Repeats: *repeats, Dispatch: p.Dispatch}
-	ms, err := replay.RunInterleaved(ctx, b, ws, *rounds, ropts)
+	if *confidence <= 0 || *confidence >= 1 {
+		return usagef("--confidence %g: want a level between 0 and 1, such as 0.95", *confidence)
+	}
+	if *resolution < 0 || *rounds < 0 || *minRounds < 0 || *budget < 0 {
+		return usagef("--rounds, --min-rounds, --budget and --resolution must not be negative")
+	}
+	co := replay.CompareOptions{MinRounds: *minRounds, MaxRounds: *rounds, Budget: *budget, Level: *confidence, Resolution: *resolution / 100}
+	if backend == "sim" && co.MaxRounds == 0 {
+		co.MaxRounds = 1
+	}
+	if backend != "sim" && len(ws) > 1 {
+		co.Progress = func(pr replay.CompareProgress) {
+			fmt.Fprintf(stderr, "replay: round %d, %.1fs:", pr.Round, pr.Elapsed.Seconds())
+			for j, d := range pr.Diffs {
+				fmt.Fprintf(stderr, " %c vs A tail %s, layer %s;", 'B'+j, d.Tail, d.Time)
+			}
+			fmt.Fprintln(stderr)
+		}
+	}
+	cmp, err := replay.Compare(ctx, b, ws, ropts, co)
 	if err != nil {
 		return err
 	}
+	ms := cmp.Measurements
 	printReplay(stdout, plans, ws, ms, p.Cluster, p.Model)
+	printDiffs(stdout, backend, cmp)
 
-	out := jsonReplay{Backend: b.Name(), Mode: p.Mode.String(), Flow: p.Flow.String(), Cluster: p.Cluster.Name, GPUs: p.Cluster.GPUs(), Model: p.Model.Name}
+	out := jsonReplay{Backend: b.Name(), Mode: p.Mode.String(), Flow: p.Flow.String(), Cluster: p.Cluster.Name, GPUs: p.Cluster.GPUs(), Model: p.Model.Name, Comparison: cmp}
 	for j, m := range ms {
 		out.Plans = append(out.Plans, jsonReplayPlan{File: plans[j], Measurement: m})
 	}
@@ -147,14 +173,47 @@ func cmpOr(v, def int) int {
 }
 
 type jsonReplay struct {
-	Backend     string           `json:"backend"`
-	Mode        string           `json:"mode"`
-	Flow        string           `json:"flow"`
-	Cluster     string           `json:"cluster"`
-	GPUs        int              `json:"gpus"`
-	Model       string           `json:"model"`
-	Plans       []jsonReplayPlan `json:"plans"`
-	Calibration *jsonCalibration `json:"calibration,omitempty"`
+	Backend     string             `json:"backend"`
+	Mode        string             `json:"mode"`
+	Flow        string             `json:"flow"`
+	Cluster     string             `json:"cluster"`
+	GPUs        int                `json:"gpus"`
+	Model       string             `json:"model"`
+	Plans       []jsonReplayPlan   `json:"plans"`
+	Comparison  *replay.Comparison `json:"comparison"`
+	Calibration *jsonCalibration   `json:"calibration,omitempty"`
+}
+
+// printDiffs prints every plan's differences against the first with their
+// confidence intervals, and how the rounds ended.
+func printDiffs(w io.Writer, backend string, c *replay.Comparison) {
+	if len(c.Diffs) == 0 {
+		return
+	}
+	if backend == "sim" {
+		for j, d := range c.Diffs {
+			fmt.Fprintf(w, "%c vs A (sim is deterministic, no interval needed): tail %+.1f%%, mean %+.1f%%, layer %+.1f%%\n", 'B'+j, 100*d.Tail.Estimate, 100*d.Mean.Estimate, 100*d.Time.Estimate)
+		}
+		return
+	}
+	level := 100 * c.Options.Level
+	fmt.Fprintf(w, "differences with %.0f%% confidence intervals (percentile bootstrap over %d interleaved rounds, rounds resampled jointly for all plans; %s):\n", level, c.Rounds, stopNote(c))
+	for j, d := range c.Diffs {
+		fmt.Fprintf(w, "  %c vs A: tail %s, mean %s, layer %s\n", 'B'+j, d.Tail, d.Mean, d.Time)
+	}
+	fmt.Fprintf(w, "\"within noise\": the interval contains 0, the measurement cannot tell the plans apart; a difference is resolved when its interval excludes 0 or lies within ±%.1f%%.\n", 100*c.Options.Resolution)
+}
+
+func stopNote(c *replay.Comparison) string {
+	switch c.Stop {
+	case replay.StopResolved:
+		return fmt.Sprintf("stopped after %.1fs: every difference resolved", c.Elapsed.Seconds())
+	case replay.StopBudget:
+		return fmt.Sprintf("stopped after %.1fs: --budget %gs spent", c.Elapsed.Seconds(), c.Options.BudgetSec)
+	case replay.StopInterrupted:
+		return fmt.Sprintf("interrupted after %.1fs", c.Elapsed.Seconds())
+	}
+	return fmt.Sprintf("stopped after %.1fs: --rounds %d reached", c.Elapsed.Seconds(), c.Options.MaxRounds)
 }
 
 type jsonReplayPlan struct {

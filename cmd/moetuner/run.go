@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
+	"syscall"
 )
 
 // DefaultTrace is the bundled Mixtral-8x7B data `plan` uses without --trace.
@@ -21,6 +23,7 @@ Usage:
   moetuner eval    --trace T... --plan FILE       model the cost of a placement
   moetuner compare --trace T... [flags]           every strategy side by side
   moetuner replay  --trace T... --plan A [--plan B] [--backend sim|cpu|gpu]   measure placements
+  moetuner report  --trace T... --plan A [--plan B]... --out report.html       plots in one HTML page
 
 A TRACE is a file or directory: moetuner JSONL or .npy per-token traces,
 FLAME-MoE CSV (one file per layer), OLMoE routing-analysis JSON, Fiddler
@@ -45,6 +48,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdCompare(ctx, args[1:], stdout, stderr)
 	case "replay":
 		err = cmdReplay(ctx, args[1:], stdout, stderr)
+	case "report":
+		err = cmdReport(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -55,6 +60,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	switch {
 	case err == nil:
 		return 0
+	case ctx.Err() != nil:
+		return exitInterrupted(ctx, args[0], err, stderr)
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errUsage):
@@ -69,6 +76,45 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 }
 
 var errUsage = errors.New("usage")
+
+// interruptError is the cause of the context's cancellation when a signal
+// arrives (main sets it).
+type interruptError struct{ sig os.Signal }
+
+func (e *interruptError) Error() string { return "interrupted by " + signalName(e.sig) }
+
+// signalStatus is the shell's exit status for a process stopped by sig:
+// 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
+func signalStatus(sig os.Signal) int {
+	if s, ok := sig.(syscall.Signal); ok {
+		return 128 + int(s)
+	}
+	return 130
+}
+
+func signalName(sig os.Signal) string {
+	switch sig {
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case os.Interrupt:
+		return "SIGINT"
+	}
+	return sig.String()
+}
+
+// exitInterrupted reports a command that failed after its context was
+// cancelled. A command that still wrote its result (plan with the best
+// plan found) returned nil and exits 0; one that wrote nothing exits
+// 128 + the signal number, as a shell reports a process the signal killed.
+func exitInterrupted(ctx context.Context, cmd string, err error, stderr io.Writer) int {
+	var ie *interruptError
+	if !errors.As(context.Cause(ctx), &ie) {
+		fmt.Fprintln(stderr, "moetuner:", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "moetuner %s: %v before a result was ready; nothing written (%v)\n", cmd, ie, err)
+	return signalStatus(ie.sig)
+}
 
 type multiFlag []string
 

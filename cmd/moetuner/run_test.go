@@ -81,14 +81,35 @@ func TestCompareFLAMETwoNodes(t *testing.T) {
 	}
 	chdirRoot(t)
 	js := filepath.Join(t.TempDir(), "c.json")
+	html := filepath.Join(t.TempDir(), "c.html")
 	code, stdout, stderr := runCLI(t, "compare", "--trace", "testdata/flame-moe-290m/trace.jsonl", "--nodes", "2", "--gpus-per-node", "4",
-		"--flow", "chain", "--time-limit", "4s", "--strategies", "contiguous,greedy,joint", "--json", js)
+		"--flow", "chain", "--time-limit", "4s", "--strategies", "contiguous,greedy,joint", "--json", js, "--report", html)
 	require.Equal(t, 0, code, stderr)
-	for _, s := range []string{"contiguous", "greedy", "joint", "vs contiguous", "2 nodes × 4 GPUs"} {
+	for _, s := range []string{"contiguous", "greedy", "joint", "vs contiguous", "2 nodes × 4 GPUs", "wrote " + html} {
 		assert.Contains(t, stdout, s)
 	}
 	_, err := os.Stat(js)
 	assert.NoError(t, err)
+	page, err := os.ReadFile(html)
+	require.NoError(t, err)
+	for _, s := range []string{"<td>contiguous</td>", "<td>greedy</td>", "<td>joint</td>", "flow chain"} {
+		assert.Contains(t, string(page), s)
+	}
+	// 3 plans × (load, GPU traffic, node traffic), busiest/mean,
+	// cross-node, and the gap plot when joint proved a gap.
+	var res struct {
+		Results []jsonResult `json:"results"`
+	}
+	data, err := os.ReadFile(js)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(data, &res))
+	want := 11
+	for _, r := range res.Results {
+		if r.Gap != 0 || r.CostGap != 0 {
+			want = 12
+		}
+	}
+	assert.Equal(t, want, strings.Count(string(page), `<img class="plot"`))
 }
 
 func TestErrors(t *testing.T) {
