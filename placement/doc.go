@@ -153,8 +153,10 @@
 // experts. P must equal E + SGLang's --ep-num-redundant-experts. The
 // reader takes Layout.LayerIDs' rows (every other row must be the trivial
 // map) or, without them, every row. FormatSGLangPT ("sglang-pt",
-// ".sglang.pt", ".pt") is the same dict saved with torch.save; it is not
-// supported yet, and reading or writing it says so.
+// ".sglang.pt", ".pt") is the same dict saved the way torch.save saves it,
+// the map an int64 tensor [L_all, P]; torch.load(weights_only=True) loads
+// it, and the reader takes a tensor or nested lists, never running pickle
+// code.
 //
 // FormatEPLB ("eplb", ".eplb.json") holds DeepSeek EPLB's three maps
 // (Plan.EPLBMaps) and the GPU count, one line per layer in every map:

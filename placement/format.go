@@ -163,6 +163,8 @@ func encode(p *Plan, format Format, l Layout) ([]byte, error) {
 		return encodeYAML(p)
 	case FormatSGLang:
 		return encodeSGLang(p, l)
+	case FormatSGLangPT:
+		return encodeSGLangPT(p, l)
 	case FormatEPLB:
 		return encodeEPLB(p)
 	case FormatVLLM:
@@ -314,7 +316,7 @@ func decode(data []byte, format Format, l Layout) (*Plan, error) {
 	case FormatSGLang:
 		p, err = decodeSGLang(data, l)
 	case FormatSGLangPT:
-		err = errSGLangPT
+		p, err = decodeSGLangPT(data, l)
 	case FormatEPLB:
 		p, err = decodeEPLB(data, l)
 	case FormatVLLM:

@@ -157,7 +157,7 @@ func CheckLayout(f Format, l Layout) error {
 	case FormatSGLang:
 		return sglangLayoutError(l, "sglang", "physical_to_logical_map")
 	case FormatSGLangPT:
-		return errSGLangPT
+		return sglangLayoutError(l, "sglang-pt", "physical_to_logical_map")
 	case FormatTRTLLM:
 		if l.decoderIDs() == nil {
 			return needLayers("trtllm", "initial_global_assignments is keyed by decoder-layer index, and the layout does not say which decoder layers the MoE layers are; set Layout.LayerIDs, or Layout.ModelLayers when every decoder layer is a MoE layer")

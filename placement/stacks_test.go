@@ -194,16 +194,14 @@ func TestWriteNeedsLayers(t *testing.T) {
 		{FormatSGLang, Layout{LayerIDs: []int{1, 3}}, "placement: sglang: physical_to_logical_map has one row per decoder layer, dense ones included, and the layout does not say how many decoder layers the model has; set Layout.ModelLayers (num_hidden_layers), and Layout.LayerIDs unless every decoder layer is a MoE layer"},
 		{FormatSGLang, Layout{ModelLayers: 4, Layers: 2}, "placement: sglang: the model has 4 decoder layers and 2 MoE layers, and the layout does not say which are MoE layers; set Layout.LayerIDs"},
 		{FormatTRTLLM, Layout{}, "placement: trtllm: initial_global_assignments is keyed by decoder-layer index, and the layout does not say which decoder layers the MoE layers are; set Layout.LayerIDs, or Layout.ModelLayers when every decoder layer is a MoE layer"},
-		{FormatSGLangPT, goldenLayout, "placement: sglang-pt: SGLang .pt files are not supported yet; use the .sglang.json form (format sglang), which --init-expert-location loads as well"},
+		{FormatSGLangPT, Layout{}, "placement: sglang-pt: physical_to_logical_map has one row per decoder layer, dense ones included, and the layout does not say how many decoder layers the model has; set Layout.ModelLayers (num_hidden_layers), and Layout.LayerIDs unless every decoder layer is a MoE layer"},
 	}
 	for _, tc := range cases {
 		t.Run(string(tc.format), func(t *testing.T) {
 			err := WriteWith(&bytes.Buffer{}, p, tc.format, tc.layout)
 			assert.EqualError(t, err, tc.want)
 			assert.EqualError(t, CheckLayout(tc.format, tc.layout), tc.want, "CheckLayout says so before any plan exists")
-			if tc.format != FormatSGLangPT {
-				assert.ErrorIs(t, err, ErrNeedLayers)
-			}
+			assert.ErrorIs(t, err, ErrNeedLayers)
 		})
 	}
 	// Every decoder layer a MoE layer: the ids are known without a list.
@@ -212,7 +210,7 @@ func TestWriteNeedsLayers(t *testing.T) {
 	err := WriteWith(&bytes.Buffer{}, p, FormatTRTLLM, Layout{LayerIDs: []int{4}})
 	assert.EqualError(t, err, "placement: plan has 2 layers, the model has 1 MoE layers; re-plan for this model")
 	_, err = ReadWith(bytes.NewReader([]byte("PK\x03\x04")), "", Layout{GPUs: 2})
-	assert.Equal(t, errSGLangPT, err)
+	assert.ErrorContains(t, err, "placement: sglang-pt: torchpt: ")
 }
 
 func TestLayoutCheck(t *testing.T) {
@@ -430,7 +428,7 @@ func TestReadAscend(t *testing.T) {
 // hold different slot counts (5 experts on 2 GPUs), nor that layers have
 // different P; every stack writer refuses with what to change.
 func TestWriteRefusesUnequalSlots(t *testing.T) {
-	stacks := map[Format]string{FormatSGLang: "SGLang", FormatEPLB: "", FormatVLLMMap: "vLLM", FormatVLLMMapping: "vLLM",
+	stacks := map[Format]string{FormatSGLang: "SGLang", FormatSGLangPT: "SGLang", FormatEPLB: "", FormatVLLMMap: "vLLM", FormatVLLMMapping: "vLLM",
 		FormatVLLMAscend: "vllm-ascend", FormatTRTLLM: "TensorRT-LLM"}
 	uneven := roundRobin(1, 5, 2)
 	ragged := goldenPlan()

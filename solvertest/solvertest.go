@@ -87,7 +87,8 @@ func Mixtral() solver.Problem {
 
 // Check validates r for p and returns the first inconsistency: a missing
 // or invalid plan (wrong shape, an expert without a copy, two copies on
-// one GPU, uneven slots where p's slots are even), an Objective or Report
+// one GPU, uneven slots where p's slots are even, except for the
+// moetuner strategy's unequal clusters), an Objective or Report
 // that is not the cost model's value of the plan, a bound above what it
 // bounds (Bound above ModelObjective, CostBound above Objective, a layer's
 // balance bound above its busiest load) or a status out of range.
@@ -96,9 +97,13 @@ func Check(p solver.Problem, r *solver.Result) error {
 		return errors.New("solvertest: no result or no plan")
 	}
 	opts := placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}
-	if p.SlotsPerGPU == nil {
+	switch {
+	case p.SlotsPerGPU == nil && r.Strategy == solver.StrategyMoETuner:
+		// The paper's ILP 1 sizes its clusters freely (within its bounds)
+		// unless Options.MoETunerEqualSizes: GPUs may hold different counts.
+	case p.SlotsPerGPU == nil:
 		opts.EqualSlots = true
-	} else {
+	default:
 		opts.SlotsPerGPU = p.SlotsPerGPU
 	}
 	if err := r.Plan.Validate(opts); err != nil {

@@ -20,6 +20,7 @@ const flameTrace = "testdata/flame-moe-290m/trace.jsonl"
 // without moetuner.
 var stackFiles = []string{
 	"testdata/plans/stacks/flame.sglang.json",
+	"testdata/plans/stacks/flame.sglang.pt",
 	"testdata/plans/stacks/flame.eplb.json",
 	"testdata/plans/stacks/flame.trtllm.yaml",
 	"testdata/plans/stacks/flame.vllm-map.json",
@@ -74,7 +75,7 @@ func TestPlanEveryFormat(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	code, want, stderr := runCLI(t, "eval", "--trace", flameTrace, "--plan", ref)
 	require.Equal(t, 0, code, stderr)
-	for _, name := range []string{"p.yaml", "p.sglang.json", "p.eplb.json", "p.vllm-map.json", "p.vllm-mapping.jsonl", "p.vllm-ascend.json", "p.trtllm.yaml"} {
+	for _, name := range []string{"p.yaml", "p.sglang.json", "p.eplb.json", "p.vllm-map.json", "p.vllm-mapping.jsonl", "p.vllm-ascend.json", "p.trtllm.yaml", "p.pt"} {
 		t.Run(name, func(t *testing.T) {
 			out := filepath.Join(dir, name)
 			code, _, stderr := runCLI(t, append(args, "--out", out)...)
@@ -104,9 +105,12 @@ func TestPlanEveryFormat(t *testing.T) {
 	assert.Contains(t, string(data), "\n  9: [")
 	assert.NotContains(t, string(data), "ep_size")
 
-	code, _, stderr = runCLI(t, append(args, "--format", "sglang-pt", "--out", filepath.Join(dir, "p.sglang.pt"))...)
-	assert.Equal(t, 1, code)
-	assert.Equal(t, "moetuner: placement: sglang-pt: SGLang .pt files are not supported yet; use the .sglang.json form (format sglang), which --init-expert-location loads as well\n", stderr)
+	// The .pt form holds the same map as an int64 tensor.
+	pt, err := placement.ReadFileWith(filepath.Join(dir, "p.pt"), placement.Layout{GPUs: 8, ModelLayers: 10, LayerIDs: []int{2, 3, 4, 5, 6, 7, 8, 9}})
+	require.NoError(t, err)
+	js, err := placement.ReadFileWith(filepath.Join(dir, "p.sglang.json"), placement.Layout{GPUs: 8, ModelLayers: 10, LayerIDs: []int{2, 3, 4, 5, 6, 7, 8, 9}})
+	require.NoError(t, err)
+	assert.Equal(t, js.Layers, pt.Layers)
 }
 
 // TestPlanDeepSeekSGLang is the issue's command: DeepSeek-V3 on 4 nodes
@@ -201,7 +205,7 @@ func TestComparePlanFiles(t *testing.T) {
 	chdirRoot(t)
 	js := filepath.Join(t.TempDir(), "c.json")
 	code, stdout, stderr := runCLI(t, "compare", "--trace", flameTrace, "--redundant-slots", "8", "--strategies", "contiguous,eplb",
-		"--plan", stackFiles[0], "--plan", stackFiles[2], "--json", js)
+		"--plan", stackFiles[0], "--plan", stackFiles[3], "--json", js)
 	require.Equal(t, 0, code, stderr)
 	assert.Regexp(t, `file:testdata/plans/stacks/flame.sglang.json +\d+ +1\.121 .* file +- +-\n`, stdout)
 	assert.Contains(t, stdout, "file:testdata/plans/stacks/flame.trtllm.yaml")

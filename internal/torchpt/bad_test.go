@@ -164,6 +164,9 @@ func TestTensorDataErrors(t *testing.T) {
 	a := archive(t, entry{name: "data.pkl", data: tensorPickle("LongStorage", 2, []int{2}, []int{1}, 0)}, entry{name: "data/0", data: le64(1, 2)})
 	f, err := openBytes(t, a)
 	require.NoError(t, err)
+	v, err := f.Root.(*Tensor).Int64s()
+	require.NoError(t, err, "the intact file reads")
+	assert.Equal(t, []int64{1, 2}, v)
 	// Flip a data byte: the CRC no longer matches.
 	i := bytes.Index(a, le64(1, 2))
 	require.Positive(t, i)

@@ -82,3 +82,16 @@ write("flame.vllm-ascend.json", json.dumps({"moe_layer_count": len(MOE), "layer_
     {"layer_id": i, "device_count": G, "device_list": [
         {"device_id": g, "device_expert": row[g * PER:(g + 1) * PER]} for g in range(G)]}
     for i, row in enumerate(phy2log)]}, indent=2) + "\n")
+
+# SGLang --init-expert-location as a .pt: the same map, written by
+# torch.save (needs PyTorch: apt-get install python3-torch); skipped, with
+# the file left as it is, where torch is missing.
+try:
+    import torch
+except ImportError:
+    print("no torch: flame.sglang.pt left as it is")
+else:
+    m = torch.tensor([rows[d] for d in range(DECODER)], dtype=torch.int64)
+    path = os.path.join(HERE, "flame.sglang.pt")
+    torch.save({"physical_to_logical_map": m}, path)
+    print("wrote", path)
