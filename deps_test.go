@@ -11,8 +11,8 @@ import (
 // nothing, mip/highs only mip, the solver's methods (solver/internal/...)
 // routing, placement, costmodel and mip, the solver facade all of those
 // plus baseline and mip/highs (its default backend), replay neither solver
-// nor baseline (the check must not share code with what it checks), and
-// only mip/highs imports HiGHS.
+// nor baseline (the check must not share code with what it checks), the
+// rebalancer the solver and what it uses, and only mip/highs imports HiGHS.
 func TestImportDirection(t *testing.T) {
 	allowed := map[string][]string{
 		"routing":             {},
@@ -25,6 +25,7 @@ func TestImportDirection(t *testing.T) {
 		"solver/internal/...": {"routing", "placement", "costmodel", "mip", "solver/internal/"},
 		"replay":              {"routing", "placement", "costmodel"},
 		"solvertest":          {"routing", "placement", "costmodel", "solver"},
+		"rebalance":           {"routing", "placement", "costmodel", "baseline", "solver"},
 	}
 	const mod = "github.com/moetuner/moetuner/"
 	for pkg, ok := range allowed {
