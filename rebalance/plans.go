@@ -278,3 +278,133 @@ func StepPAR(plan *placement.Plan, load [][]float64) float64 {
 	}
 	return s / float64(len(plan.Layers))
 }
+
+// Relabel returns next with the GPUs of every layer permuted so that as
+// many expert copies as possible stay on the GPU that held them in prev
+// (an assignment problem on the copies two GPUs share, solved exactly by
+// the Hungarian method), then aligned with prev (Align). A fresh plan
+// numbers its GPUs arbitrarily; relabelled it moves only what it must.
+// Only layers whose GPUs all hold the same number of slots in both plans
+// are permuted, and only when every GPU has the same speed and memory
+// (relabelling must not change what the plan costs); the others are as in
+// next.
+func Relabel(prev, next *placement.Plan, c costmodel.Cluster) (*placement.Plan, error) {
+	if err := sameShape(prev, next); err != nil {
+		return nil, err
+	}
+	G := next.GPUs
+	out := next.Clone()
+	for g := 1; g < G; g++ {
+		if c.SpeedOf(g) != c.SpeedOf(0) || c.MemOf(g) != c.MemOf(0) {
+			return Align(prev, out)
+		}
+	}
+	for l := range out.Layers {
+		pp, np := prev.SlotsPerGPU(l), next.SlotsPerGPU(l)
+		if slices.ContainsFunc(pp, func(n int) bool { return n != pp[0] }) || !slices.Equal(pp, np) {
+			continue
+		}
+		// share[a][b]: copies GPU a holds in prev and GPU b in next.
+		share := make([][]float64, G)
+		for a := range share {
+			share[a] = make([]float64, G)
+		}
+		byGPU := func(lp placement.LayerPlan) [][]routing.Expert {
+			out := make([][]routing.Expert, G)
+			for s, e := range lp.SlotExpert {
+				out[lp.SlotGPU[s]] = append(out[lp.SlotGPU[s]], e)
+			}
+			for _, es := range out {
+				slices.Sort(es)
+			}
+			return out
+		}
+		pe, ne := byGPU(prev.Layers[l]), byGPU(next.Layers[l])
+		for a := range G {
+			for b := range G {
+				share[a][b] = -float64(commonSorted(pe[a], ne[b]))
+			}
+		}
+		to := hungarian(share) // next's GPU b becomes GPU to[b]
+		lp := &out.Layers[l]
+		for s, g := range lp.SlotGPU {
+			lp.SlotGPU[s] = placement.GPU(to[g])
+		}
+	}
+	return Align(prev, out)
+}
+
+// commonSorted counts the elements two sorted multisets share.
+func commonSorted(a, b []routing.Expert) int {
+	n, i, j := 0, 0, 0
+	for i < len(a) && j < len(b) {
+		switch {
+		case a[i] == b[j]:
+			n++
+			i++
+			j++
+		case a[i] < b[j]:
+			i++
+		default:
+			j++
+		}
+	}
+	return n
+}
+
+// hungarian solves the square assignment problem min Σ_a cost[a][to⁻¹(a)]
+// exactly (Kuhn–Munkres with potentials, O(n³)) and returns, for every
+// column b, the row it is assigned to. Ties go the same way every time.
+func hungarian(cost [][]float64) []int {
+	n := len(cost)
+	inf := math.Inf(1)
+	u, v := make([]float64, n+1), make([]float64, n+1)
+	p, way := make([]int, n+1), make([]int, n+1) // p[col] = row (1-based)
+	for i := 1; i <= n; i++ {
+		p[0] = i
+		j0 := 0
+		minv := make([]float64, n+1)
+		used := make([]bool, n+1)
+		for j := range minv {
+			minv[j] = inf
+		}
+		for {
+			used[j0] = true
+			i0, delta, j1 := p[j0], inf, 0
+			for j := 1; j <= n; j++ {
+				if used[j] {
+					continue
+				}
+				cur := cost[i0-1][j-1] - u[i0] - v[j]
+				if cur < minv[j] {
+					minv[j], way[j] = cur, j0
+				}
+				if minv[j] < delta {
+					delta, j1 = minv[j], j
+				}
+			}
+			for j := 0; j <= n; j++ {
+				if used[j] {
+					u[p[j]] += delta
+					v[j] -= delta
+				} else {
+					minv[j] -= delta
+				}
+			}
+			j0 = j1
+			if p[j0] == 0 {
+				break
+			}
+		}
+		for j0 != 0 {
+			j1 := way[j0]
+			p[j0] = p[j1]
+			j0 = j1
+		}
+	}
+	to := make([]int, n)
+	for j := 1; j <= n; j++ {
+		to[j-1] = p[j] - 1
+	}
+	return to
+}

@@ -185,3 +185,75 @@ func TestRebalancerPhaseWindows(t *testing.T) {
 		assert.Equal(t, c.n, s.n, c.phase.String())
 	}
 }
+
+// TestRelabelUndoesPermutation: a plan whose GPUs are permuted layer by
+// layer relabels back to a plan that moves nothing. Catches a wrong
+// direction of the permutation and a non-optimal assignment.
+func TestRelabelUndoesPermutation(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 9))
+	for i := range 100 {
+		G := 2 + rng.IntN(7)
+		E := G * (1 + rng.IntN(3))
+		per := min(E, E/G+rng.IntN(3))
+		L := 1 + rng.IntN(3)
+		prev := randomPlan(rng, L, E, G, per)
+		next := prev.Clone()
+		for l := range next.Layers {
+			perm := rng.Perm(G)
+			for s, g := range next.Layers[l].SlotGPU {
+				next.Layers[l].SlotGPU[s] = placement.GPU(perm[g])
+			}
+		}
+		got, err := Relabel(prev, next, tinyCluster(1, G))
+		require.NoError(t, err)
+		ch, err := ChangedSlots(prev, got)
+		require.NoError(t, err)
+		for l := range L {
+			assert.Zero(t, ch[l], "instance %d layer %d", i, l)
+		}
+	}
+}
+
+// TestHungarianBruteForce: the assignment is optimal on random small
+// matrices (every permutation tried).
+func TestHungarianBruteForce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(2, 3))
+	var perms func(n int) [][]int
+	perms = func(n int) [][]int {
+		if n == 0 {
+			return [][]int{{}}
+		}
+		var out [][]int
+		for _, p := range perms(n - 1) {
+			for i := 0; i <= len(p); i++ {
+				q := append(append(append([]int(nil), p[:i]...), n-1), p[i:]...)
+				out = append(out, q)
+			}
+		}
+		return out
+	}
+	for range 200 {
+		n := 1 + rng.IntN(5)
+		cost := make([][]float64, n)
+		for a := range cost {
+			cost[a] = make([]float64, n)
+			for b := range cost[a] {
+				cost[a][b] = float64(rng.IntN(7) - 3)
+			}
+		}
+		to := hungarian(cost)
+		got := 0.0
+		for b, a := range to {
+			got += cost[a][b]
+		}
+		best := math.Inf(1)
+		for _, p := range perms(n) {
+			s := 0.0
+			for b, a := range p {
+				s += cost[a][b]
+			}
+			best = math.Min(best, s)
+		}
+		assert.Equal(t, best, got)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
@@ -104,7 +105,11 @@ type Budget struct {
 	// Phase picks the window to plan for (PhaseAny: all of them).
 	Phase Phase
 	// Fresh plans from scratch instead of from the current plan (every
-	// slot may change; MaxMoves does not apply).
+	// slot may change; MaxMoves does not apply): EPLB's plan of the window
+	// improved by the joint strategy's swap search until no move gains
+	// 1e-6 busiest/mean, which is reproducible (with GPUs of different
+	// slot counts, where EPLB does not apply, the joint strategy's
+	// replicated solve, which runs to its time limit and is not).
 	Fresh bool
 	// Time bounds the solve (default DefaultTime).
 	Time time.Duration
@@ -114,7 +119,8 @@ type Budget struct {
 // gains, both modeled on the window the proposal was made for.
 type Proposal struct {
 	// Plan is the proposed placement, its slots aligned with the current
-	// plan's (Align): only Moved slots differ.
+	// plan's (Align; a fresh plan's GPUs relabelled first, Relabel): only
+	// Moved slots differ.
 	Plan *placement.Plan
 	// Moved[l] is the slots of layer l that change (ChangedSlots),
 	// MovedSlots their sum and BytesMoved = MovedSlots × ExpertBytes.
@@ -378,35 +384,35 @@ func (r *Rebalancer) Propose(ctx context.Context, b Budget) (*Proposal, error) {
 			}
 		}
 	}
-	p := solver.Problem{
-		Stats:       routing.StatsFromLoad(solveLoad, m.TopK),
-		Cluster:     c,
-		Model:       m,
-		SlotsPerGPU: s.current.SlotsPerGPU(0),
-	}
-	opts := r.cfg.Solver
-	opts.Strategy = solver.StrategyJoint
-	opts.TimeLimit = b.Time
-	if opts.TimeLimit == 0 {
-		opts.TimeLimit = DefaultTime
-	}
-	if !b.Fresh {
-		p.Current = s.current
-		opts.MaxMoves = b.MaxMoves
+	var res *solver.Result
+	if b.Fresh {
+		res, err = freshPlan(ctx, solveLoad, c, m, s.current.SlotsPerGPU(0), r.cfg.Solver, b.Time)
+	} else {
+		p := solver.Problem{
+			Stats:       routing.StatsFromLoad(solveLoad, m.TopK),
+			Cluster:     c,
+			Model:       m,
+			SlotsPerGPU: s.current.SlotsPerGPU(0),
+			Current:     s.current,
+		}
 		if b.Horizon > 0 {
 			if perTok <= 0 {
 				return nil, errors.New("rebalance: Budget.Horizon needs the cluster's compute speed (TFLOPS or TokenCost) to price a move against its gain")
 			}
 			p.MoveCost = moveCost(s.load, s.weight, c, m, perTok, b.Horizon)
 		}
-	} else {
-		opts.MaxMoves = 0
+		opts := solveOptions(r.cfg.Solver, b.Time)
+		opts.MaxMoves = b.MaxMoves
+		res, err = solver.Solve(ctx, p, opts)
 	}
-	res, err := solver.Solve(ctx, p, opts)
 	if err != nil {
 		return nil, err
 	}
-	next, err := Align(s.current, res.Plan)
+	align := Align
+	if b.Fresh {
+		align = func(prev, next *placement.Plan) (*placement.Plan, error) { return Relabel(prev, next, c) }
+	}
+	next, err := align(s.current, res.Plan)
 	if err != nil {
 		return nil, err
 	}
@@ -448,6 +454,48 @@ func (r *Rebalancer) Propose(ctx context.Context, b Budget) (*Proposal, error) {
 	prop.GainSec = prop.CurrentStepSec - prop.StepSec
 	prop.BytesMoved = int64(prop.MovedSlots) * m.ExpertBytes()
 	return prop, nil
+}
+
+// freshEpsilon is the least gain in busiest/mean per changed slot that a
+// fresh plan's local search accepts: with any positive charge the search
+// makes only strict improvements and stops on its own (work-bounded),
+// where with none it would also make balance-neutral moves until the time
+// limit.
+const freshEpsilon = 1e-6
+
+// freshPlan places from scratch on load with the slots per GPU given:
+// EPLB's plan of load (global policy) improved by the joint strategy's
+// swap and copy-count search (solver.Problem.Current) until no move gains
+// freshEpsilon, which ends on its own and is reproducible. Where EPLB does
+// not fit (GPUs with different slot counts) it is the joint strategy's own
+// replicated solve, bounded by the time limit only.
+func freshPlan(ctx context.Context, load [][]float64, c costmodel.Cluster, m costmodel.Model, slots []int, so solver.Options, limit time.Duration) (*solver.Result, error) {
+	st := routing.StatsFromLoad(load, m.TopK)
+	p := solver.Problem{Stats: st, Cluster: c, Model: m, SlotsPerGPU: slots}
+	opts := solveOptions(so, limit)
+	total := 0
+	for _, n := range slots {
+		total += n
+	}
+	if !slices.ContainsFunc(slots, func(n int) bool { return n != slots[0] }) && total >= m.Experts {
+		start, err := baseline.EPLB(st, c.GPUs(), baseline.EPLBOptions{RedundantSlots: total - m.Experts, FixDuplicates: true})
+		if err == nil {
+			p.Current, p.MoveCost = start, freshEpsilon
+		}
+	}
+	return solver.Solve(ctx, p, opts)
+}
+
+// solveOptions are so for the joint strategy with the time limit of a
+// budget (DefaultTime when 0).
+func solveOptions(so solver.Options, limit time.Duration) solver.Options {
+	so.Strategy = solver.StrategyJoint
+	so.TimeLimit = limit
+	if limit == 0 {
+		so.TimeLimit = DefaultTime
+	}
+	so.MaxMoves = 0
+	return so
 }
 
 func cloneLayer(lp placement.LayerPlan) placement.LayerPlan {
