@@ -26,6 +26,7 @@ func TestImportDirection(t *testing.T) {
 		"replay":              {"routing", "placement", "costmodel"},
 		"solvertest":          {"routing", "placement", "costmodel", "solver"},
 		"rebalance":           {"routing", "placement", "costmodel", "baseline", "solver"},
+		"internal/series":     {"routing", "placement"},
 	}
 	const mod = "github.com/moetuner/moetuner/"
 	for pkg, ok := range allowed {
