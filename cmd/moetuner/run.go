@@ -21,6 +21,7 @@ Usage:
   moetuner eval    --trace T... --plan FILE       model the cost of a placement
   moetuner compare --trace T... [flags]           every strategy side by side
   moetuner replay  --trace T... --plan A [--plan B] [--backend sim|cpu|gpu]   measure placements
+  moetuner backtest --trace T... [flags]          replay per-step loads under rebalancing policies
 
 A TRACE is a file or directory: moetuner JSONL or .npy per-token traces,
 FLAME-MoE CSV (one file per layer), OLMoE routing-analysis JSON, Fiddler
@@ -45,6 +46,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdCompare(ctx, args[1:], stdout, stderr)
 	case "replay":
 		err = cmdReplay(ctx, args[1:], stdout, stderr)
+	case "backtest":
+		err = cmdBacktest(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
