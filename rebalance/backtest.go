@@ -75,6 +75,8 @@ type BacktestConfig struct {
 	// Pay makes the Rebalancer keep only moves that pay for their
 	// migration before the next rebalance (Budget.Horizon = N).
 	Pay bool
+	// Decay is the Rebalancer's Config.Decay over its window (0: none).
+	Decay float64
 	// EPLBGroups > 0 runs EPLB's hierarchical policy with that many expert
 	// groups (what SGLang and vLLM pick when the model's groups divide over
 	// the nodes); 0 its global policy.
@@ -155,6 +157,11 @@ type Recommendation struct {
 	// score gap the steps' noise could explain. 0 without a static run.
 	StaticEnough bool
 	MarginSec    float64
+	// BestModeled is the policy with the lowest moetuner modeled time
+	// (ModeledSec: the steps plus migration over the cluster's links),
+	// which may differ: the harness prices a changed slot at 900 GB/s and
+	// a unit of mean PAR at 60 s whatever the run's length.
+	BestModeled string
 	// Text says it in a sentence.
 	Text string
 }
@@ -358,7 +365,7 @@ func (b *backtest) runPolicy(ctx context.Context, pol Policy, n int) (PolicyResu
 	var rb *Rebalancer
 	if pol == PolicyRebalance {
 		var err error
-		if rb, err = New(Config{Cluster: c, Model: m, Initial: plan, Window: w, Solver: b.cfg.Solver}); err != nil {
+		if rb, err = New(Config{Cluster: c, Model: m, Initial: plan, Window: w, Decay: b.cfg.Decay, Solver: b.cfg.Solver}); err != nil {
 			return pr, err
 		}
 		for s := max(0, b.t0-w); s < b.t0; s++ {
@@ -507,6 +514,13 @@ func recommend(ps []PolicyResult) Recommendation {
 		}
 	}
 	r := Recommendation{Best: ps[best].Name, Every: ps[best].Every}
+	bm := 0
+	for i, p := range ps {
+		if p.ModeledSec < ps[bm].ModeledSec {
+			bm = i
+		}
+	}
+	r.BestModeled = ps[bm].Name
 	if static >= 0 && static != best {
 		d := make([]float64, len(ps[best].PAR))
 		for i := range d {

@@ -36,6 +36,7 @@ type backtestFlags struct {
 	window, firstWindow   int
 	maxMoves              int
 	pay                   bool
+	decay                 float64
 	eplb                  string
 	policies              string
 	harnessBytes          int64
@@ -65,6 +66,7 @@ func cmdBacktest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&f.firstWindow, "first-window", 0, "steps before the first plan, which every policy makes from them; only later steps are scored (default: --window, else the largest cadence)")
 	fs.IntVar(&f.maxMoves, "max-moves", 16, "the rebalancer's budget: at most this many slots per layer change at a rebalance (0: no bound)")
 	fs.BoolVar(&f.pay, "pay", false, "the rebalancer keeps only moves whose modeled gain until the next rebalance pays for moving the weights over the link")
+	fs.Float64Var(&f.decay, "decay", 1, "the rebalancer weighs a step decay^age in its window (TensorRT-LLM's online balancer decays its statistics); 1: no decay")
 	choiceVar(fs, &f.eplb, "eplb", "auto", []string{"auto", "global", "hierarchical"}, "EPLB's policy: auto (hierarchical when the model's expert groups divide over the nodes, as SGLang and vLLM choose), global or hierarchical")
 	fs.StringVar(&f.policies, "policies", "static,eplb,moetuner,rebalance", "comma-separated policies: static (one moetuner plan from the first window), eplb and moetuner (re-planned every N steps on the last W), rebalance (moetuner's rebalancer with --max-moves)")
 	fs.Int64Var(&f.harnessBytes, "harness-bytes-per-expert", rebalance.DefaultHarnessBytes, "bytes one changed slot moves in the harness score (the public harness: 88,080,384, DeepSeek-V3's expert in bf16)")
@@ -85,7 +87,10 @@ func cmdBacktest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if f.stepsPerWindow < 1 || f.tokensPerStep < 0 || f.maxMoves < 0 || f.window < 0 || f.firstWindow < 0 || f.redundant < 0 {
 		return usagef("--steps-per-window must be ≥ 1; --tokens-per-step, --max-moves, --window, --first-window and --redundant-slots ≥ 0")
 	}
-	cfg := rebalance.BacktestConfig{Window: f.window, FirstWindow: f.firstWindow, MaxMoves: f.maxMoves, Pay: f.pay,
+	if !(f.decay > 0 && f.decay <= 1) {
+		return usagef("--decay %v: want a weight in (0, 1]", f.decay)
+	}
+	cfg := rebalance.BacktestConfig{Window: f.window, FirstWindow: f.firstWindow, MaxMoves: f.maxMoves, Pay: f.pay, Decay: f.decay,
 		RedundantSlots: f.redundant, Time: f.timeLimit,
 		Harness: rebalance.Harness{BytesPerExpert: f.harnessBytes, CallSec: f.harnessCallSec}}
 	if f.harnessCallSec == 0 {
@@ -311,6 +316,9 @@ func printBacktest(w io.Writer, res *rebalance.BacktestResult, cfg rebalance.Bac
 		fmt.Fprint(w, "against EPLB on the same cadence:\n"+ratios)
 	}
 	fmt.Fprintf(w, "recommendation: %s\n", res.Recommendation.Text)
+	if r := res.Recommendation; r.BestModeled != "" && r.BestModeled != r.Best {
+		fmt.Fprintf(w, "by moetuner's modeled time (steps + migration over the cluster's links) %s is best\n", r.BestModeled)
+	}
 }
 
 func movesWords(k int) string {
