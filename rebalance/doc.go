@@ -49,6 +49,35 @@
 // placement files differ in exactly those slots. BytesMoved is changed
 // slots × Model.ExpertBytes().
 //
+// # Backtests
+//
+// Backtest replays a series steps[s][l][e]. Every policy installs its first
+// plan at step T = FirstWindow, made from steps [0, T) (moetuner's fresh
+// plan; EPLB's own for PolicyEPLB); it is what the server starts with, so
+// it moves nothing. The dynamic policies re-plan at T + k·N from steps
+// [t − W, t) and the plan made at t is in force from step t: no step is
+// scored with a plan that saw it. For every scored step s ≥ T,
+//
+//	PAR_s = (1/L) Σ_l max_g load_g / mean_g load_g,   load_g = Σ_{copies on g} n_e / c_e
+//
+// under the plan in force (LayerPAR, StepPAR); transit is the changed
+// slots of every plan change (ChangedSlots, after Align, as the stacks
+// would rewrite them); the harness score is
+//
+//	60 s × mean_s PAR_s + transit × BytesPerExpert / 900 GB/s + calls × CallSec
+//
+// (Harness); moetuner's modeled time is Σ_s costmodel.StepTime of the
+// plan in force plus MigrationTime at every change. A fresh plan
+// (PolicyMoETuner, Budget.Fresh) numbers its GPUs arbitrarily, so its
+// GPUs are first matched to the running plan's (Relabel); EPLB's are not,
+// as neither SGLang nor vLLM does (vLLM keeps staying experts in their
+// slots, which Align does for every policy).
+//
+// The recommendation is the policy with the lowest harness score, or
+// "a static plan is enough" when static's score is within 2 × 60 s × the
+// standard error of the mean per-step PAR difference between static and
+// that policy: the part of the gap that the steps' own noise explains.
+//
 // # Determinism
 //
 // Proposals and backtests are functions of their inputs: layers are solved

@@ -244,15 +244,17 @@ func deepSeekShaped(t *testing.T) (*Rebalancer, Budget) {
 }
 
 // TestProposeDeterministic: the same inputs give the same plan bytes, run
-// twice and with GOMAXPROCS 1 and 2. Catches map-order or parallel
-// scheduling leaking into the plan.
+// twice and with GOMAXPROCS 1 and 2, for incremental and fresh proposals.
+// Catches map-order or parallel scheduling leaking into the plan, and a
+// fresh search that stops on the clock instead of on its own.
 func TestProposeDeterministic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("DeepSeek-sized solves")
 	}
-	encode := func(procs int) []byte {
+	encode := func(procs int, fresh bool) []byte {
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 		r, b := deepSeekShaped(t)
+		b.Fresh = fresh
 		prop, err := r.Propose(context.Background(), b)
 		require.NoError(t, err)
 		require.False(t, prop.TimedOut)
@@ -261,9 +263,11 @@ func TestProposeDeterministic(t *testing.T) {
 		require.NoError(t, placement.Write(&buf, prop.Plan, placement.FormatJSON))
 		return buf.Bytes()
 	}
-	first := encode(2)
-	assert.Equal(t, first, encode(2))
-	assert.Equal(t, first, encode(1))
+	for _, fresh := range []bool{false, true} {
+		first := encode(2, fresh)
+		assert.Equal(t, first, encode(2, fresh), "fresh %v", fresh)
+		assert.Equal(t, first, encode(1, fresh), "fresh %v", fresh)
+	}
 }
 
 func TestNewErrors(t *testing.T) {
