@@ -320,10 +320,6 @@ func (r *Rebalancer) snapshot(phase Phase) (snapshot, error) {
 				}
 			}
 			steps, wts = [][][]float64{ld}, []float64{wt}
-		} else {
-			for i := range steps {
-				steps[i] = cloneMatrix(steps[i])
-			}
 		}
 		s.steps = append(s.steps, steps...)
 		s.weights = append(s.weights, wts...)

@@ -308,3 +308,29 @@ func TestObserveAndProposeErrors(t *testing.T) {
 	assert.NoError(t, r.Install(planOf(2, 4, [][][]int{{{3, 1}, {2, 0}}})))
 	assert.Equal(t, []routing.Expert{3, 1, 2, 0}, r.Current().Layers[0].SlotExpert)
 }
+
+// TestConcurrentObserve: steps arrive while proposals are solved and
+// plans installed (run with -race).
+func TestConcurrentObserve(t *testing.T) {
+	r, err := New(Config{Cluster: tinyCluster(1, 4), Model: tinyModel(2, 8, 2), Window: 5})
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(1, 1))
+	require.NoError(t, r.Observe(Step{Load: skewedLoad(rng, 2, 8)}))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rng := rand.New(rand.NewPCG(2, 2))
+		for range 200 {
+			if err := r.Observe(Step{Load: skewedLoad(rng, 2, 8)}); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for range 20 {
+		prop, err := r.Propose(context.Background(), Budget{MaxMoves: 2})
+		require.NoError(t, err)
+		require.NoError(t, r.Install(prop.Plan))
+	}
+	<-done
+}

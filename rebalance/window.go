@@ -57,24 +57,23 @@ func (w *window) add(load [][]float64) {
 		w.wsum = w.decay*w.wsum + 1
 		return
 	}
-	var slot [][]float64
+	// A kept step is never written again, so a snapshot may share it.
+	slot := cloneMatrix(load)
 	if len(w.ring) < w.size {
-		slot = matrix(w.layers, w.experts)
 		w.ring = append(w.ring, slot)
 	} else {
-		slot = w.ring[w.head]
-		w.head = (w.head + 1) % w.size
 		if w.decay == 1 {
-			for l, row := range slot {
+			for l, row := range w.ring[w.head] {
 				for e, v := range row {
 					w.sum[l][e] -= v
 				}
 			}
 		}
+		w.ring[w.head] = slot
+		w.head = (w.head + 1) % w.size
 	}
-	for l, row := range load {
-		copy(slot[l], row)
-		if w.decay == 1 {
+	if w.decay == 1 {
+		for l, row := range slot {
 			for e, v := range row {
 				w.sum[l][e] += v
 			}
@@ -91,8 +90,8 @@ func (w *window) covered() int {
 	return len(w.ring)
 }
 
-// steps returns the kept steps oldest first with their weights; nil for a
-// window without steps (size 0).
+// steps returns the kept steps oldest first with their weights (shared:
+// kept steps are never written); nil for a window without steps (size 0).
 func (w *window) steps() ([][][]float64, []float64) {
 	if w.size == 0 {
 		return nil, nil
