@@ -24,28 +24,27 @@ const backtestSynopsis = "backtest --trace T... [flags]"
 
 // backtestFlags are backtest's flags.
 type backtestFlags struct {
-	traces                multiFlag
-	format                string
-	topK                  int
-	cluster, model        string
-	nodes, gpusPerNode    int
-	redundant             int
-	tokensPerStep         int
-	stepsPerWindow        int
-	every                 string
-	window, firstWindow   int
-	maxMoves              int
-	pay                   bool
-	decay                 float64
-	eplb                  string
-	policies              string
-	harnessBytes          int64
-	harnessCallSec        float64
-	timeLimit             time.Duration
-	jsonOut, plansDir     string
-	quiet                 bool
-	layout                placement.Layout
-	modelName, clusterMsg string
+	traces              multiFlag
+	format              string
+	topK                int
+	cluster, model      string
+	nodes, gpusPerNode  int
+	redundant           int
+	tokensPerStep       int
+	stepsPerWindow      int
+	every               string
+	window, firstWindow int
+	maxMoves            int
+	pay                 bool
+	decay               float64
+	eplb                string
+	policies            string
+	harnessBytes        int64
+	harnessCallSec      float64
+	timeLimit           time.Duration
+	jsonOut, plansDir   string
+	quiet               bool
+	layout              placement.Layout
 }
 
 func cmdBacktest(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/internal/series"
+	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/rebalance"
 	"github.com/moetuner/moetuner/routing"
 )
@@ -176,4 +177,47 @@ func TestBacktestUsageErrors(t *testing.T) {
 		assert.Equal(t, c.code, code, c.args)
 		assert.Contains(t, stderr, c.want, c.args)
 	}
+}
+
+// TestBacktestSeveralDumps: dumps given one after the other are one
+// series (two [steps][layers][experts] dumps, or one [layers][experts]
+// dump per step, give the table of the single file), and
+// --steps-per-window adds up consecutive steps.
+func TestBacktestSeveralDumps(t *testing.T) {
+	chdirRoot(t)
+	whole, steps := flameSeries(t)
+	dir := t.TempDir()
+	ids := []int{2, 3, 4, 5, 6, 7, 8, 9}
+	first, second := filepath.Join(dir, "a.json"), filepath.Join(dir, "b.json")
+	require.NoError(t, series.WriteLogicalCount(first, steps[:7], ids, 10))
+	require.NoError(t, series.WriteLogicalCount(second, steps[7:], ids, 10))
+	perStep := []string{}
+	for i, st := range steps {
+		p := filepath.Join(dir, fmt.Sprintf("step%02d.json", i))
+		s := routing.StatsFromLoad(st, 6)
+		s.LayerNames, s.ModelLayers = ids, 10
+		require.NoError(t, placement.WriteLogicalCountFile(p, s, placement.Layout{LayerIDs: ids, ModelLayers: 10, Experts: 64}))
+		perStep = append(perStep, "--trace", p)
+	}
+	args := []string{"--gpus-per-node", "8", "--redundant-slots", "8", "--every", "4", "--policies", "eplb,rebalance", "--quiet"}
+	strip := regexp.MustCompile(`\S+(ms|µs|s)\s*$`)
+	table := func(extra ...string) string {
+		code, out, stderr := runCLI(t, append(append([]string{"backtest"}, extra...), args...)...)
+		require.Equal(t, 0, code, stderr)
+		var lines []string
+		for _, l := range strings.Split(out, "\n") {
+			lines = append(lines, strip.ReplaceAllString(l, ""))
+		}
+		return strings.Join(lines, "\n")
+	}
+	want := table("--trace", whole)
+	assert.Equal(t, want, table("--trace", first, "--trace", second))
+	assert.Equal(t, want, table(perStep...))
+	jsonOut := filepath.Join(dir, "coarse.json")
+	table("--trace", whole, "--steps-per-window", "2", "--json", jsonOut)
+	data, err := os.ReadFile(jsonOut)
+	require.NoError(t, err)
+	var res rebalance.BacktestResult
+	require.NoError(t, json.Unmarshal(data, &res))
+	assert.Equal(t, 8, res.Steps)
 }
