@@ -14,7 +14,8 @@ import (
 // plus baseline and mip/highs (its default backend), replay neither solver
 // nor baseline (the check must not share code with what it checks), report
 // at most those and replay (it shows what the solver made but must not
-// import it), and only mip/highs imports HiGHS.
+// import it), the rebalancer the solver and what it uses, and only
+// mip/highs imports HiGHS.
 func TestImportDirection(t *testing.T) {
 	allowed := map[string][]string{
 		"internal/torchpt":    {},
@@ -29,6 +30,8 @@ func TestImportDirection(t *testing.T) {
 		"replay":              {"routing", "placement", "costmodel"},
 		"solvertest":          {"routing", "placement", "costmodel", "solver"},
 		"report":              {"routing", "placement", "costmodel", "replay"},
+		"rebalance":           {"routing", "placement", "costmodel", "baseline", "solver"},
+		"internal/series":     {"routing", "placement"},
 	}
 	const mod = "github.com/moetuner/moetuner/"
 	for pkg, ok := range allowed {

@@ -24,6 +24,7 @@ Usage:
   moetuner compare --trace T... [flags]           every strategy side by side
   moetuner replay  --trace T... --plan A [--plan B] [--backend sim|cpu|gpu]   measure placements
   moetuner report  --trace T... --plan A [--plan B]... --out report.html       plots in one HTML page
+  moetuner backtest --trace T... [flags]          replay per-step loads under rebalancing policies
 
 A TRACE is a file or directory: moetuner JSONL or .npy per-token traces,
 FLAME-MoE CSV (one file per layer), OLMoE routing-analysis JSON, Fiddler
@@ -50,6 +51,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		err = cmdReplay(ctx, args[1:], stdout, stderr)
 	case "report":
 		err = cmdReport(args[1:], stdout, stderr)
+	case "backtest":
+		err = cmdBacktest(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

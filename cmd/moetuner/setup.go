@@ -66,7 +66,7 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 	choiceVar(fs, &c.mode, "mode", "sequential", []string{"sequential", "overlapped"}, "layer time: sequential or overlapped (compute slowed by sigma)")
 	fs.Float64Var(&c.sigma, "sigma", -1, "compute slowdown under overlap (default: the cluster's, 0.189)")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the results as JSON to this file")
-	choiceVar(fs, &c.dispatch, "dispatch", "even", []string{"even", "local"}, "how tokens pick among an expert's copies: even (every source splits evenly: vLLM, SGLang random/static dispatch, EPLB's model) or local (own GPU's copy, else own node's, else fairly: node-local replicas as in SGLang PR #19772; home flow only)")
+	choiceVar(fs, &c.dispatch, "dispatch", "even", []string{"even", "static", "local"}, "how tokens pick among an expert's copies: even (every source splits evenly: vLLM, DeepEP, SGLang random dispatch, EPLB's model), static (SGLang's default with EPLB or --init-expert-location: a rank's own-GPU copy if any, else the copies shared fairly among the ranks; home flow only) or local (own GPU's copy, else own node's, else fairly: node-local replicas as in SGLang PR #19772; home flow only)")
 	if solve {
 		c.timeLimit = 60 * time.Second
 		fs.Var(setDuration{&c.timeLimit, &c.timeLimitSet}, "time-limit", "time limit per strategy (HiGHS limit plus wall-clock watchdog); with --effort only a safety limit, off unless given")

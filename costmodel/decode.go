@@ -1,0 +1,145 @@
+package costmodel
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+)
+
+// Per-step cost with activated experts.
+//
+// Evaluate charges every GPU for every expert slot it holds (slots_g ·
+// perExpert: each held expert's weights are read from HBM once per layer),
+// which is right for aggregated statistics and for prefill, where a step's
+// thousands of tokens reach every expert. In decode a GPU's tokens are few,
+// and a copy that receives no token in a step is not read at all: its time
+// follows the experts its tokens activate in that step, not the slots it
+// holds, as the Janus and Lynx studies of MoE decoding found. With
+// per-step loads the cost model counts them:
+//
+//	a_i        = min(1, n_e · s_i)        copy i of expert e, n_e tokens for e in the step,
+//	                                      s_i its share (SlotShare, else 1/c_e of c_e copies)
+//	activated_g = Σ_{copies i on g} a_i
+//	Compute_g  = (tokens_g·perToken + activated_g·perExpert) / Speed[g]
+//
+// a_i is the probability that copy i serves at least one token when the
+// n_e tokens are split evenly: every copy once n_e ≥ c_e, else n_e of the
+// c_e copies, on average. For a prefill step (n_e ≥ c_e everywhere) this
+// is Evaluate's compute term exactly.
+
+// ActivatedExperts returns, for each of the gpus GPUs, the expected number
+// of the layer's expert copies that one step's load (load[e] = tokens
+// routed to expert e in the step) activates on it, a_i above summed per
+// GPU. Slots whose expert or GPU is out of range are skipped (Validate
+// reports them). It does not keep load.
+func ActivatedExperts(lp placement.LayerPlan, gpus int, load []float64) []float64 {
+	out := make([]float64, max(gpus, 0))
+	addActivated(out, lp, load, copyCounts(lp, len(load)))
+	return out
+}
+
+// copyCounts returns the number of slots of every expert of lp (experts
+// of load's length).
+func copyCounts(lp placement.LayerPlan, experts int) []int {
+	cnt := make([]int, experts)
+	for _, e := range lp.SlotExpert {
+		if int(e) >= 0 && int(e) < experts {
+			cnt[e]++
+		}
+	}
+	return cnt
+}
+
+// addActivated adds each copy's activation a_i to act[its GPU].
+func addActivated(act []float64, lp placement.LayerPlan, load []float64, cnt []int) {
+	n := min(len(lp.SlotExpert), len(lp.SlotGPU))
+	for s := range n {
+		e, g := int(lp.SlotExpert[s]), int(lp.SlotGPU[s])
+		if e < 0 || e >= len(load) || g < 0 || g >= len(act) {
+			continue
+		}
+		share := 1 / float64(cnt[e])
+		if lp.SlotShare != nil && s < len(lp.SlotShare) {
+			share = lp.SlotShare[s]
+		}
+		act[g] += math.Min(1, load[e]*share)
+	}
+}
+
+// addTokens adds each copy's tokens (its share of load) to tok[its GPU].
+func addTokens(tok []float64, lp placement.LayerPlan, load []float64, cnt []int) {
+	n := min(len(lp.SlotExpert), len(lp.SlotGPU))
+	for s := range n {
+		e, g := int(lp.SlotExpert[s]), int(lp.SlotGPU[s])
+		if e < 0 || e >= len(load) || g < 0 || g >= len(tok) {
+			continue
+		}
+		share := 1 / float64(cnt[e])
+		if lp.SlotShare != nil && s < len(lp.SlotShare) {
+			share = lp.SlotShare[s]
+		}
+		tok[g] += load[e] * share
+	}
+}
+
+// StepCompute returns the modeled expert compute time, in seconds, of
+// every GPU for one layer in one step (Compute_g above: routed tokens plus
+// activated experts, divided by the GPU's speed) and its maximum, the
+// layer's compute tail in that step. load[e] is the step's tokens for
+// expert e; lp must hold plan slots on c.GPUs() GPUs.
+func StepCompute(lp placement.LayerPlan, load []float64, c Cluster, m Model) (perGPU []float64, tail float64) {
+	G := c.GPUs()
+	perTok, perExp := c.Coefficients(m)
+	cnt := copyCounts(lp, len(load))
+	tok := make([]float64, G)
+	act := make([]float64, G)
+	addTokens(tok, lp, load, cnt)
+	addActivated(act, lp, load, cnt)
+	perGPU = tok // reused
+	for g := range G {
+		perGPU[g] = (tok[g]*perTok + act[g]*perExp) / c.SpeedOf(g)
+		tail = math.Max(tail, perGPU[g])
+	}
+	return perGPU, tail
+}
+
+// StepTime models one forward pass with the per-step loads load[l][e]
+// (tokens routed to expert e at MoE layer l in that pass; topK is the
+// model's routing top-k, used for the token count): Evaluate of plan on
+// count-only statistics of that step, with each layer's compute tail
+// replaced by StepCompute's, so that copies the step does not activate
+// cost nothing. Layer times then combine as in Evaluate (Sequential:
+// dispatch + tail + combine; Overlapped: max(tail·(1+σ), comm) +
+// comm/Chunks). It returns the seconds summed over layers, or an error
+// when the inputs disagree (as Evaluate).
+func StepTime(plan *placement.Plan, load [][]float64, topK int, c Cluster, m Model, opts Options) (float64, error) {
+	if plan == nil {
+		return 0, fmt.Errorf("costmodel: step time: nil plan")
+	}
+	if len(load) != len(plan.Layers) {
+		return 0, fmt.Errorf("costmodel: step time: the step has %d layers, the plan %d", len(load), len(plan.Layers))
+	}
+	st := routing.StatsFromLoad(load, topK)
+	rep, err := Evaluate(plan, st, c, m, opts)
+	if err != nil {
+		return 0, err
+	}
+	chunks := float64(opts.Chunks)
+	if chunks <= 0 {
+		chunks = DefaultChunks
+	}
+	sigma := c.SigmaValue()
+	total := 0.0
+	for l, lr := range rep.Layers {
+		_, tail := StepCompute(plan.Layers[l], load[l], c, m)
+		comm := lr.DispatchTime.Seconds() + lr.CombineTime.Seconds()
+		if opts.Mode == Overlapped {
+			total += math.Max(tail*(1+sigma), comm) + comm/chunks
+		} else {
+			total += comm + tail
+		}
+	}
+	return total, nil
+}

@@ -1,0 +1,117 @@
+package costmodel
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+)
+
+// TestActivatedExpertsHand: 2 GPUs, experts 0 and 1 on GPU 0, expert 2 on
+// both GPUs (two copies), expert 3 on GPU 1. Catches counting held slots
+// instead of activated copies, and ignoring the split over copies.
+func TestActivatedExpertsHand(t *testing.T) {
+	lp := placement.LayerPlan{
+		SlotExpert: []routing.Expert{0, 1, 2, 2, 3},
+		SlotGPU:    []placement.GPU{0, 0, 0, 1, 1},
+	}
+	cases := []struct {
+		name string
+		load []float64
+		want []float64
+	}{
+		{"all hot", []float64{5, 3, 4, 1}, []float64{3, 2}},
+		{"cold single copies", []float64{0, 7, 4, 0}, []float64{2, 1}},
+		// One token for a two-copy expert: each copy serves it with
+		// probability 1/2.
+		{"one token two copies", []float64{0, 0, 1, 0}, []float64{0.5, 0.5}},
+		{"nothing", []float64{0, 0, 0, 0}, []float64{0, 0}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := ActivatedExperts(lp, 2, c.load)
+			require.Len(t, got, 2)
+			for g := range got {
+				assert.InDelta(t, c.want[g], got[g], 1e-12, "GPU %d", g)
+			}
+		})
+	}
+	// Shares (a dispatch-time split): expert 2's one token goes to the
+	// copy on GPU 0 with probability 0.9.
+	lp.SlotShare = []float64{1, 1, 0.9, 0.1, 1}
+	got := ActivatedExperts(lp, 2, []float64{0, 0, 1, 0})
+	assert.InDelta(t, 0.9, got[0], 1e-12)
+	assert.InDelta(t, 0.1, got[1], 1e-12)
+}
+
+// TestStepComputeDecodeBalance: the same token counts per GPU, but GPU 1's
+// tokens are spread over more experts: it reads more weights and is the
+// tail. A token-only model would call the two GPUs equal.
+func TestStepComputeDecodeBalance(t *testing.T) {
+	c := tinyCluster(1, 2) // 1 µs per token, 10 µs per expert
+	m := tinyModel(1, 4, 1)
+	lp := placement.LayerPlan{SlotExpert: []routing.Expert{0, 1, 2, 3}, SlotGPU: []placement.GPU{0, 0, 1, 1}}
+	per, tail := StepCompute(lp, []float64{4, 0, 2, 2}, c, m)
+	assert.InDelta(t, 4e-6+10e-6, per[0], 1e-15)
+	assert.InDelta(t, 4e-6+20e-6, per[1], 1e-15)
+	assert.InDelta(t, 24e-6, tail, 1e-15)
+}
+
+// TestStepTimeMatchesEvaluateWhenAllActive: with every copy receiving at
+// least as many tokens as the expert has copies (a prefill step), the
+// activated-expert model is Evaluate's, in both modes, on random
+// replicated instances. Catches a per-step time that drifts from the cost
+// model it refines (wrong combination of phases, σ, chunks).
+func TestStepTimeMatchesEvaluateWhenAllActive(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 200 {
+		nodes, gpn := 1+rng.IntN(2), 1+rng.IntN(3)
+		plan, st, m := randomInstance(rng, nodes, gpn, true)
+		load := make([][]float64, st.Layers)
+		for l := range load {
+			load[l] = make([]float64, st.Experts)
+			for e := range load[l] {
+				load[l][e] = float64(2 + rng.IntN(20)) // ≥ 2 copies' worth
+			}
+		}
+		for _, mode := range []Mode{Sequential, Overlapped} {
+			c := tinyCluster(nodes, gpn)
+			opts := Options{Mode: mode}
+			got, err := StepTime(plan, load, st.TopK, c, m, opts)
+			require.NoError(t, err, "instance %d", i)
+			rep, err := Evaluate(plan, routing.StatsFromLoad(load, st.TopK), c, m, opts)
+			require.NoError(t, err)
+			assert.InDelta(t, rep.TimeSec, got, 1e-9*math.Max(1, rep.TimeSec)+2e-9*float64(st.Layers), "instance %d mode %v", i, mode)
+		}
+	}
+}
+
+// TestStepTimeDecodeCheaper: a step that leaves copies idle costs less
+// than Evaluate's every-slot charge, by exactly the idle copies' weight
+// reads on the tail GPU.
+func TestStepTimeDecodeCheaper(t *testing.T) {
+	c := tinyCluster(1, 2)
+	m := tinyModel(1, 4, 1)
+	plan := singlePlan(2, [][]int{{0, 0, 1, 1}})
+	load := [][]float64{{3, 0, 3, 0}}
+	got, err := StepTime(plan, load, 1, c, m, Options{})
+	require.NoError(t, err)
+	rep, err := Evaluate(plan, routing.StatsFromLoad(load, 1), c, m, Options{})
+	require.NoError(t, err)
+	assert.InDelta(t, rep.TimeSec-10e-6, got, 2e-9)
+}
+
+func TestStepTimeErrors(t *testing.T) {
+	c := tinyCluster(1, 2)
+	m := tinyModel(1, 4, 1)
+	plan := singlePlan(2, [][]int{{0, 0, 1, 1}})
+	_, err := StepTime(nil, [][]float64{{1, 1, 1, 1}}, 1, c, m, Options{})
+	assert.ErrorContains(t, err, "nil plan")
+	_, err = StepTime(plan, [][]float64{{1, 1, 1, 1}, {1, 1, 1, 1}}, 1, c, m, Options{})
+	assert.ErrorContains(t, err, "2 layers, the plan 1")
+}

@@ -1,0 +1,410 @@
+package rebalance
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+)
+
+// DefaultPlan returns the placement the serving stacks start with when
+// told nothing: slot p of every layer holds expert p mod experts and lives
+// on GPU p/(slots/gpus) (SGLang's trivial map, vLLM's initial map), with
+// slots = experts + redundant. It fails unless gpus divides the slots.
+func DefaultPlan(layers, experts, redundant, gpus int) (*placement.Plan, error) {
+	slots := experts + redundant
+	switch {
+	case layers < 1 || experts < 1 || gpus < 1 || redundant < 0:
+		return nil, fmt.Errorf("rebalance: default plan of %d layers × %d experts + %d redundant slots on %d GPUs: every count must be positive (redundant ≥ 0)", layers, experts, redundant, gpus)
+	case slots%gpus != 0:
+		return nil, fmt.Errorf("rebalance: %d experts + %d redundant slots do not divide over %d GPUs; choose the redundant slots so that the GPU count divides the slots", experts, redundant, gpus)
+	case slots/gpus > experts:
+		return nil, fmt.Errorf("rebalance: %d slots per GPU exceed the %d experts: the default map would put two copies of an expert on one GPU; use at most %d redundant slots", slots/gpus, experts, experts*(gpus-1))
+	}
+	per := slots / gpus
+	p := &placement.Plan{GPUs: gpus, Experts: experts, Strategy: "default", Layers: make([]placement.LayerPlan, layers)}
+	for l := range p.Layers {
+		lp := placement.LayerPlan{SlotExpert: make([]routing.Expert, slots), SlotGPU: make([]placement.GPU, slots)}
+		for s := range slots {
+			lp.SlotExpert[s], lp.SlotGPU[s] = routing.Expert(s%experts), placement.GPU(s/per)
+		}
+		p.Layers[l] = lp
+	}
+	return p, nil
+}
+
+// ChangedSlots returns, for every layer, the slots of next that hold an
+// expert copy their GPU did not hold in prev: the expert weights a switch
+// from prev to next must move onto a GPU. Copies that stay on their GPU
+// count as unchanged wherever their slot is (Align puts them back in their
+// old slots). The plans must have the same layers.
+func ChangedSlots(prev, next *placement.Plan) ([]int, error) {
+	if err := sameShape(prev, next); err != nil {
+		return nil, err
+	}
+	out := make([]int, len(next.Layers))
+	for l := range next.Layers {
+		out[l] = changedLayer(prev.Layers[l], next.Layers[l], next.Experts)
+	}
+	return out, nil
+}
+
+func sameShape(prev, next *placement.Plan) error {
+	switch {
+	case prev == nil || next == nil:
+		return fmt.Errorf("rebalance: nil plan")
+	case len(prev.Layers) != len(next.Layers):
+		return fmt.Errorf("rebalance: plans of %d and %d layers", len(prev.Layers), len(next.Layers))
+	case prev.GPUs != next.GPUs:
+		return fmt.Errorf("rebalance: plans on %d and %d GPUs", prev.GPUs, next.GPUs)
+	case prev.Experts != next.Experts:
+		return fmt.Errorf("rebalance: plans of %d and %d experts", prev.Experts, next.Experts)
+	}
+	return nil
+}
+
+// key is a (GPU, expert) pair.
+func key(g placement.GPU, e routing.Expert, experts int) int64 {
+	return int64(g)*int64(experts) + int64(e)
+}
+
+func changedLayer(prev, next placement.LayerPlan, experts int) int {
+	held := make(map[int64]int, len(prev.SlotExpert))
+	for s, e := range prev.SlotExpert {
+		held[key(prev.SlotGPU[s], e, experts)]++
+	}
+	changed := 0
+	for s, e := range next.SlotExpert {
+		k := key(next.SlotGPU[s], e, experts)
+		if held[k] > 0 {
+			held[k]--
+		} else {
+			changed++
+		}
+	}
+	return changed
+}
+
+// Align returns next with its slots reordered so that every copy that
+// stays on its GPU keeps the slot it had in prev, and the new copies of a
+// GPU fill the slots it frees (ascending expert id into ascending slots).
+// A serving stack that loads the aligned plan then rewrites exactly
+// ChangedSlots slots, as vLLM's preserve_intragpu_slots does. Layers whose
+// GPUs hold different slot counts in prev and next are left as they are in
+// next. Strategy and Meta are next's.
+func Align(prev, next *placement.Plan) (*placement.Plan, error) {
+	if err := sameShape(prev, next); err != nil {
+		return nil, err
+	}
+	out := next.Clone()
+	for l := range next.Layers {
+		if lp, ok := alignLayer(prev.Layers[l], next.Layers[l], next.GPUs, next.Experts); ok {
+			out.Layers[l] = lp
+		}
+	}
+	return out, nil
+}
+
+func alignLayer(prev, next placement.LayerPlan, gpus, experts int) (placement.LayerPlan, bool) {
+	if len(prev.SlotExpert) != len(next.SlotExpert) || next.SlotShare != nil {
+		return next, false
+	}
+	count := make([]int, gpus)
+	for _, g := range prev.SlotGPU {
+		count[g]++
+	}
+	for _, g := range next.SlotGPU {
+		count[g]--
+	}
+	if slices.ContainsFunc(count, func(c int) bool { return c != 0 }) {
+		return next, false
+	}
+	// Copies of next per (GPU, expert), and per GPU its experts ascending.
+	want := make(map[int64]int, len(next.SlotExpert))
+	for s, e := range next.SlotExpert {
+		want[key(next.SlotGPU[s], e, experts)]++
+	}
+	n := len(prev.SlotExpert)
+	out := placement.LayerPlan{SlotExpert: make([]routing.Expert, n), SlotGPU: slices.Clone(prev.SlotGPU)}
+	free := make([][]int, gpus) // per GPU, its free slots ascending
+	for s, e := range prev.SlotExpert {
+		g := prev.SlotGPU[s]
+		if k := key(g, e, experts); want[k] > 0 {
+			want[k]--
+			out.SlotExpert[s] = e
+			continue
+		}
+		free[g] = append(free[g], s)
+	}
+	incoming := make([][]routing.Expert, gpus)
+	for s, e := range next.SlotExpert {
+		g := next.SlotGPU[s]
+		if k := key(g, e, experts); want[k] > 0 {
+			want[k]--
+			incoming[g] = append(incoming[g], e)
+		}
+	}
+	for g := range gpus {
+		slices.Sort(incoming[g])
+		for i, s := range free[g] {
+			out.SlotExpert[s] = incoming[g][i]
+		}
+	}
+	return out, true
+}
+
+// MigrationTime models, in seconds, the weight transfers of a switch from
+// prev to next: layer by layer (as vLLM's rearrange_expert_weights_inplace
+// moves them), every copy new on a GPU is received from a GPU that held
+// the expert in prev, one on the same node over NVLink when there is one,
+// else over the NICs; among the candidate senders the one with the fewest
+// bytes to send so far (then the lowest GPU) sends. A layer takes its
+// busiest port's bytes over that port's per-direction bandwidth (NVLink in
+// and out, NIC in and out, as in costmodel), and the layers add up.
+// Bytes per copy are m.ExpertBytes().
+func MigrationTime(prev, next *placement.Plan, c costmodel.Cluster, m costmodel.Model) (float64, error) {
+	per, err := migrationPerLayer(prev, next, c, m)
+	total := 0.0
+	for _, v := range per {
+		total += v
+	}
+	return total, err
+}
+
+// migrationPerLayer is MigrationTime layer by layer.
+func migrationPerLayer(prev, next *placement.Plan, c costmodel.Cluster, m costmodel.Model) ([]float64, error) {
+	if err := sameShape(prev, next); err != nil {
+		return nil, err
+	}
+	if next.GPUs != c.GPUs() {
+		return nil, fmt.Errorf("rebalance: plans on %d GPUs, cluster of %d", next.GPUs, c.GPUs())
+	}
+	G, B := next.GPUs, float64(m.ExpertBytes())
+	nv, nic := c.NVLinkBytesPerSec(), c.NICBytesPerSec()
+	out := make([]float64, len(next.Layers))
+	var ports [4][]float64 // NVLink in, out, NIC in, out (bytes)
+	for i := range ports {
+		ports[i] = make([]float64, G)
+	}
+	for l := range next.Layers {
+		for i := range ports {
+			clear(ports[i])
+		}
+		holders := prev.ExpertGPUs(l)
+		held := make(map[int64]int, len(prev.Layers[l].SlotExpert))
+		for s, e := range prev.Layers[l].SlotExpert {
+			held[key(prev.Layers[l].SlotGPU[s], e, next.Experts)]++
+		}
+		lp := next.Layers[l]
+		for s, e := range lp.SlotExpert {
+			g := lp.SlotGPU[s]
+			if k := key(g, e, next.Experts); held[k] > 0 {
+				held[k]--
+				continue
+			}
+			src, local := -1, false
+			for _, h := range holders[e] { // ascending: ties go to the lowest GPU
+				same := c.NodeOf(int(h)) == c.NodeOf(int(g))
+				port := outPort(same)
+				if src < 0 || (same && !local) || (same == local && ports[port][h] < ports[port][src]) {
+					src, local = int(h), same
+				}
+			}
+			if local {
+				ports[0][g] += B
+				ports[1][src] += B
+				continue
+			}
+			ports[2][g] += B
+			if src >= 0 {
+				ports[3][src] += B
+			}
+		}
+		layer := 0.0
+		for g := range G {
+			layer = math.Max(layer, math.Max(ports[0][g], ports[1][g])/nv)
+			if nic > 0 {
+				layer = math.Max(layer, math.Max(ports[2][g], ports[3][g])/nic)
+			} else if ports[2][g] > 0 || ports[3][g] > 0 {
+				layer = math.Max(layer, math.Max(ports[2][g], ports[3][g])/nv)
+			}
+		}
+		out[l] = layer
+	}
+	return out, nil
+}
+
+func outPort(local bool) int {
+	if local {
+		return 1
+	}
+	return 3
+}
+
+// LayerPAR returns the busiest GPU's load over the mean GPU load of layer
+// lp under load (tokens per expert), every copy of an expert serving an
+// even share: the balance measure the public rebalancing harness scores
+// (PAR). A layer without load scores 1.
+func LayerPAR(lp placement.LayerPlan, gpus int, load []float64) float64 {
+	cnt := make([]int, len(load))
+	for _, e := range lp.SlotExpert {
+		cnt[e]++
+	}
+	gl := make([]float64, gpus)
+	total := 0.0
+	for s, e := range lp.SlotExpert {
+		gl[lp.SlotGPU[s]] += load[e] / float64(cnt[e])
+	}
+	for e, v := range load {
+		if cnt[e] > 0 {
+			total += v
+		}
+	}
+	if total <= 0 {
+		return 1
+	}
+	return slices.Max(gl) / (total / float64(gpus))
+}
+
+// StepPAR is LayerPAR averaged over the layers of plan for one step's
+// loads load[l][e].
+func StepPAR(plan *placement.Plan, load [][]float64) float64 {
+	s := 0.0
+	for l, lp := range plan.Layers {
+		s += LayerPAR(lp, plan.GPUs, load[l])
+	}
+	return s / float64(len(plan.Layers))
+}
+
+// Relabel returns next with the GPUs of every layer permuted so that as
+// many expert copies as possible stay on the GPU that held them in prev
+// (an assignment problem on the copies two GPUs share, solved exactly by
+// the Hungarian method), then aligned with prev (Align). A fresh plan
+// numbers its GPUs arbitrarily; relabelled it moves only what it must.
+// Only layers whose GPUs all hold the same number of slots in both plans
+// are permuted, and only when every GPU has the same speed and memory
+// (relabelling must not change what the plan costs); the others are as in
+// next.
+func Relabel(prev, next *placement.Plan, c costmodel.Cluster) (*placement.Plan, error) {
+	if err := sameShape(prev, next); err != nil {
+		return nil, err
+	}
+	G := next.GPUs
+	out := next.Clone()
+	for g := 1; g < G; g++ {
+		if c.SpeedOf(g) != c.SpeedOf(0) || c.MemOf(g) != c.MemOf(0) {
+			return Align(prev, out)
+		}
+	}
+	for l := range out.Layers {
+		pp, np := prev.SlotsPerGPU(l), next.SlotsPerGPU(l)
+		if slices.ContainsFunc(pp, func(n int) bool { return n != pp[0] }) || !slices.Equal(pp, np) {
+			continue
+		}
+		// share[a][b]: copies GPU a holds in prev and GPU b in next.
+		share := make([][]float64, G)
+		for a := range share {
+			share[a] = make([]float64, G)
+		}
+		byGPU := func(lp placement.LayerPlan) [][]routing.Expert {
+			out := make([][]routing.Expert, G)
+			for s, e := range lp.SlotExpert {
+				out[lp.SlotGPU[s]] = append(out[lp.SlotGPU[s]], e)
+			}
+			for _, es := range out {
+				slices.Sort(es)
+			}
+			return out
+		}
+		pe, ne := byGPU(prev.Layers[l]), byGPU(next.Layers[l])
+		for a := range G {
+			for b := range G {
+				share[a][b] = -float64(commonSorted(pe[a], ne[b]))
+			}
+		}
+		to := hungarian(share) // next's GPU b becomes GPU to[b]
+		lp := &out.Layers[l]
+		for s, g := range lp.SlotGPU {
+			lp.SlotGPU[s] = placement.GPU(to[g])
+		}
+	}
+	return Align(prev, out)
+}
+
+// commonSorted counts the elements two sorted multisets share.
+func commonSorted(a, b []routing.Expert) int {
+	n, i, j := 0, 0, 0
+	for i < len(a) && j < len(b) {
+		switch {
+		case a[i] == b[j]:
+			n++
+			i++
+			j++
+		case a[i] < b[j]:
+			i++
+		default:
+			j++
+		}
+	}
+	return n
+}
+
+// hungarian solves the square assignment problem min Σ_a cost[a][to⁻¹(a)]
+// exactly (Kuhn–Munkres with potentials, O(n³)) and returns, for every
+// column b, the row it is assigned to. Ties go the same way every time.
+func hungarian(cost [][]float64) []int {
+	n := len(cost)
+	inf := math.Inf(1)
+	u, v := make([]float64, n+1), make([]float64, n+1)
+	p, way := make([]int, n+1), make([]int, n+1) // p[col] = row (1-based)
+	for i := 1; i <= n; i++ {
+		p[0] = i
+		j0 := 0
+		minv := make([]float64, n+1)
+		used := make([]bool, n+1)
+		for j := range minv {
+			minv[j] = inf
+		}
+		for {
+			used[j0] = true
+			i0, delta, j1 := p[j0], inf, 0
+			for j := 1; j <= n; j++ {
+				if used[j] {
+					continue
+				}
+				cur := cost[i0-1][j-1] - u[i0] - v[j]
+				if cur < minv[j] {
+					minv[j], way[j] = cur, j0
+				}
+				if minv[j] < delta {
+					delta, j1 = minv[j], j
+				}
+			}
+			for j := 0; j <= n; j++ {
+				if used[j] {
+					u[p[j]] += delta
+					v[j] -= delta
+				} else {
+					minv[j] -= delta
+				}
+			}
+			j0 = j1
+			if p[j0] == 0 {
+				break
+			}
+		}
+		for j0 != 0 {
+			j1 := way[j0]
+			p[j0] = p[j1]
+			j0 = j1
+		}
+	}
+	to := make([]int, n)
+	for j := 1; j <= n; j++ {
+		to[j-1] = p[j] - 1
+	}
+	return to
+}

@@ -1,0 +1,538 @@
+package rebalance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/moetuner/moetuner/baseline"
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+	"github.com/moetuner/moetuner/solver"
+)
+
+// Phase says which kind of forward pass a step was.
+type Phase int
+
+const (
+	// PhaseAny: the input does not say (in a Step), or every observed
+	// step whatever its phase (in a Budget).
+	PhaseAny Phase = iota
+	// PhasePrefill: a prefill (extend) pass, thousands of tokens.
+	PhasePrefill
+	// PhaseDecode: a decode pass, a few tokens per GPU; its cost follows
+	// the experts its tokens activate (costmodel.StepCompute).
+	PhaseDecode
+)
+
+// String returns "any", "prefill" or "decode".
+func (p Phase) String() string {
+	switch p {
+	case PhasePrefill:
+		return "prefill"
+	case PhaseDecode:
+		return "decode"
+	}
+	return "any"
+}
+
+// Step is one forward pass's routing: Load[l][e] tokens routed to expert e
+// at MoE layer l (SGLang's per-pass logical_count, a TensorRT-LLM
+// iteration, a routing.Stats.StepLoad entry), and its Phase when known.
+// Per-token expert sets are not needed: an expert is activated in a step
+// exactly when its count is positive.
+type Step struct {
+	Load  [][]float64
+	Phase Phase
+}
+
+// DefaultWindow is Config.Window's default, vLLM's EPLB window_size.
+const DefaultWindow = 1000
+
+// DefaultTime is Budget.Time's default. Incremental re-placement of
+// DeepSeek-V3 (58 layers, 288 slots) takes milliseconds, so the limit
+// never binds at the default sizes and proposals are reproducible.
+const DefaultTime = 30 * time.Second
+
+// Config sets up a Rebalancer. Cluster and Model are required; every other
+// field's zero value works.
+type Config struct {
+	// Cluster is the hardware (GPU count, links for migration, compute
+	// coefficients).
+	Cluster costmodel.Cluster
+	// Model is the MoE model; Layers, Experts and TopK fix the shape of
+	// every Step, ExpertBytes() the bytes one slot change moves.
+	Model costmodel.Model
+	// RedundantSlots are the slots per layer beyond one per expert of the
+	// default initial plan (DefaultPlan); ignored with Initial.
+	RedundantSlots int
+	// Initial is the placement running when the rebalancer starts (nil:
+	// DefaultPlan, what the serving stacks start with). Every proposal
+	// keeps its slots per GPU.
+	Initial *placement.Plan
+	// Window is how many of the latest steps each phase keeps (default
+	// DefaultWindow; negative: no limit, for a pure exponential decay).
+	Window int
+	// Decay is the weight of a step relative to the next one, in (0, 1],
+	// as TensorRT-LLM's online balancer decays its statistics: the step
+	// of age a (0 for the newest) weighs Decay^a. 0 means 1, no decay. A
+	// negative Window needs Decay < 1.
+	Decay float64
+	// Solver tunes the re-placement solves (Strategy is always joint;
+	// MaxMoves and TimeLimit come from the Budget).
+	Solver solver.Options
+}
+
+// Budget bounds one proposal.
+type Budget struct {
+	// MaxMoves is the most slots per layer the proposal may change
+	// (ChangedSlots); 0 means no bound. The search swaps two slots at a
+	// time, so an odd budget leaves one slot unused unless a copy-count
+	// change fits.
+	MaxMoves int
+	// Horizon > 0 keeps only moves that pay for their migration within
+	// Horizon steps (the steps until the next rebalance): the solve
+	// charges every changed slot the time its weights take over the
+	// slowest link (NIC across nodes, else NVLink) in units of modeled
+	// layer time, and a layer changes only if its modeled gain per step ×
+	// Horizon exceeds its MigrationTime. 0: no such rule.
+	Horizon int
+	// Phase picks the window to plan for (PhaseAny: all of them).
+	Phase Phase
+	// Fresh plans from scratch instead of from the current plan (every
+	// slot may change; MaxMoves does not apply): EPLB's plan of the window
+	// improved by the joint strategy's swap search until no move gains
+	// 1e-6 busiest/mean, which is reproducible (with GPUs of different
+	// slot counts, where EPLB does not apply, the joint strategy's
+	// replicated solve, which runs to its time limit and is not).
+	Fresh bool
+	// Time bounds the solve (default DefaultTime).
+	Time time.Duration
+}
+
+// Proposal is a proposed placement with what installing it costs and
+// gains, both modeled on the window the proposal was made for.
+type Proposal struct {
+	// Plan is the proposed placement, its slots aligned with the current
+	// plan's (Align; a fresh plan's GPUs relabelled first, Relabel): only
+	// Moved slots differ.
+	Plan *placement.Plan
+	// Moved[l] is the slots of layer l that change (ChangedSlots),
+	// MovedSlots their sum and BytesMoved = MovedSlots × ExpertBytes.
+	Moved      []int
+	MovedSlots int
+	BytesMoved int64
+	// MigrationSec is MigrationTime from the current plan.
+	MigrationSec float64
+	// CurrentStepSec and StepSec are the modeled expert compute time per
+	// step (the layers' compute tails, costmodel.StepCompute, averaged over
+	// the window's steps by weight) of the current and proposed plans;
+	// GainSec is their difference.
+	CurrentStepSec, StepSec, GainSec float64
+	// CurrentPAR and PAR are busiest/mean GPU load on the window's load,
+	// averaged over layers.
+	CurrentPAR, PAR float64
+	// Steps is the number of steps in the window.
+	Steps int
+	// Kept counts the layers left as they are because the solve found no
+	// gain there, the change would not pay within Budget.Horizon, or (a
+	// safeguard that has never fired in tests) it exceeded MaxMoves.
+	Kept int
+	// Status is the solve's; TimedOut reports that Budget.Time stopped it,
+	// in which case the same inputs may give another plan.
+	Status    solver.Status
+	TimedOut  bool
+	SolveTime time.Duration
+}
+
+// Rebalancer keeps a running placement and the recent per-step loads of
+// every phase, and proposes re-placements that change few slots. It is
+// safe for concurrent use; a proposal is solved outside the lock, so
+// steps may be observed meanwhile.
+//
+// Proposals are deterministic: the same Config, the same sequence of
+// Observe and Install calls and the same Budget give the same plan, byte
+// for byte, on any GOMAXPROCS, as long as the time budget does not stop
+// the solve (Proposal.TimedOut); the solve's layers are independent, its
+// moves are chosen in a fixed order, and nothing iterates over a map.
+type Rebalancer struct {
+	cfg     Config
+	mu      sync.Mutex
+	current *placement.Plan
+	windows [3]*window // by Phase
+	seen    int
+}
+
+// New returns a Rebalancer for cfg, or an error naming the Config field
+// that is wrong.
+func New(cfg Config) (*Rebalancer, error) {
+	if err := cfg.Cluster.Validate(); err != nil {
+		return nil, fmt.Errorf("rebalance: Config.Cluster: %w", err)
+	}
+	m := cfg.Model
+	if m.Layers < 1 || m.Experts < 1 || m.TopK < 1 {
+		return nil, fmt.Errorf("rebalance: Config.Model has %d layers, %d experts, top-k %d: set a model (costmodel.ModelPreset) whose shape is the steps'", m.Layers, m.Experts, m.TopK)
+	}
+	if cfg.Decay == 0 {
+		cfg.Decay = 1
+	}
+	if !(cfg.Decay > 0 && cfg.Decay <= 1) {
+		return nil, fmt.Errorf("rebalance: Config.Decay %v: want a weight in (0, 1] (0 means 1)", cfg.Decay)
+	}
+	size := cfg.Window
+	switch {
+	case size == 0:
+		size = DefaultWindow
+	case size < 0 && cfg.Decay == 1:
+		return nil, errors.New("rebalance: Config.Window is negative (no limit) without a Decay below 1: the statistics would never forget; set a Window or a Decay")
+	case size < 0:
+		size = 0
+	}
+	r := &Rebalancer{cfg: cfg}
+	for p := range r.windows {
+		r.windows[p] = newWindow(m.Layers, m.Experts, size, cfg.Decay)
+	}
+	init := cfg.Initial
+	if init == nil {
+		var err error
+		if init, err = DefaultPlan(m.Layers, m.Experts, cfg.RedundantSlots, cfg.Cluster.GPUs()); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.check(init, "Config.Initial"); err != nil {
+		return nil, err
+	}
+	r.current = init.Clone()
+	return r, nil
+}
+
+// check validates plan against the configured shape.
+func (r *Rebalancer) check(plan *placement.Plan, what string) error {
+	if plan == nil {
+		return fmt.Errorf("rebalance: %s is nil", what)
+	}
+	m := r.cfg.Model
+	if plan.GPUs != r.cfg.Cluster.GPUs() {
+		return fmt.Errorf("rebalance: %s is for %d GPUs, the cluster has %d", what, plan.GPUs, r.cfg.Cluster.GPUs())
+	}
+	if err := plan.Validate(placement.ValidateOptions{Experts: m.Experts, Layers: m.Layers}); err != nil {
+		return fmt.Errorf("rebalance: %s: %w", what, err)
+	}
+	per := plan.SlotsPerGPU(0)
+	for l := range plan.Layers {
+		if !slices.Equal(plan.SlotsPerGPU(l), per) {
+			return fmt.Errorf("rebalance: %s: layer %d holds %v slots per GPU but layer 0 holds %v; every layer needs the same slots per GPU", what, l, plan.SlotsPerGPU(l), per)
+		}
+	}
+	return nil
+}
+
+// Observe records one step. It returns an error, and records nothing,
+// when the load is not [Model.Layers][Model.Experts] finite non-negative
+// counts or the phase is unknown.
+func (r *Rebalancer) Observe(step Step) error {
+	m := r.cfg.Model
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.seen
+	if step.Phase < PhaseAny || step.Phase > PhaseDecode {
+		return fmt.Errorf("rebalance: step %d: unknown phase %d", n, step.Phase)
+	}
+	if len(step.Load) != m.Layers {
+		return fmt.Errorf("rebalance: step %d: load has %d layers, the model %d", n, len(step.Load), m.Layers)
+	}
+	for l, row := range step.Load {
+		if len(row) != m.Experts {
+			return fmt.Errorf("rebalance: step %d: load[%d] has %d experts, the model %d", n, l, len(row), m.Experts)
+		}
+		for e, v := range row {
+			if !(v >= 0) || math.IsInf(v, 1) {
+				return fmt.Errorf("rebalance: step %d: load[%d][%d] = %v: counts must be finite and non-negative", n, l, e, v)
+			}
+		}
+	}
+	r.windows[step.Phase].add(step.Load)
+	r.seen++
+	return nil
+}
+
+// Current returns a copy of the plan in force.
+func (r *Rebalancer) Current() *placement.Plan {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.current.Clone()
+}
+
+// Install makes plan (copied) the plan in force, once the serving stack
+// runs it; it fails when plan does not fit the cluster and model or holds
+// other slots per GPU than the current plan.
+func (r *Rebalancer) Install(plan *placement.Plan) error {
+	if err := r.check(plan, "the installed plan"); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !slices.Equal(plan.SlotsPerGPU(0), r.current.SlotsPerGPU(0)) {
+		return fmt.Errorf("rebalance: the installed plan holds %v slots per GPU, the current plan %v; a serving stack cannot change its slot layout by rebalancing", plan.SlotsPerGPU(0), r.current.SlotsPerGPU(0))
+	}
+	r.current = plan.Clone()
+	return nil
+}
+
+// snapshot is what one proposal works on, copied under the lock.
+type snapshot struct {
+	current *placement.Plan
+	steps   [][][]float64 // nil with an unlimited window
+	weights []float64
+	decode  []bool // per step
+	load    [][]float64
+	weight  float64
+	n       int
+}
+
+func (r *Rebalancer) snapshot(phase Phase) (snapshot, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := snapshot{current: r.current.Clone(), load: matrix(r.cfg.Model.Layers, r.cfg.Model.Experts)}
+	for p, w := range r.windows {
+		if (phase != PhaseAny && Phase(p) != phase) || w.count == 0 {
+			continue
+		}
+		ld, wt := w.load()
+		for l, row := range ld {
+			for e, v := range row {
+				s.load[l][e] += v
+			}
+		}
+		s.weight += wt
+		steps, wts := w.steps()
+		if steps == nil {
+			// An unlimited decayed window keeps no steps: its mean step
+			// stands for them.
+			for l := range ld {
+				for e := range ld[l] {
+					ld[l][e] /= wt
+				}
+			}
+			steps, wts = [][][]float64{ld}, []float64{wt}
+		}
+		s.steps = append(s.steps, steps...)
+		s.weights = append(s.weights, wts...)
+		for range steps {
+			s.decode = append(s.decode, Phase(p) == PhaseDecode)
+		}
+		s.n += w.covered()
+	}
+	if s.weight == 0 {
+		return s, fmt.Errorf("rebalance: no %s steps observed yet; Observe some before Propose", phaseWords(phase))
+	}
+	return s, nil
+}
+
+func phaseWords(p Phase) string {
+	if p == PhaseAny {
+		return "load"
+	}
+	return p.String()
+}
+
+// Propose solves for a placement within b and reports it; it does not
+// install it. With Budget.Fresh it plans from scratch, otherwise from the
+// current plan (solver.Problem.Current with Options.MaxMoves, and the
+// migration charge of Budget.Horizon as Problem.MoveCost). Every layer of
+// the result is then scored on the window's steps with
+// costmodel.StepCompute and kept only if its modeled time drops (and the
+// drop pays for its migration within Budget.Horizon, and its changed slots
+// are within MaxMoves). Decode steps enter the solve with one extra token's
+// worth of load per activated expert (perExpert/perToken tokens), so that
+// the solve spreads activated experts as well as tokens.
+func (r *Rebalancer) Propose(ctx context.Context, b Budget) (*Proposal, error) {
+	if b.MaxMoves < 0 || b.Horizon < 0 || b.Time < 0 {
+		return nil, fmt.Errorf("rebalance: Budget{MaxMoves: %d, Horizon: %d, Time: %v}: none may be negative", b.MaxMoves, b.Horizon, b.Time)
+	}
+	if b.Phase < PhaseAny || b.Phase > PhaseDecode {
+		return nil, fmt.Errorf("rebalance: Budget.Phase %d is not a phase", b.Phase)
+	}
+	s, err := r.snapshot(b.Phase)
+	if err != nil {
+		return nil, err
+	}
+	c, m := r.cfg.Cluster, r.cfg.Model
+	perTok, perExp := c.Coefficients(m)
+	solveLoad := s.load
+	if slices.Contains(s.decode, true) && perTok > 0 {
+		solveLoad = cloneMatrix(s.load)
+		for i, st := range s.steps {
+			if !s.decode[i] {
+				continue
+			}
+			for l, row := range st {
+				for e, v := range row {
+					if v > 0 {
+						solveLoad[l][e] += s.weights[i] * perExp / perTok
+					}
+				}
+			}
+		}
+	}
+	var res *solver.Result
+	if b.Fresh {
+		res, err = freshPlan(ctx, solveLoad, c, m, s.current.SlotsPerGPU(0), r.cfg.Solver, b.Time)
+	} else {
+		p := solver.Problem{
+			Stats:       routing.StatsFromLoad(solveLoad, m.TopK),
+			Cluster:     c,
+			Model:       m,
+			SlotsPerGPU: s.current.SlotsPerGPU(0),
+			Current:     s.current,
+		}
+		if b.Horizon > 0 {
+			if perTok <= 0 {
+				return nil, errors.New("rebalance: Budget.Horizon needs the cluster's compute speed (TFLOPS or TokenCost) to price a move against its gain")
+			}
+			p.MoveCost = moveCost(s.load, s.weight, c, m, perTok, b.Horizon)
+		}
+		opts := solveOptions(r.cfg.Solver, b.Time)
+		opts.MaxMoves = b.MaxMoves
+		res, err = solver.Solve(ctx, p, opts)
+	}
+	if err != nil {
+		return nil, err
+	}
+	align := Align
+	if b.Fresh {
+		align = func(prev, next *placement.Plan) (*placement.Plan, error) { return Relabel(prev, next, c) }
+	}
+	next, err := align(s.current, res.Plan)
+	if err != nil {
+		return nil, err
+	}
+	next.Strategy, next.Meta = "rebalance", nil
+	prop := &Proposal{Steps: s.n, Status: res.Status, SolveTime: res.SolveTime,
+		TimedOut: res.Status == solver.StatusTimeLimit || res.Status == solver.StatusStopped}
+	curCost := r.windowCost(s, s.current)
+	newCost := r.windowCost(s, next)
+	mig, err := migrationPerLayer(s.current, next, c, m)
+	if err != nil {
+		return nil, err
+	}
+	for l := range next.Layers {
+		moved := changedLayer(s.current.Layers[l], next.Layers[l], m.Experts)
+		keep := moved == 0 ||
+			newCost[l] >= curCost[l]*(1-1e-12) ||
+			(b.Horizon > 0 && (curCost[l]-newCost[l])*float64(b.Horizon) <= mig[l]) ||
+			(!b.Fresh && b.MaxMoves > 0 && moved > b.MaxMoves)
+		if keep {
+			if moved > 0 {
+				prop.Kept++
+			}
+			next.Layers[l] = cloneLayer(s.current.Layers[l])
+			newCost[l], mig[l] = curCost[l], 0
+		}
+	}
+	prop.Plan = next
+	if prop.Moved, err = ChangedSlots(s.current, next); err != nil {
+		return nil, err
+	}
+	for l, n := range prop.Moved {
+		prop.MovedSlots += n
+		prop.MigrationSec += mig[l]
+		prop.CurrentStepSec += curCost[l]
+		prop.StepSec += newCost[l]
+		prop.CurrentPAR += LayerPAR(s.current.Layers[l], next.GPUs, s.load[l]) / float64(len(next.Layers))
+		prop.PAR += LayerPAR(next.Layers[l], next.GPUs, s.load[l]) / float64(len(next.Layers))
+	}
+	prop.GainSec = prop.CurrentStepSec - prop.StepSec
+	prop.BytesMoved = int64(prop.MovedSlots) * m.ExpertBytes()
+	return prop, nil
+}
+
+// freshEpsilon is the least gain in busiest/mean per changed slot that a
+// fresh plan's local search accepts: with any positive charge the search
+// makes only strict improvements and stops on its own (work-bounded),
+// where with none it would also make balance-neutral moves until the time
+// limit.
+const freshEpsilon = 1e-6
+
+// freshPlan places from scratch on load with the slots per GPU given:
+// EPLB's plan of load (global policy) improved by the joint strategy's
+// swap and copy-count search (solver.Problem.Current) until no move gains
+// freshEpsilon, which ends on its own and is reproducible. Where EPLB does
+// not fit (GPUs with different slot counts) it is the joint strategy's own
+// replicated solve, bounded by the time limit only.
+func freshPlan(ctx context.Context, load [][]float64, c costmodel.Cluster, m costmodel.Model, slots []int, so solver.Options, limit time.Duration) (*solver.Result, error) {
+	st := routing.StatsFromLoad(load, m.TopK)
+	p := solver.Problem{Stats: st, Cluster: c, Model: m, SlotsPerGPU: slots}
+	opts := solveOptions(so, limit)
+	total := 0
+	for _, n := range slots {
+		total += n
+	}
+	if !slices.ContainsFunc(slots, func(n int) bool { return n != slots[0] }) && total >= m.Experts {
+		start, err := baseline.EPLB(st, c.GPUs(), baseline.EPLBOptions{RedundantSlots: total - m.Experts, FixDuplicates: true})
+		if err == nil {
+			p.Current, p.MoveCost = start, freshEpsilon
+		}
+	}
+	return solver.Solve(ctx, p, opts)
+}
+
+// solveOptions are so for the joint strategy with the time limit of a
+// budget (DefaultTime when 0).
+func solveOptions(so solver.Options, limit time.Duration) solver.Options {
+	so.Strategy = solver.StrategyJoint
+	so.TimeLimit = limit
+	if limit == 0 {
+		so.TimeLimit = DefaultTime
+	}
+	so.MaxMoves = 0
+	return so
+}
+
+func cloneLayer(lp placement.LayerPlan) placement.LayerPlan {
+	return placement.LayerPlan{SlotExpert: slices.Clone(lp.SlotExpert), SlotGPU: slices.Clone(lp.SlotGPU), SlotShare: slices.Clone(lp.SlotShare)}
+}
+
+// windowCost returns per layer the weighted mean over the window's steps
+// of the layer's modeled compute tail (costmodel.StepCompute) under plan.
+func (r *Rebalancer) windowCost(s snapshot, plan *placement.Plan) []float64 {
+	out := make([]float64, len(plan.Layers))
+	for i, st := range s.steps {
+		for l := range plan.Layers {
+			_, tail := costmodel.StepCompute(plan.Layers[l], st[l], r.cfg.Cluster, r.cfg.Model)
+			out[l] += s.weights[i] * tail
+		}
+	}
+	for l := range out {
+		out[l] /= s.weight
+	}
+	return out
+}
+
+// moveCost is what one changed slot costs in units of a layer's
+// busiest/mean load (solver.Problem.MoveCost): its weights' time over the
+// slowest link, over the compute time that one unit of busiest/mean is
+// worth per step (the mean GPU's tokens × perTok) times the horizon.
+func moveCost(load [][]float64, weight float64, c costmodel.Cluster, m costmodel.Model, perTok float64, horizon int) float64 {
+	link := c.NVLinkBytesPerSec()
+	if c.Nodes > 1 && c.NICBytesPerSec() > 0 {
+		link = c.NICBytesPerSec()
+	}
+	slotSec := float64(m.ExpertBytes()) / link
+	mean := 0.0
+	for _, row := range load {
+		for _, v := range row {
+			mean += v
+		}
+	}
+	mean /= weight * float64(len(load)) * float64(c.GPUs())
+	if mean <= 0 {
+		return math.Inf(1)
+	}
+	return slotSec / (mean * perTok * float64(horizon))
+}
