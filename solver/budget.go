@@ -3,6 +3,7 @@ package solver
 import (
 	"time"
 
+	"github.com/moetuner/moetuner/solver/internal/affinity"
 	"github.com/moetuner/moetuner/solver/internal/onenode"
 	"github.com/moetuner/moetuner/solver/internal/replica"
 )
@@ -70,6 +71,19 @@ type budget struct {
 	// Replica holds the replicated path's other rules (node spreading
 	// grace, the exact pair method's probes).
 	Replica replica.Options
+
+	// AffinityStart is the share of the limit for the balanced plan the
+	// affinity search starts from (the replicated path's packing, which
+	// converges in milliseconds on DeepSeek-V3's 58 layers × 288 slots).
+	AffinityStart float64
+	// Affinity splits each layer's share among the search's phases: the
+	// node-level proxy annealing, the exact node-level swaps, balancing
+	// within nodes, and the exact annealing (the rest). Chosen on the
+	// DeepSeek-V3-shaped per-token trace (32,768 tokens, 4 nodes × 8,
+	// 32 redundant slots, static dispatch, 60 s): the proxy converges in
+	// about a third of a second per layer; balancing within nodes from the
+	// largest-first packing needs about a tenth of a second.
+	Affinity affinity.Shares
 
 	// NodeWork is what one branch-and-bound node counts under a work
 	// budget (Options.Effort), in scored moves: on FLAME and Mixtral a
@@ -144,6 +158,9 @@ var defaultBudget = budget{
 		PairProbeShare: 0.25,
 		PairProofShare: 0.5,
 	},
+
+	AffinityStart: 0.05,
+	Affinity:      affinity.Shares{Proxy: 0.4, Nodes: 0.25, GPUs: 0.15},
 
 	NodeWork:        1000,
 	BoundTimeFactor: 3,

@@ -23,18 +23,7 @@ func solveReplicated(ctx context.Context, p Problem, backend mip.Backend, opts O
 		ro.Work = int64(opts.Effort) * 1_000_000
 		ro.PairProbeNodes = b.nodes(ro.Work, b.ReplicaPairProbe)
 	}
-	rp := replica.Problem{
-		Scenario:       p.Scenario(),
-		RedundantSlots: p.RedundantSlots,
-		SlotsPerGPU:    p.SlotsPerGPU,
-		ExpertGroups:   p.ExpertGroups,
-		Workloads:      p.Workloads,
-		Across:         replica.Across(p.Across),
-		Current:        p.Current,
-		MaxMoves:       opts.MaxMoves,
-		MoveCost:       p.MoveCost,
-	}
-	rr, err := replica.Solve(ctx, rp, backend, ro)
+	rr, err := replica.Solve(ctx, replicaProblem(p, opts), backend, ro)
 	if err != nil {
 		return nil, err
 	}
@@ -50,4 +39,34 @@ func solveReplicated(ctx context.Context, p Problem, backend mip.Backend, opts O
 	res.Gap = res.Balance.MaxGap
 	res.Bound, res.ModelObjective = math.NaN(), math.NaN()
 	return res, nil
+}
+
+// replicaProblem is p for the replicated path.
+func replicaProblem(p Problem, opts Options) replica.Problem {
+	return replica.Problem{
+		Scenario:       p.Scenario(),
+		RedundantSlots: p.RedundantSlots,
+		SlotsPerGPU:    p.SlotsPerGPU,
+		ExpertGroups:   p.ExpertGroups,
+		Workloads:      p.Workloads,
+		Across:         replica.Across(p.Across),
+		Current:        p.Current,
+		MaxMoves:       opts.MaxMoves,
+		MoveCost:       p.MoveCost,
+	}
+}
+
+// slotCounts is every GPU's slot count per layer: SlotsPerGPU, or the
+// experts plus the redundant slots spread evenly (the caller has checked
+// that they divide).
+func (p Problem) slotCounts() []int {
+	if p.SlotsPerGPU != nil {
+		return append([]int(nil), p.SlotsPerGPU...)
+	}
+	G := p.Cluster.GPUs()
+	out := make([]int, G)
+	for g := range out {
+		out[g] = (p.Stats.Experts + p.RedundantSlots) / G
+	}
+	return out
 }

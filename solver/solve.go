@@ -292,6 +292,10 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			res.Note = "E/G experts per cluster"
 		}
 	case StrategyJoint:
+		if useAffinity(p, b) {
+			res, err = solveAffinity(ctx, p, opts.Backend, opts, b, start)
+			break
+		}
 		if p.replicated() {
 			res, err = solveReplicated(ctx, p, opts.Backend, opts, b, start)
 			break

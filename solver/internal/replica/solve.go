@@ -513,3 +513,38 @@ func countsTraffic(load []float64, cnt []int, N int) float64 {
 	}
 	return t
 }
+
+// Bounds returns, per layer, the mean load per unit of speed and a lower
+// bound on the busiest GPU's load of any plan with p's slots: max(mean,
+// largest replica under the apportionment that minimises it over the
+// fastest GPU), the bound Solve certifies its own plans against.
+func Bounds(p Problem) (mean, bound []float64, err error) {
+	lay, err := p.layout()
+	if err != nil {
+		return nil, nil, err
+	}
+	G := p.Cluster.GPUs()
+	sp, maxSp := 0.0, 0.0
+	for g := 0; g < G; g++ {
+		sp += p.Cluster.SpeedOf(g)
+		maxSp = math.Max(maxSp, p.Cluster.SpeedOf(g))
+	}
+	E := p.Stats.Experts
+	experts := make([]int, E)
+	for e := range experts {
+		experts[e] = e
+	}
+	for _, load := range p.Stats.Load {
+		total := 0.0
+		for _, v := range load {
+			total += v
+		}
+		m := total / sp
+		b := m
+		if cnt, err := apportion(load, experts, lay.total, G); err == nil {
+			b = math.Max(m, maxReplica(load, cnt)/maxSp)
+		}
+		mean, bound = append(mean, m), append(bound, b)
+	}
+	return mean, bound, nil
+}

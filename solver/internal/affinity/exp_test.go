@@ -1,0 +1,112 @@
+package affinity
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/baseline"
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+	"github.com/moetuner/moetuner/solver/internal/task"
+)
+
+func findShared(rel string) string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	for {
+		p := filepath.Join(dir, rel)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return ""
+		}
+		dir = parent
+	}
+}
+
+func remotePerTokenLayer(t *testing.T, sc costmodel.Scenario, plan *placement.Plan) (float64, *costmodel.Report) {
+	rep, err := sc.Evaluate(plan)
+	require.NoError(t, err)
+	nic := 0.0
+	for _, lr := range rep.Layers {
+		nic += lr.CrossNodeBytes
+	}
+	return nic / 2 / sc.Model.TokenBytes() / sc.Stats.Tokens / float64(sc.Stats.Layers), rep
+}
+
+func TestExperiment(t *testing.T) {
+	if os.Getenv("MOETUNER_EXP") == "" {
+		t.Skip("experiment")
+	}
+	path := findShared("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+	src, err := routing.Load(path, routing.LoadOptions{})
+	require.NoError(t, err)
+	st := src.Stats
+	nodes, _ := strconv.Atoi(os.Getenv("NODES"))
+	if nodes == 0 {
+		nodes = 4
+	}
+	red := 32 * nodes / 4
+	c, _ := costmodel.ClusterPreset("h100x8")
+	c.Nodes = nodes
+	m, _ := costmodel.ModelPreset("deepseek-v3")
+	plan, err := baseline.EPLB(st, c.GPUs(), baseline.EPLBOptions{RedundantSlots: red, Nodes: nodes, FixDuplicates: true})
+	require.NoError(t, err)
+	sc := costmodel.Scenario{Stats: st, Cluster: c, Model: m, Dispatch: placement.DispatchStatic}
+	r0, rep0 := remotePerTokenLayer(t, sc, plan)
+	t.Logf("eplb: remote %.4f time %.3fms imb %.4f", r0, rep0.TimeSec*1e3, rep0.MeanImbalance)
+	slots := make([]int, c.GPUs())
+	for g := range slots {
+		slots[g] = (st.Experts + red) / c.GPUs()
+	}
+	lim, _ := time.ParseDuration(os.Getenv("LIMIT"))
+	if lim == 0 {
+		lim = 20 * time.Second
+	}
+	debugf = t.Logf
+	t0 := time.Now()
+	res, err := Solve(context.Background(), Problem{Scenario: sc, Slots: slots, Start: plan}, Options{Limit: task.Limit{Deadline: time.Now().Add(lim)}, Parallel: 2, Shares: Shares{Proxy: 0.4, Nodes: 0.25, GPUs: 0.15}})
+	require.NoError(t, err)
+	el := time.Since(t0)
+	out := placement.FromReplicas(c.GPUs(), res.Copies, "affinity")
+	require.NoError(t, out.Validate(placement.ValidateOptions{EqualSlots: true}))
+	r1, rep1 := remotePerTokenLayer(t, sc, out)
+	worst := 0.0
+	for _, lr := range rep1.Layers {
+		worst = max(worst, lr.Imbalance)
+	}
+	for _, l := range []int{0, 1, 2} {
+		for i, rep := range []*costmodel.Report{rep0, rep1} {
+			lr := rep.Layers[l]
+			P := c.GPUsPerNode
+			mx, tot, nv := 0.0, 0.0, 0.0
+			for s := range lr.Dispatch {
+				o, in, nvo := 0.0, 0.0, 0.0
+				for d := range lr.Dispatch {
+					if s/P != d/P {
+						o += lr.Dispatch[s][d]
+						in += lr.Dispatch[d][s]
+					} else {
+						nvo += lr.Dispatch[s][d]
+					}
+				}
+				mx = max(mx, o, in)
+				nv = max(nv, nvo)
+				tot += o
+			}
+			t.Logf("layer %d plan %d: tail %v disp %v comb %v; NIC max/mean %.4f; NIC max %.3gB NV max %.3gB", l, i, lr.ComputeTail, lr.DispatchTime, lr.CombineTime, mx/(tot/float64(len(lr.Dispatch))), mx, nv)
+		}
+	}
+	t.Logf("affinity: remote %.4f (%.2f%%) time %.3fms (%.2f%%) imb %.4f worst %.4f tries %d in %v", r1, (r1/r0-1)*100, rep1.TimeSec*1e3, (rep1.TimeSec/rep0.TimeSec-1)*100, rep1.MeanImbalance, worst, res.Tries, el)
+}

@@ -1,0 +1,358 @@
+package affinity
+
+import (
+	"math"
+	"slices"
+
+	"github.com/moetuner/moetuner/placement"
+)
+
+// shape is what every layer of a home-flow search shares: the cluster,
+// the cost coefficients and the token sample.
+type shape struct {
+	N, P, G, E, K int
+	speed         []float64 // per GPU
+	slots         []int     // per GPU
+	dispatch      placement.Dispatch
+
+	perTok, perExp float64 // compute seconds per routed token, per slot
+	copySec        float64 // NIC seconds of one token copy (bytes / NIC bandwidth)
+	nicLat         float64
+	sigma, chunks  float64
+	overlapped     bool
+
+	// The sample: T tokens, each with a source GPU (tokens without one are
+	// given one, spread round-robin, so that the sample's homes are even)
+	// and a weight (the sample's weights add up to the trace's tokens).
+	T   int
+	src []int32
+	w   []float64
+}
+
+// layer is one layer's data: the sample's experts, which tokens use each
+// expert (sorted by source, with offsets per source), the exact loads and
+// where they come from.
+type layer struct {
+	sh   *shape
+	l    int
+	ex   []int16   // T×K
+	ids  []int32   // tokens by expert, each expert's sorted by source
+	off  []int32   // E×G+1: tokens of expert e from source h are ids[off[e·G+h]:off[e·G+h+1]]
+	load []float64 // E: exact routed tokens
+	// share[h·E+e] is the fraction of expert e's tokens sourced on GPU h
+	// (what the cost model uses for per-source dispatch); nil = even.
+	share []float64
+}
+
+func (ly *layer) tokens(e int) []int32 {
+	G := ly.sh.G
+	return ly.ids[ly.off[e*G]:ly.off[(e+1)*G]]
+}
+
+func (ly *layer) tokensFrom(e, h int) []int32 {
+	G := ly.sh.G
+	return ly.ids[ly.off[e*G+h]:ly.off[e*G+h+1]]
+}
+
+func (ly *layer) srcShare(h, e int) float64 {
+	if ly.share == nil {
+		return 1 / float64(ly.sh.G)
+	}
+	return ly.share[h*ly.sh.E+e]
+}
+
+// newLayer indexes layer l of the sample (experts ex, T×K).
+func newLayer(sh *shape, l int, ex []int16, load, share []float64) *layer {
+	E, G, K := sh.E, sh.G, sh.K
+	ly := &layer{sh: sh, l: l, ex: ex, load: load, share: share}
+	cnt := make([]int32, E*G+1)
+	for t := 0; t < sh.T; t++ {
+		h := int(sh.src[t])
+		for _, e := range ex[t*K : (t+1)*K] {
+			cnt[int(e)*G+h+1]++
+		}
+	}
+	for i := 1; i < len(cnt); i++ {
+		cnt[i] += cnt[i-1]
+	}
+	ly.off = slices.Clone(cnt)
+	ly.ids = make([]int32, cnt[E*G])
+	for t := 0; t < sh.T; t++ {
+		h := int(sh.src[t])
+		for _, e := range ex[t*K : (t+1)*K] {
+			i := int(e)*G + h
+			ly.ids[cnt[i]] = int32(t)
+			cnt[i]++
+		}
+	}
+	return ly
+}
+
+// eps snaps fractions: a node fraction within eps of 1 is certain, within
+// eps of 0 absent.
+const eps = 1e-9
+
+// copyset is where one expert's copies are and what that implies: nf[h·N+B]
+// is the probability that a token from source h is served on node B, cl[i]
+// the tokens copy i (on gpus[i]) computes.
+type copyset struct {
+	gpus []int32
+	nf   []float64
+	cl   []float64
+}
+
+// state is one layer's placement with the counters its cost is computed
+// from: per token and node the number of certain experts (z) and the
+// product of 1 − q over the uncertain ones (pr), the NIC ports and the
+// GPUs' tokens.
+type state struct {
+	ly   *layer
+	cs   []copyset // per expert
+	held [][]int16 // per GPU: the experts of its slots
+	z    []uint8   // T×N
+	pr   []float64 // T×N
+	out  []float64 // G: NIC copies sent per source GPU (sample-weighted)
+	in   []float64 // G: NIC copies received per GPU
+	tok  []float64 // G: routed tokens (exact loads)
+	// kappa is the NIC ports' imbalance (max/mean − 1) the search keeps
+	// for free: the start plan's.
+	kappa float64
+
+	frac []float64 // scratch G×n
+	tr   trial
+}
+
+// used is the probability that a node with z certain experts and product pr
+// of the others' misses is reached.
+func used(z uint8, pr float64) float64 {
+	if z > 0 {
+		return 1
+	}
+	return 1 - pr
+}
+
+// fill computes cs's node fractions and copy loads from cs.gpus.
+func (s *state) fill(e int, cs *copyset) {
+	sh := s.ly.sh
+	G, N, P := sh.G, sh.N, sh.P
+	n := len(cs.gpus)
+	if cap(cs.nf) < G*N {
+		cs.nf = make([]float64, G*N)
+	}
+	cs.nf = cs.nf[:G*N]
+	clear(cs.nf)
+	cs.cl = slices.Grow(cs.cl[:0], n)[:n]
+	clear(cs.cl)
+	if n == 1 {
+		b := int(cs.gpus[0]) / P
+		for h := 0; h < G; h++ {
+			cs.nf[h*N+b] = 1
+		}
+		cs.cl[0] = s.ly.load[e]
+		return
+	}
+	if cap(s.frac) < G*n {
+		s.frac = make([]float64, G*n)
+	}
+	frac := s.frac[:G*n]
+	sh.dispatch.Split(cs.gpus, G, P, frac)
+	x := s.ly.load[e]
+	for h := 0; h < G; h++ {
+		xh := x * s.ly.srcShare(h, e)
+		row := frac[h*n : (h+1)*n]
+		nf := cs.nf[h*N : (h+1)*N]
+		for i, g := range cs.gpus {
+			nf[int(g)/P] += row[i]
+			cs.cl[i] += xh * row[i]
+		}
+		for b := range nf {
+			switch {
+			case nf[b] >= 1-eps:
+				nf[b] = 1
+			case nf[b] <= eps:
+				nf[b] = 0
+			}
+		}
+	}
+}
+
+// newState places ly by copies (per expert, its GPUs) and computes every
+// counter.
+func newState(ly *layer, copies [][]int32) *state {
+	sh := ly.sh
+	s := &state{
+		ly:   ly,
+		cs:   make([]copyset, sh.E),
+		held: make([][]int16, sh.G),
+		z:    make([]uint8, sh.T*sh.N),
+		pr:   make([]float64, sh.T*sh.N),
+		out:  make([]float64, sh.G),
+		in:   make([]float64, sh.G),
+		tok:  make([]float64, sh.G),
+	}
+	s.tr.init(sh)
+	for e, gs := range copies {
+		s.cs[e].gpus = slices.Clone(gs)
+		slices.Sort(s.cs[e].gpus)
+		for _, g := range gs {
+			s.held[g] = append(s.held[g], int16(e))
+		}
+	}
+	s.resync()
+	s.kappa = s.portImbalance()
+	return s
+}
+
+// newStateKappa is newState keeping the NIC imbalance allowance kappa of
+// the plan the search started from.
+func newStateKappa(ly *layer, copies [][]int32, kappa float64) *state {
+	s := newState(ly, copies)
+	s.kappa = kappa
+	return s
+}
+
+// resync recomputes every counter from the copies.
+func (s *state) resync() {
+	sh := s.ly.sh
+	N, K, P := sh.N, sh.K, sh.P
+	clear(s.tok)
+	for e := range s.cs {
+		s.fill(e, &s.cs[e])
+		for i, g := range s.cs[e].gpus {
+			s.tok[g] += s.cs[e].cl[i]
+		}
+	}
+	clear(s.out)
+	clear(s.in)
+	for t := 0; t < sh.T; t++ {
+		h := int(sh.src[t])
+		z, pr := s.z[t*N:(t+1)*N], s.pr[t*N:(t+1)*N]
+		clear(z)
+		for b := range pr {
+			pr[b] = 1
+		}
+		for _, e := range s.ly.ex[t*K : (t+1)*K] {
+			row := s.cs[e].nf[h*N : (h+1)*N]
+			for b, q := range row {
+				switch {
+				case q == 1:
+					z[b]++
+				case q > 0:
+					pr[b] *= 1 - q
+				}
+			}
+		}
+		home := h / P
+		r := 0.0
+		for b := 0; b < N; b++ {
+			if b == home {
+				continue
+			}
+			u := sh.w[t] * used(z[b], pr[b])
+			r += u
+			s.in[b*P+h%P] += u
+		}
+		s.out[h] += r
+	}
+}
+
+// portImbalance is max(NIC port)/mean − 1 (0 without NIC traffic).
+func (s *state) portImbalance() float64 {
+	tot, mx := 0.0, 0.0
+	for g := range s.out {
+		tot += s.out[g]
+		mx = math.Max(mx, math.Max(s.out[g], s.in[g]))
+	}
+	if tot <= 0 {
+		return 0
+	}
+	return mx/(tot/float64(len(s.out))) - 1
+}
+
+// remote returns the sample's expected remote-node copies.
+func (s *state) remote() float64 {
+	tot := 0.0
+	for _, v := range s.out {
+		tot += v
+	}
+	return tot
+}
+
+// level selects the compute term of the objective: the busiest GPU, or
+// the busiest node's mean GPU (what perfect balance within nodes would
+// give: the node phase's view).
+type level int
+
+const (
+	levelGPU level = iota
+	levelNode
+)
+
+// cost is the surrogate layer time in seconds from GPU tokens tok and NIC
+// ports out, in: the busiest GPU's (or node's) compute, and two all-to-all
+// phases whose NIC time is the mean port plus whatever the busiest port
+// exceeds the start's imbalance by.
+func (s *state) cost(tok, out, in []float64, lv level) float64 {
+	sh := s.ly.sh
+	tail := 0.0
+	if lv == levelGPU {
+		for g, x := range tok {
+			tail = math.Max(tail, (x*sh.perTok+float64(sh.slots[g])*sh.perExp)/sh.speed[g])
+		}
+	} else {
+		for b := 0; b < sh.N; b++ {
+			c, sp := 0.0, 0.0
+			for g := b * sh.P; g < (b+1)*sh.P; g++ {
+				c += tok[g]*sh.perTok + float64(sh.slots[g])*sh.perExp
+				sp += sh.speed[g]
+			}
+			tail = math.Max(tail, c/sp)
+		}
+	}
+	tot, mx := 0.0, 0.0
+	for g := range out {
+		tot += out[g]
+		mx = math.Max(mx, math.Max(out[g], in[g]))
+	}
+	mean := tot / float64(len(out))
+	nic := mean + math.Max(0, mx-(1+s.kappa)*mean)
+	phase := nic * sh.copySec
+	if tot > 0 {
+		phase += sh.nicLat
+	}
+	comm := 2 * phase
+	if sh.overlapped {
+		return math.Max(tail*(1+sh.sigma), comm) + comm/sh.chunks
+	}
+	return tail + comm
+}
+
+// Cost is the current surrogate cost.
+func (s *state) costNow(lv level) float64 { return s.cost(s.tok, s.out, s.in, lv) }
+
+// imbalance is the busiest GPU's (or node's mean GPU's) tokens over the
+// mean.
+func (s *state) imbalance(lv level) float64 {
+	sh := s.ly.sh
+	tot, mx := 0.0, 0.0
+	for _, x := range s.tok {
+		tot += x
+	}
+	if lv == levelGPU {
+		for _, x := range s.tok {
+			mx = math.Max(mx, x)
+		}
+	} else {
+		for b := 0; b < sh.N; b++ {
+			c := 0.0
+			for g := b * sh.P; g < (b+1)*sh.P; g++ {
+				c += s.tok[g]
+			}
+			mx = math.Max(mx, c/float64(sh.P))
+		}
+	}
+	if tot == 0 {
+		return 1
+	}
+	return mx / (tot / float64(len(s.tok)))
+}

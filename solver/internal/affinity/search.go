@@ -1,0 +1,385 @@
+package affinity
+
+import (
+	"container/heap"
+	"math"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/moetuner/moetuner/solver/internal/task"
+)
+
+// searcher improves one layer's state under a meter.
+type searcher struct {
+	s *state
+	m *task.Meter
+	// allow, when set, vetoes moves (move budgets, expert groups).
+	allow           func(mv move) bool
+	tries           int64
+	nodeLevel       level
+	applied, passes int
+}
+
+// spend charges one scored move.
+func (se *searcher) spend() {
+	se.tries++
+	se.m.Spend(1)
+}
+
+func (se *searcher) ok(mv move) bool {
+	return se.s.valid(mv) && (se.allow == nil || se.allow(mv))
+}
+
+// relocation is the estimated change of remote-node copies when the copy in
+// slot ia of GPU a moves to node b.
+type relocation struct {
+	a, ia int
+	dR    float64
+}
+
+// relocGains returns, per ordered node pair (A, B) at index A·N+B, the
+// copies on A with the change of the sample's remote-node copies if each
+// alone moved to a GPU of B that does not hold it (the one whose sources
+// use the expert most), most negative first.
+func (se *searcher) relocGains() [][]relocation {
+	s := se.s
+	sh := s.ly.sh
+	N, P := sh.N, sh.P
+	out := make([][]relocation, N*N)
+	tr := &s.tr
+	for a := range s.held {
+		A := a / P
+		for ia, e16 := range s.held[a] {
+			e := int(e16)
+			for B := 0; B < N; B++ {
+				if B == A {
+					continue
+				}
+				to := se.target(e, B)
+				if to < 0 {
+					continue
+				}
+				s.setChange(&tr.ch[0], e, a, to)
+				tr.nch = 1
+				tr.valid = false
+				s.tokenDeltas(false)
+				out[A*N+B] = append(out[A*N+B], relocation{a: a, ia: ia, dR: tr.dR})
+			}
+		}
+	}
+	for i := range out {
+		slices.SortFunc(out[i], func(x, y relocation) int {
+			switch {
+			case x.dR < y.dR:
+				return -1
+			case x.dR > y.dR:
+				return 1
+			}
+			return 0
+		})
+	}
+	return out
+}
+
+// target is the GPU on node B not holding e whose tokens use e most, or −1.
+func (se *searcher) target(e, B int) int {
+	s := se.s
+	sh := s.ly.sh
+	best, bv := -1, -1.0
+	for g := B * sh.P; g < (B+1)*sh.P; g++ {
+		if s.holds(g, e) {
+			continue
+		}
+		if v := s.ly.srcShare(g, e); v > bv {
+			best, bv = g, v
+		}
+	}
+	return best
+}
+
+// pairItem is a candidate swap between list x of node pair (A, B) and list
+// y of (B, A).
+type pairItem struct {
+	p    int // node pair index A·N+B, A < B
+	i, j int
+	key  float64
+}
+
+type pairHeap []pairItem
+
+func (h pairHeap) Len() int           { return len(h) }
+func (h pairHeap) Less(i, j int) bool { return h[i].key < h[j].key }
+func (h pairHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *pairHeap) Push(x any)        { *h = append(*h, x.(pairItem)) }
+func (h *pairHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// nodePhase swaps copies between nodes: candidates come in order of their
+// estimated saving (the two relocations' sum), each is scored exactly on
+// the node-level surrogate and applied when it lowers it. A pass ends when
+// the estimates promise nothing more or a layer's worth of slots in a row
+// were refused; passes repeat with fresh estimates while they gain.
+func (se *searcher) nodePhase() {
+	s := se.s
+	sh := s.ly.sh
+	N := sh.N
+	if N < 2 {
+		return
+	}
+	slotsN := 0
+	for _, v := range sh.slots {
+		slotsN += v
+	}
+	for !se.m.Done() {
+		gains := se.relocGains()
+		h := &pairHeap{}
+		for A := 0; A < N; A++ {
+			for B := A + 1; B < N; B++ {
+				x, y := gains[A*N+B], gains[B*N+A]
+				if len(x) > 0 && len(y) > 0 {
+					heap.Push(h, pairItem{p: A*N + B, key: x[0].dR + y[0].dR})
+				}
+			}
+		}
+		applied, refused := 0, 0
+		se.passes++
+		for h.Len() > 0 && refused < slotsN && !se.m.Done() {
+			it := heap.Pop(h).(pairItem)
+			if it.key >= 0 {
+				break
+			}
+			A, B := it.p/N, it.p%N
+			x, y := gains[A*N+B], gains[B*N+A]
+			if it.j+1 < len(y) {
+				heap.Push(h, pairItem{p: it.p, i: it.i, j: it.j + 1, key: x[it.i].dR + y[it.j+1].dR})
+			}
+			if it.j == 0 && it.i+1 < len(x) {
+				heap.Push(h, pairItem{p: it.p, i: it.i + 1, j: 0, key: x[it.i+1].dR + y[0].dR})
+			}
+			ra, rb := x[it.i], y[it.j]
+			mv := move{kind: moveSwap, a: ra.a, ia: ra.ia, b: rb.a, ib: rb.ia}
+			if !se.ok(mv) {
+				continue
+			}
+			d := s.try(mv, se.nodeLevel)
+			se.spend()
+			if d < -1e-15*math.Abs(s.costNow(se.nodeLevel)) {
+				s.apply(mv)
+				applied++
+				se.applied++
+				refused = 0
+			} else {
+				refused++
+			}
+		}
+		if applied == 0 {
+			return
+		}
+	}
+}
+
+// repack spreads every node's copies over its GPUs largest first, each to
+// the GPU with the fewest tokens that has a free slot and no copy of the
+// expert yet (the longest-processing-time rule), and returns the new
+// state; a node whose copies cannot be packed so keeps its GPUs.
+func repack(s *state) *state {
+	sh := s.ly.sh
+	P := sh.P
+	type cp struct {
+		e    int
+		load float64
+	}
+	cps := s.copies()
+	out := make([][]int32, len(cps))
+	byNode := make([][]cp, sh.N)
+	for e, gs := range cps {
+		for i, g := range gs {
+			byNode[int(g)/P] = append(byNode[int(g)/P], cp{e, s.cs[e].cl[i]})
+		}
+	}
+	for b, list := range byNode {
+		slices.SortStableFunc(list, func(x, y cp) int {
+			switch {
+			case x.load > y.load:
+				return -1
+			case x.load < y.load:
+				return 1
+			}
+			return x.e - y.e
+		})
+		free := make([]int, P)
+		load := make([]float64, P)
+		for i := range free {
+			free[i] = sh.slots[b*P+i]
+		}
+		put := make([]int, len(list))
+		ok := true
+		for k, c := range list {
+			best := -1
+			for i := 0; i < P; i++ {
+				g := b*P + i
+				if free[i] == 0 {
+					continue
+				}
+				dup := false
+				for kk := 0; kk < k; kk++ {
+					if list[kk].e == c.e && put[kk] == g {
+						dup = true
+						break
+					}
+				}
+				if dup {
+					continue
+				}
+				if best < 0 || load[i]/sh.speed[g] < load[best-b*P]/sh.speed[best] {
+					best = g
+				}
+			}
+			if best < 0 {
+				ok = false
+				break
+			}
+			put[k] = best
+			free[best-b*P]--
+			load[best-b*P] += c.load
+		}
+		if !ok {
+			for e, gs := range cps {
+				for _, g := range gs {
+					if int(g)/P == b {
+						out[e] = append(out[e], g)
+					}
+				}
+			}
+			continue
+		}
+		for k, c := range list {
+			out[c.e] = append(out[c.e], int32(put[k]))
+		}
+	}
+	return newStateKappa(s.ly, out, s.kappa)
+}
+
+// gpuPhase balances GPUs within nodes: while some swap between a node's
+// busiest GPU and another GPU of that node lowers the pair's larger load
+// without raising the surrogate cost, the best such swap is made; the
+// node with the busiest GPU goes first.
+func (se *searcher) gpuPhase() {
+	s := se.s
+	sh := s.ly.sh
+	P := sh.P
+	load := func(g int, tok []float64) float64 {
+		return (tok[g]*sh.perTok + float64(sh.slots[g])*sh.perExp) / sh.speed[g]
+	}
+	stuck := make([]bool, sh.N)
+	for !se.m.Done() {
+		top, tv := -1, -1.0
+		for g := 0; g < sh.G; g++ {
+			if v := load(g, s.tok); !stuck[g/P] && v > tv {
+				top, tv = g, v
+			}
+		}
+		if top < 0 {
+			return
+		}
+		B := top / P
+		var best move
+		bestPeak, found := tv, false
+		for ia := range s.held[top] {
+			for g := B * P; g < (B+1)*P; g++ {
+				if g == top {
+					continue
+				}
+				for ib := range s.held[g] {
+					mv := move{kind: moveSwap, a: top, ia: ia, b: g, ib: ib}
+					if !se.ok(mv) {
+						continue
+					}
+					d := s.try(mv, levelGPU)
+					se.spend()
+					if d > 1e-15*s.costNow(levelGPU) {
+						continue
+					}
+					peak := math.Max(load(top, s.tr.t2), load(g, s.tr.t2))
+					if peak < bestPeak*(1-1e-12) {
+						best, bestPeak, found = mv, peak, true
+					}
+				}
+			}
+		}
+		if !found {
+			stuck[B] = true
+			continue
+		}
+		s.apply(best)
+	}
+}
+
+// anneal runs simulated annealing on the exact surrogate at lv until sc
+// ends: random swaps (across nodes and within them) and retargets, from the
+// mean |Δ| of the first moves times hot cooling to coolTo of that. Every accepted move
+// keeps the state valid; the caller compares the result with what it
+// started from.
+func (se *searcher) anneal(rng *rand.Rand, sc *schedule, lv level, hot float64) {
+	s := se.s
+	sh := s.ly.sh
+	G := sh.G
+	pick := func() (move, bool) {
+		for range 64 {
+			a := rng.IntN(G)
+			if len(s.held[a]) == 0 {
+				continue
+			}
+			mv := move{kind: moveSwap, a: a, ia: rng.IntN(len(s.held[a]))}
+			// One retarget in every slots-per-GPU moves: re-apportioning
+			// copies is as likely as moving any one slot of a GPU.
+			if rng.IntN(len(s.held[a])+1) == 0 {
+				mv.kind, mv.f = moveRetarget, rng.IntN(sh.E)
+			} else {
+				mv.b = rng.IntN(G)
+				if len(s.held[mv.b]) == 0 {
+					continue
+				}
+				mv.ib = rng.IntN(len(s.held[mv.b]))
+			}
+			if se.ok(mv) {
+				return mv, true
+			}
+		}
+		return move{}, false
+	}
+	t0, n0 := 0.0, 0
+	for range 4 * G {
+		mv, ok := pick()
+		if !ok {
+			break
+		}
+		t0 += math.Abs(s.try(mv, lv))
+		se.tries++
+		n0++
+	}
+	if n0 == 0 || t0 == 0 {
+		return
+	}
+	t0 *= hot / float64(n0)
+	for {
+		p, ok := sc.next()
+		if !ok {
+			return
+		}
+		mv, ok := pick()
+		if !ok {
+			return
+		}
+		d := s.try(mv, lv)
+		se.tries++
+		if d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, p))) {
+			s.apply(mv)
+			se.applied++
+		}
+	}
+}

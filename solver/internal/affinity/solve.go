@@ -1,0 +1,252 @@
+package affinity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/solver/internal/task"
+)
+
+// Problem is one placement to improve: the scenario (its Stats must hold
+// per-token paths), the slots per GPU and the balanced plan to start from.
+type Problem struct {
+	costmodel.Scenario
+	// Slots is every GPU's slot count per layer.
+	Slots []int
+	// Start is the plan the search starts from (one layer per MoE layer,
+	// Slots[g] slots on GPU g, copies of an expert on distinct GPUs).
+	Start *placement.Plan
+}
+
+// Options bound a solve.
+type Options struct {
+	// Limit bounds the whole solve (shared among the layers).
+	Limit    task.Limit
+	Parallel int
+	// MinLayer is the least time a layer gets while time is left.
+	MinLayer time.Duration
+	// Shares split each layer's limit among the phases.
+	Shares Shares
+}
+
+// Result is the improved plan's copies per layer and what the search did.
+type Result struct {
+	Copies [][][]placement.GPU
+	// Remote and StartRemote are the sample's expected remote-node copies
+	// per layer after and before the search.
+	Remote, StartRemote []float64
+	Tries               int64
+}
+
+// newShape prepares the sample and coefficients of p.
+func newShape(p Problem) (*shape, error) {
+	st, c := p.Stats, p.Cluster
+	if st == nil || st.Patterns == nil {
+		return nil, errors.New("affinity: the statistics have no per-token paths")
+	}
+	if p.Flow != costmodel.FlowHome {
+		return nil, errors.New("affinity: the home flow only")
+	}
+	G := c.GPUs()
+	if len(p.Slots) != G {
+		return nil, fmt.Errorf("affinity: %d slot counts for %d GPUs", len(p.Slots), G)
+	}
+	sh := &shape{
+		N: c.Nodes, P: c.GPUsPerNode, G: G, E: st.Experts, K: st.TopK,
+		slots: p.Slots, dispatch: p.Dispatch,
+		copySec: p.Model.TokenBytes() / c.NICBytesPerSec(),
+		nicLat:  c.NICLatency.Seconds(),
+		sigma:   c.SigmaValue(),
+		chunks:  float64(p.Chunks),
+	}
+	if sh.chunks == 0 {
+		sh.chunks = costmodel.DefaultChunks
+	}
+	sh.overlapped = p.Mode == costmodel.Overlapped
+	sh.perTok, sh.perExp = c.Coefficients(p.Model)
+	sh.speed = make([]float64, G)
+	for g := range sh.speed {
+		sh.speed[g] = c.SpeedOf(g)
+	}
+	sh.T = len(st.Patterns)
+	sh.src = make([]int32, sh.T)
+	sh.w = make([]float64, sh.T)
+	next := int32(0)
+	for i, pt := range st.Patterns {
+		sh.w[i] = pt.Count
+		if pt.Source >= 0 && int(pt.Source) < G {
+			sh.src[i] = pt.Source
+			continue
+		}
+		sh.src[i] = next
+		next = (next + 1) % int32(G)
+	}
+	return sh, nil
+}
+
+// buildLayer gathers layer l of the sample and its source shares.
+func buildLayer(p Problem, sh *shape, l int) *layer {
+	st := p.Stats
+	K, E, G := sh.K, sh.E, sh.G
+	ex := make([]int16, sh.T*K)
+	anySrc := false
+	for i, pt := range st.Patterns {
+		copy(ex[i*K:(i+1)*K], pt.Experts[l*K:(l+1)*K])
+		anySrc = anySrc || pt.Source >= 0
+	}
+	var share []float64
+	if anySrc && sh.dispatch.PerSource() {
+		// As the cost model: the share of each expert's sampled tokens
+		// from each source, tokens without a source spread evenly.
+		share = make([]float64, G*E)
+		tot := make([]float64, E)
+		for _, pt := range st.Patterns {
+			for _, e := range pt.Experts[l*K : (l+1)*K] {
+				tot[e] += pt.Count
+				if pt.Source >= 0 {
+					share[int(pt.Source)*E+int(e)] += pt.Count
+				} else {
+					for h := 0; h < G; h++ {
+						share[h*E+int(e)] += pt.Count / float64(G)
+					}
+				}
+			}
+		}
+		for h := 0; h < G; h++ {
+			for e := 0; e < E; e++ {
+				if tot[e] > 0 {
+					share[h*E+e] /= tot[e]
+				} else {
+					share[h*E+e] = 1 / float64(G)
+				}
+			}
+		}
+	}
+	return newLayer(sh, l, ex, st.Load[l], share)
+}
+
+// debugf, when set, receives a line per layer (tests).
+var debugf func(format string, args ...any)
+
+// Solve improves p.Start layer by layer (the home flow's layers are
+// independent), in parallel, within opts.Limit.
+func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
+	sh, err := newShape(p)
+	if err != nil {
+		return nil, err
+	}
+	L := p.Stats.Layers
+	if p.Start == nil || len(p.Start.Layers) != L {
+		return nil, errors.New("affinity: no start plan for every layer")
+	}
+	res := &Result{Copies: make([][][]placement.GPU, L), Remote: make([]float64, L), StartRemote: make([]float64, L)}
+	tries := make([]int64, L)
+	deadline := opts.Limit.Deadline
+	if opts.Limit.ByWork() {
+		deadline = time.Now().Add(24 * time.Hour)
+	}
+	task.Layers(L, opts.Parallel, deadline, opts.MinLayer, func(l int, limit time.Duration) {
+		ly := buildLayer(p, sh, l)
+		start := p.Start.ExpertGPUs(l)
+		cp := make([][]int32, sh.E)
+		for e, gs := range start {
+			for _, g := range gs {
+				cp[e] = append(cp[e], int32(g))
+			}
+		}
+		s := newState(ly, cp)
+		res.StartRemote[l] = s.remote()
+		lim := task.Limit{Deadline: time.Now().Add(limit), Work: opts.Limit.Work}.Share(L)
+		s, tries[l] = improve(ctx, s, lim, opts.Shares, uint64(l))
+		res.Remote[l] = s.remote()
+		out := make([][]placement.GPU, sh.E)
+		for e, gs := range s.copies() {
+			for _, g := range gs {
+				out[e] = append(out[e], placement.GPU(g))
+			}
+		}
+		res.Copies[l] = out
+	})
+	for _, t := range tries {
+		res.Tries += t
+	}
+	if err := ctx.Err(); err != nil && res.Copies[L-1] == nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// Shares split a layer's limit among the phases, in order: the proxy
+// annealing (Proxy), the exact node-level swaps (Nodes), balancing within
+// nodes (GPUs) and the exact annealing on the full surrogate (the rest).
+type Shares struct {
+	Proxy, Nodes, GPUs float64
+}
+
+// proxyPerUnit is how many proxy moves one work unit (one exact move)
+// buys: a proxy move is scored in O(1), an exact one walks the tokens of
+// two experts, about a hundred times more work on production layers.
+const proxyPerUnit = 128
+
+// improve runs the phases on s within lim and returns the better of s's
+// start and its result by the surrogate, with the moves tried.
+func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint64) (*state, int64) {
+	ly := s.ly
+	start := s.copies()
+	startCost := s.costNow(levelGPU)
+	t0 := time.Now()
+	phase := func(from, to float64) task.Limit {
+		if lim.ByWork() {
+			return task.Limit{Work: max(1, int64((to-from)*float64(lim.Work)))}
+		}
+		d := lim.Deadline.Sub(t0)
+		return task.Limit{Deadline: t0.Add(time.Duration(to * float64(d)))}
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x6d6f65))
+	var tries int64
+	// 1. Nodes on the proxy.
+	a := sh.Proxy
+	if s.ly.sh.N > 1 && a > 0 {
+		px := newProxy(s)
+		if px.cut > 0 {
+			scale := s.remote() / px.cut
+			px.anneal(rng, newSchedule(ctx, phase(0, a), proxyPerUnit), scale, ly.sh.perTok/float64(ly.sh.P), ly.sh.copySec/float64(ly.sh.G))
+			s = newStateKappa(ly, px.copies(), s.kappa)
+			tries += phase(0, a).Work
+		}
+	}
+	r0 := s.remote()
+	// 2. Exact node-level swaps.
+	b := a + sh.Nodes
+	se := &searcher{s: s, m: phase(a, b).Meter(ctx), nodeLevel: levelNode}
+	se.nodePhase()
+	r1 := s.remote()
+	i1 := s.imbalance(levelGPU)
+	// 3. Balance within nodes.
+	c := b + sh.GPUs
+	se.s = repack(s)
+	s = se.s
+	se.m = phase(b, c).Meter(ctx)
+	se.gpuPhase()
+	r2, i2 := s.remote(), s.imbalance(levelGPU)
+	// 4. The full surrogate, from a temperature at which the state is
+	// only refined (it is already good).
+	// The cost model's NIC time is the busiest port's: no allowance left.
+	s.kappa = 0
+	startCost = newStateKappa(ly, start, 0).costNow(levelGPU)
+	se.anneal(rng, newSchedule(ctx, phase(c, 1), 1), levelGPU, coolTo)
+	s.resync()
+	tries += se.tries
+	if debugf != nil {
+		debugf("layer %d: %v: remote start %.0f proxy %.0f nodes %.0f (imb %.4f) gpus %.0f (imb %.4f) end %.0f (imb %.4f); cost %.4g → %.4g", ly.l, time.Since(t0), newState(ly, start).remote(), r0, r1, i1, r2, i2, s.remote(), s.imbalance(levelGPU), startCost, s.costNow(levelGPU))
+	}
+	if s.costNow(levelGPU) > startCost {
+		return newStateKappa(ly, start, 0), tries
+	}
+	return s, tries
+}
