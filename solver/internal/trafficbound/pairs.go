@@ -67,10 +67,10 @@ type massTerms struct {
 	// maxSizeVectors, and the worst-case fields below are used instead.
 	sizes, gammas [][]float64
 	sumSqMax      float64   // max Σ_B m_B²
-	sumSqMin float64   // min Σ_B m_B² (a lower bound)
-	cross    float64   // max √(Σ_B m_B (m_B − E/N)²)
-	gamma    []float64 // upper bounds on the N−1 nonzero eigenvalues of RᵀR, decreasing
-	invE     float64
+	sumSqMin      float64   // min Σ_B m_B² (a lower bound)
+	cross         float64   // max √(Σ_B m_B (m_B − E/N)²)
+	gamma         []float64 // upper bounds on the N−1 nonzero eigenvalues of RᵀR, decreasing
+	invE          float64
 }
 
 // maxSizeVectors caps the size multisets spectralBound tries one by one.
