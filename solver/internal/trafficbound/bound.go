@@ -63,9 +63,11 @@ func (w *Work) add(o Work) {
 // token is sent to; chain flow: cross-node transitions). The budgets are
 // the certified upper bounds on the moments (token-weighted sums over the
 // layer's tokens) that the configuration LP used, and Multipliers the LP
-// duals, one per budget, in the order the package documentation gives:
-// Value = max(0, Σ_groups weight·min_config(cost + Multipliers·f) −
-// Multipliers·budgets), recomputed in Go.
+// duals, one per budget (home flow: HomeBudget, PairBudget; chain flow:
+// PrevPairBudget, PairBudget, CrossBudget): Value = Σ_groups
+// weight·min_config(cost + Multipliers·f) − Multipliers·budgets,
+// recomputed in Go, less a 1e-9 relative rounding margin, and at least 0.
+// The zero Bound (Value 0) is valid for every problem.
 type Bound struct {
 	Value  float64
 	Method Method
@@ -285,8 +287,14 @@ func HomeRemote(ctx context.Context, stats *routing.Stats, layer int, c Shape, d
 	nu, piv := multipliers(groups, budget)
 	b.Work.Pivots += piv
 	b.Multipliers = nu
-	b.Value = max(0, certify(groups, budget, nu))
+	b.Value = settle(certify(groups, budget, nu), lt.total)
 	return b, nil
+}
+
+// settle is the reported bound: v less a rounding margin of 1e-9·(|v| +
+// total) for the float sums behind it, and never below 0.
+func settle(v, total float64) float64 {
+	return max(0, v-1e-9*(math.Abs(v)+total))
 }
 
 // homeBudget bounds Σ_t Count·E[experts of t served on its source's node]

@@ -90,7 +90,7 @@ func ChainCrossNode(ctx context.Context, stats *routing.Stats, layer int, c Shap
 	nu, piv := multipliers(groups, budget)
 	b.Work.Pivots += piv
 	b.Multipliers = nu
-	b.Value = max(0, certify(groups, budget, nu))
+	b.Value = settle(certify(groups, budget, nu), cur.total)
 	return b, nil
 }
 
