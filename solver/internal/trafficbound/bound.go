@@ -64,7 +64,7 @@ func (w *Work) add(o Work) {
 // the certified upper bounds on the moments (token-weighted sums over the
 // layer's tokens) that the configuration LP used, and Multipliers the LP
 // duals, one per budget (home flow: HomeBudget, PairBudget; chain flow:
-// PrevPairBudget, PairBudget, CrossBudget): Value = Σ_groups
+// PrevPairBudget, PairBudget, PrevGPUPairBudget, CrossBudget): Value = Σ_groups
 // weight·min_config(cost + Multipliers·f) − Multipliers·budgets,
 // recomputed in Go, less a 1e-9 relative rounding margin, and at least 0.
 // The zero Bound (Value 0) is valid for every problem.
@@ -80,11 +80,12 @@ type Bound struct {
 	// PairBudget bounds Σ_t Count·E[pairs of the token's experts on a
 	// common node] at the layer.
 	PairBudget float64
-	// PrevPairBudget is PairBudget for layer−1 and CrossBudget bounds
-	// Σ_t Count·(pairs (e1 at layer−1, e2 at layer) on a common node)
-	// (chain flow).
-	PrevPairBudget, CrossBudget float64
-	Multipliers                 []float64
+	// PrevPairBudget is PairBudget for layer−1, PrevGPUPairBudget bounds
+	// the pairs of a token's layer−1 experts on a common GPU, and
+	// CrossBudget Σ_t Count·(pairs (e1 at layer−1, e2 at layer) on a
+	// common node) (chain flow).
+	PrevPairBudget, PrevGPUPairBudget, CrossBudget float64
+	Multipliers                                    []float64
 }
 
 // DefaultShiftSteps is the number of diagonal-shift steps of the spectral

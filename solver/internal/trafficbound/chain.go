@@ -71,6 +71,8 @@ func ChainCrossNode(ctx context.Context, stats *routing.Stats, layer int, c Shap
 	steps := opts.steps()
 	b.PrevPairBudget = pairBound(&pairProblem{C: prev.C, E: E, N: c.Nodes, caps: caps}, steps, &b.Work)
 	b.PairBudget = pairBound(&pairProblem{C: cur.C, E: E, N: c.Nodes, caps: caps}, steps, &b.Work)
+	// GPUs as the parts: pairs of a token's layer−1 experts on one GPU.
+	b.PrevGPUPairBudget = pairBound(&pairProblem{C: prev.C, E: E, N: c.Nodes * c.GPUsPerNode, caps: c.SlotsPerGPU}, steps, &b.Work)
 	b.CrossBudget = crossBound(T, E, c.Nodes, caps, &b.Work)
 	keys := make([][2]int, 0, len(kw))
 	for key := range kw {
@@ -84,9 +86,9 @@ func ChainCrossNode(ctx context.Context, stats *routing.Stats, layer int, c Shap
 	})
 	groups := make([]group, 0, len(keys))
 	for _, key := range keys {
-		groups = append(groups, group{weight: kw[key], configs: chainConfigs(key[0], key[1], c.Nodes)})
+		groups = append(groups, group{weight: kw[key], configs: chainConfigs(key[0], key[1], c.Nodes, c.GPUsPerNode)})
 	}
-	budget := []float64{b.PrevPairBudget, b.PairBudget, b.CrossBudget}
+	budget := []float64{b.PrevPairBudget, b.PairBudget, b.PrevGPUPairBudget, b.CrossBudget}
 	nu, piv := multipliers(groups, budget)
 	b.Work.Pivots += piv
 	b.Multipliers = nu

@@ -64,10 +64,12 @@
 //     replicated experts), the pairs its own-GPU rule may add; local
 //     dispatch is bounded by co-presence (primaries plus each extra copy's
 //     best node of partners).
-//   - Chain flow: the configurations of (layer l−1, layer l) with cost
-//     n1·n2 − (blocks sharing a node) (a lower bound on the transitions),
-//     moments (Π1, Π2, X), X the cross-layer pairs on a common node, and a
-//     singular-value bound for X* (crossBound).
+//   - Chain flow: the configurations of (layer l−1, layer l): node blocks
+//     at l−1 spread over d_b GPUs, node blocks at l, and which share a
+//     node, with cost Σ_b d_b·(n2 − [b shares]) (the transitions), moments
+//     (Π1, Π2, Πg, X): node pairs at each layer, GPU pairs at l−1 (the
+//     pair master with the GPUs as parts) and cross-layer pairs on a common
+//     node, bounded by a singular-value bound (crossBound).
 //
 // With one node (or no tokens) the bound is 0, the optimum.
 //
@@ -82,7 +84,10 @@
 // DeepSeek-V3-shaped synthetic trace (4 × 8 GPUs) the bound is 0.38 of
 // the search's remote copies with 32 redundant slots and static dispatch
 // and 0.49 without redundant slots; on FLAME-MoE (2 × 4 GPUs) 0.67 and
-// 0.77.
+// 0.77. The chain-flow bound is weaker: about 0.3 of EPLB's transitions
+// on the synthetic trace and 0.2 on FLAME (its cost is a product of the
+// two layers' spreads, which the aggregate moments let the LP split
+// between extreme tokens).
 //
 // # What it cannot do
 //

@@ -487,7 +487,7 @@ func (s *shiftEval) apply(u, x, y []float64) {
 // start (deterministic).
 func (s *shiftEval) lanczosTop(u []float64) ([]float64, [][]float64) {
 	E, N := s.p.E, s.p.N
-	k := min(E-1, 40)
+	k := min(E-1, max(40, 3*(N-1)))
 	V := make([][]float64, 0, k+1)
 	v := make([]float64, E)
 	for a := range v {

@@ -279,3 +279,20 @@ func TestChainCrossNodeBelowBruteForce(t *testing.T) {
 	_, err = ChainCrossNode(context.Background(), in.stats, 0, in.shape, Options{})
 	assert.ErrorContains(t, err, "start at layer 1")
 }
+
+// TestChainConfigs: k1 = 2 experts at l−1, k2 = 1 at l, 2 nodes of 2
+// GPUs, by hand: both l−1 experts on one node (one GPU: a GPU pair; or two
+// GPUs), matched with l's node or not; or on two nodes, one of them l's.
+func TestChainConfigs(t *testing.T) {
+	want := []config{
+		{1, []float64{1, 0, 1, 0}}, // one GPU, l elsewhere
+		{0, []float64{1, 0, 1, 2}}, // one GPU, l on its node
+		{2, []float64{1, 0, 0, 0}}, // two GPUs of one node, l elsewhere
+		{0, []float64{1, 0, 0, 2}}, // two GPUs of one node, l there
+		{1, []float64{0, 0, 0, 1}}, // two nodes, l on one of them
+	}
+	assert.ElementsMatch(t, want, chainConfigs(2, 1, 2, 2))
+	for _, c := range chainConfigs(3, 2, 1, 4) { // one node: nothing crosses
+		assert.Zero(t, c.cost)
+	}
+}

@@ -35,45 +35,96 @@ func homeConfigs(k, N int) []config {
 }
 
 // chainConfigs lists the configurations of a token with k1 distinct
-// experts at layer l−1 and k2 at layer l on N nodes: a partition p1 of k1
-// into n1 ≤ N blocks, a partition p2 of k2 into n2 ≤ N blocks, and j
-// blocks of p1 sharing their node with a block of p2 (n1+n2−j ≤ N). Its
-// cost n1·n2 − j is a lower bound on the token's cross-node transitions
-// (every GPU used at l−1 sends to every node used at l but its own, and a
-// node used at l−1 has at least one such GPU). Moments: f[0] = Π1, f[1] =
-// Π2 (pairs on a common node at each layer) and f[2] = X, the cross-layer
-// pairs (e1 at l−1, e2 at l) on a common node, of which only the least
-// for each (p1, p2, j) is kept: a configuration with the same cost and
-// larger moments never lowers the bound.
-func chainConfigs(k1, k2, N int) []config {
+// experts at layer l−1 and k2 at layer l, on N nodes of P GPUs: at l−1 a
+// partition into n1 ≤ N node blocks b of s_b experts on d_b ≤ min(s_b, P)
+// distinct GPUs, at l a partition p2 into n2 ≤ N node blocks, and a set
+// M of l−1 blocks sharing their node with a block of l (|M| = j, n1 + n2
+// − j ≤ N). Its cost Σ_b d_b·(n2 − [b ∈ M]) is the token's cross-node
+// transitions (every GPU used at l−1 sends to every node used at l but
+// its own). Moments: f[0] = Π1 and f[1] = Π2, the pairs on a common node
+// at each layer, f[2] = Πg, the pairs on a common GPU at l−1, and f[3] =
+// X, the cross-layer pairs (e1 at l−1, e2 at l) on a common node. For
+// each choice only the least moments are kept (a balanced split of each
+// block over its d_b GPUs, M's partners the smallest blocks of p2 in
+// reverse order): a configuration with the same cost and larger moments
+// never lowers the bound. Duplicates are dropped.
+func chainConfigs(k1, k2, N, P int) []config {
+	type key struct{ cost, pi1, pi2, pig, x float64 }
+	seen := map[key]bool{}
 	var out []config
-	partitions(k1, N, func(p1 []int) {
-		a := append([]int(nil), p1...)
-		partitions(k2, N, func(p2 []int) {
-			n1, n2 := len(a), len(p2)
-			pi1, pi2 := 0.0, 0.0
-			for _, p := range a {
-				pi1 += float64(p * (p - 1) / 2)
-			}
-			for _, p := range p2 {
-				pi2 += float64(p * (p - 1) / 2)
-			}
-			for j := 0; j <= min(n1, n2); j++ {
-				if n1+n2-j > N {
-					continue
+	add := func(k key) {
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, config{cost: k.cost, f: []float64{k.pi1, k.pi2, k.pig, k.x}})
+		}
+	}
+	var p2s [][]int
+	partitions(k2, N, func(p []int) { p2s = append(p2s, append([]int(nil), p...)) })
+	partitions(k1, N, func(p []int) {
+		a := append([]int(nil), p...)
+		n1 := len(a)
+		pi1 := 0.0
+		for _, s := range a {
+			pi1 += float64(s * (s - 1) / 2)
+		}
+		d := make([]int, n1)
+		var splits func(i int, pig float64)
+		splits = func(i int, pig float64) {
+			if i < n1 {
+				for v := 1; v <= min(a[i], P); v++ {
+					d[i] = v
+					splits(i+1, pig+float64(balancedPairs(a[i], v)))
 				}
-				// Least Σ p1·p2 over j matched block pairs: the j smallest
-				// blocks of each, largest with smallest (both lists are
-				// sorted in decreasing order).
-				x := 0.0
-				for i := 0; i < j; i++ {
-					x += float64(a[n1-j+i] * p2[n2-1-i])
-				}
-				out = append(out, config{cost: float64(n1*n2 - j), f: []float64{pi1, pi2, x}})
+				return
 			}
-		})
+			for _, p2 := range p2s {
+				n2 := len(p2)
+				pi2 := 0.0
+				for _, s := range p2 {
+					pi2 += float64(s * (s - 1) / 2)
+				}
+				for set := 0; set < 1<<n1; set++ {
+					j := bitsOn(set)
+					if j > n2 || n1+n2-j > N {
+						continue
+					}
+					cost := 0
+					var sizes []int
+					for b := range n1 {
+						cost += d[b] * n2
+						if set>>b&1 == 1 {
+							cost -= d[b]
+							sizes = append(sizes, a[b])
+						}
+					}
+					// Least X: the matched blocks (decreasing) with the j
+					// smallest blocks of p2 in increasing order.
+					x := 0
+					for i, s := range sizes {
+						x += s * p2[n2-1-i]
+					}
+					add(key{float64(cost), pi1, pi2, pig, float64(x)})
+				}
+			}
+		}
+		splits(0, 0)
 	})
 	return out
+}
+
+// balancedPairs is the least Σ C(part, 2) over splits of s into exactly
+// d positive parts (as equal as possible).
+func balancedPairs(s, d int) int {
+	q, r := s/d, s%d
+	return r*(q+1)*q/2 + (d-r)*q*(q-1)/2
+}
+
+func bitsOn(x int) int {
+	n := 0
+	for ; x > 0; x &= x - 1 {
+		n++
+	}
+	return n
 }
 
 // partitions calls fn with every partition of n into at most maxParts
