@@ -528,9 +528,9 @@ func (ev *engine) spread(D []float64, ms *massSet) {
 	}
 }
 
-// phase returns the time of one all-to-all phase with bytes D and its NIC
-// bytes.
-func (ev *engine) phase(D []float64) (sec, nicBytes float64) {
+// phase returns the time of one all-to-all phase with bytes D, its NIC
+// bytes and its busiest NIC port's bytes.
+func (ev *engine) phase(D []float64) (sec, nicBytes, nicMax float64) {
 	G, P := ev.g, ev.p
 	nvOut, nvIn, nicOut, nicIn := ev.ports[0], ev.ports[1], ev.ports[2], ev.ports[3]
 	clear(nvOut)
@@ -572,12 +572,12 @@ func (ev *engine) phase(D []float64) (sec, nicBytes float64) {
 	case anyNV:
 		sec += ev.nvLat
 	}
-	return sec, nicBytes
+	return sec, nicBytes, nic
 }
 
 type layerTimes struct {
 	tail, disp, comb, seq, ideal, over, time float64
-	nicBytes                                 float64
+	nicBytes, dispNIC, dispMax               float64
 }
 
 func transpose(dst, src []float64, G int) {
@@ -609,10 +609,10 @@ func (ev *engine) finish(l int, cur *shares, st *layerState, out *LayerReport) l
 		ev.spread(ev.home, &st.out)
 		transpose(ev.comb, ev.home, G)
 	}
-	var nicD, nicC float64
-	r.disp, nicD = ev.phase(ev.disp)
-	r.comb, nicC = ev.phase(ev.comb)
-	r.nicBytes = nicD + nicC
+	var nicC float64
+	r.disp, r.dispNIC, r.dispMax = ev.phase(ev.disp)
+	r.comb, nicC, _ = ev.phase(ev.comb)
+	r.nicBytes = r.dispNIC + nicC
 	comm := r.disp + r.comb
 	r.seq = r.disp + r.tail + r.comb
 	r.ideal = max(r.tail, comm)
@@ -643,6 +643,9 @@ func (ev *engine) finish(l int, cur *shares, st *layerState, out *LayerReport) l
 	out.Combine = matrix(ev.comb, G)
 	out.DispatchTime, out.CombineTime, out.CommTime = dur(r.disp), dur(r.comb), dur(comm)
 	out.CrossNodeBytes = r.nicBytes
+	if ev.tb > 0 {
+		out.RemoteCopies, out.BusiestNIC = r.dispNIC/ev.tb, r.dispMax/ev.tb
+	}
 	out.Sequential, out.Ideal, out.Overlapped, out.Time = dur(r.seq), dur(r.ideal), dur(r.over), dur(r.time)
 	out.TimeSec = r.time
 	return r

@@ -42,7 +42,13 @@ type LayerReport struct {
 	Dispatch, Combine                   [][]float64
 	DispatchTime, CombineTime, CommTime time.Duration
 	// CrossNodeBytes is the NIC traffic of both phases.
-	CrossNodeBytes                float64
+	CrossNodeBytes float64
+	// RemoteCopies is the token copies that cross a NIC in the dispatch
+	// (home flow: the remote nodes the layer's tokens reach; chain flow
+	// from the second layer on: the partial results sent from the previous
+	// layer's GPUs to other nodes), and BusiestNIC the copies through the
+	// busiest NIC port (in or out) in that phase.
+	RemoteCopies, BusiestNIC      float64
 	Sequential, Ideal, Overlapped time.Duration
 	Time                          time.Duration // Sequential or Overlapped per Options.Mode
 	TimeSec                       float64       // Time in float64 seconds, unrounded
@@ -59,6 +65,12 @@ type Report struct {
 	// TimeSec is the sum of the layers' TimeSec.
 	TimeSec        float64
 	CrossNodeBytes float64
+	// RemoteCopies and BusiestNIC are the layers' added up; divided by
+	// Tokens·layers (Tokens/GPUs·layers for BusiestNIC) they are per
+	// token and layer.
+	RemoteCopies, BusiestNIC float64
+	// Tokens is the statistics' token count.
+	Tokens float64
 	// MeanImbalance and MaxImbalance summarize the layers' Imbalance.
 	MeanImbalance, MaxImbalance float64
 	// MaxTokensSum is Σ_l MaxTokens, the paper's token-processing tail.
@@ -81,7 +93,7 @@ func Evaluate(plan *placement.Plan, stats *routing.Stats, c Cluster, m Model, op
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{Flow: opts.Flow, Mode: opts.Mode, Sigma: ev.sigma, Layers: make([]LayerReport, ev.l)}
+	rep := &Report{Flow: opts.Flow, Mode: opts.Mode, Sigma: ev.sigma, Layers: make([]LayerReport, ev.l), Tokens: stats.Tokens}
 	var st layerState
 	st.init(ev.g, ev.n)
 	var tail, comm, seq, ideal, over, tm float64
@@ -100,6 +112,8 @@ func Evaluate(plan *placement.Plan, stats *routing.Stats, c Cluster, m Model, op
 		over += r.over
 		tm += r.time
 		rep.CrossNodeBytes += lr.CrossNodeBytes
+		rep.RemoteCopies += lr.RemoteCopies
+		rep.BusiestNIC += lr.BusiestNIC
 		rep.MeanImbalance += lr.Imbalance
 		rep.MaxImbalance = math.Max(rep.MaxImbalance, lr.Imbalance)
 		rep.MaxTokensSum += lr.MaxTokens

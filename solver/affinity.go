@@ -11,6 +11,7 @@ import (
 	"github.com/moetuner/moetuner/solver/internal/affinity"
 	"github.com/moetuner/moetuner/solver/internal/replica"
 	"github.com/moetuner/moetuner/solver/internal/task"
+	"github.com/moetuner/moetuner/solver/internal/trafficbound"
 )
 
 // useAffinity reports whether the joint strategy runs the production-scale
@@ -21,9 +22,18 @@ import (
 // EffortMaxCols assignment columns, E·G, per layer).
 func useAffinity(p Problem, b budget) bool {
 	s := p.Stats
-	if p.Flow != costmodel.FlowHome || p.Cluster.Nodes < 2 || s.Patterns == nil || p.Split == SplitOptimal ||
-		len(p.Workloads) > 0 || p.Current != nil || p.ExpertGroups > 0 {
+	if p.Cluster.Nodes < 2 || p.Split == SplitOptimal || len(p.Workloads) > 0 || p.Current != nil || p.ExpertGroups > 0 {
 		return false
+	}
+	switch p.Flow {
+	case costmodel.FlowHome:
+		if s.Patterns == nil {
+			return false
+		}
+	case costmodel.FlowChain:
+		if s.Patterns == nil && s.Transitions == nil {
+			return false
+		}
 	}
 	return p.replicated() || s.Experts*p.Cluster.GPUs() > b.EffortMaxCols
 }
@@ -60,21 +70,46 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		first = plan
 		res.Baseline, res.BaselineObjective = st, obj
 	}
+	t0 := time.Now()
 	firstRep, err := sc.Evaluate(first)
 	if err != nil {
 		return nil, err
 	}
+	// What follows the search: evaluating its plan, certifying it and
+	// the facade's own evaluation, each about as long as this one.
+	reserve := 4 * time.Since(t0)
 	if p.replicated() {
 		res.BaselineObjective = firstRep.TimeSec
 	}
 	slots := p.slotCounts()
+	if p.Flow == costmodel.FlowHome {
+		// The bound on remote-node copies first, within its share.
+		bctx, cancel := ctx, func() {}
+		if W == 0 {
+			bctx, cancel = context.WithDeadline(ctx, at(start, limit, b.AffinityStart+b.AffinityBound))
+		}
+		sh := trafficbound.Shape{Nodes: p.Cluster.Nodes, GPUsPerNode: p.Cluster.GPUsPerNode, SlotsPerGPU: slots}
+		bs, err := trafficbound.HomeRemoteLayers(bctx, p.Stats, sh, p.Dispatch, trafficbound.Options{Parallel: opts.Parallel, ShiftSteps: -1})
+		cancel()
+		if err == nil && p.Stats.Tokens > 0 {
+			v := 0.0
+			for _, bd := range bs {
+				v += bd.Value
+			}
+			res.RemoteBound, res.remoteBound = v/(p.Stats.Tokens*float64(p.Stats.Layers)), true
+		}
+	}
 	ao := affinity.Options{
-		Limit:    task.Limit{Deadline: start.Add(limit), Work: work(W, 1-b.AffinityStart)},
+		Limit:    task.Limit{Deadline: start.Add(limit - reserve), Work: work(W, 1-b.AffinityStart)},
 		Parallel: opts.Parallel,
 		MinLayer: b.MinLayer,
 		Shares:   b.Affinity,
 	}
-	ar, err := affinity.Solve(ctx, affinity.Problem{Scenario: sc, Slots: slots, Start: first}, ao)
+	solve := affinity.Solve
+	if p.Flow == costmodel.FlowChain {
+		solve = affinity.SolveChain
+	}
+	ar, err := solve(ctx, affinity.Problem{Scenario: sc, Slots: slots, Start: first}, ao)
 	if err != nil {
 		return nil, err
 	}
@@ -85,14 +120,14 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	}
 	res.Plan = plan
 	if rep.TimeSec > firstRep.TimeSec {
-		res.Plan = first
+		res.Plan, rep = first, firstRep
 	}
 	if W == 0 && time.Now().After(start.Add(limit)) {
 		res.Status = StatusTimeLimit
 	}
-	res.Bound, res.ModelObjective = math.NaN(), math.NaN()
+	res.Bound, res.ModelObjective, res.Gap = math.NaN(), math.NaN(), math.NaN()
 	if p.replicated() {
-		bal, err := balanceOf(p, res.Plan)
+		bal, err := balanceOf(p, rep)
 		if err != nil {
 			return nil, err
 		}
@@ -103,15 +138,12 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	return res, nil
 }
 
-// balanceOf certifies a replicated plan's busiest GPU per layer (its
+// balanceOf certifies a replicated plan's busiest GPU per layer (rep is
+// its report) (its
 // tokens over its speed, under the problem's dispatch) against the bound
 // max(mean, largest replica).
-func balanceOf(p Problem, plan *placement.Plan) (*BalanceReport, error) {
+func balanceOf(p Problem, rep *costmodel.Report) (*BalanceReport, error) {
 	mean, bound, err := replica.Bounds(replicaProblem(p, Options{}))
-	if err != nil {
-		return nil, err
-	}
-	rep, err := p.Scenario().Evaluate(plan)
 	if err != nil {
 		return nil, err
 	}

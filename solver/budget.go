@@ -76,6 +76,13 @@ type budget struct {
 	// affinity search starts from (the replicated path's packing, which
 	// converges in milliseconds on DeepSeek-V3's 58 layers × 288 slots).
 	AffinityStart float64
+	// AffinityBound is the share for the lower bound on remote-node
+	// copies that the affinity search reports (home flow): 58 DeepSeek-V3
+	// layers take about 2.6 s of CPU without the spectral shift steps
+	// (which tighten it by 2.6 % there for 60 % more work), under 2 s on
+	// two cores, a tenth of a minute's solve with room for a loaded
+	// machine; a solve whose share is too short reports no bound.
+	AffinityBound float64
 	// Affinity splits each layer's share among the search's phases: the
 	// node-level proxy annealing, the exact node-level swaps, balancing
 	// within nodes, and the exact annealing (the rest). Chosen on the
@@ -160,6 +167,7 @@ var defaultBudget = budget{
 	},
 
 	AffinityStart: 0.05,
+	AffinityBound: 0.1,
 	Affinity:      affinity.Shares{Proxy: 0.4, Nodes: 0.25, GPUs: 0.15},
 
 	NodeWork:        1000,

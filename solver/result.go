@@ -126,9 +126,16 @@ type Result struct {
 	// corners are joint's certified per-layer lower bounds on the busiest
 	// GPU's routed and distinct tokens, folded into CostBound.
 	corners [][]onenode.Corner
+	// remoteBound: RemoteBound was computed.
+	remoteBound bool
 	// Balance certifies a replicated plan's busiest-GPU load per layer
 	// against a lower bound; nil for single-copy strategies.
 	Balance *BalanceReport
+	// RemoteBound is a certified lower bound on the remote-node copies
+	// per token and layer (Report.RemoteCopies over Tokens·layers) of any
+	// plan with the problem's slots, home flow; NaN when not computed (the
+	// affinity search computes it).
+	RemoteBound float64
 	// Note qualifies the result, e.g. "equal cluster sizes" when the
 	// moetuner strategy ran with Options.MoETunerEqualSizes.
 	Note string

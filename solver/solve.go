@@ -313,6 +313,9 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		return nil, public(err)
 	}
 	res.Strategy = st
+	if !res.remoteBound {
+		res.RemoteBound = math.NaN()
+	}
 	if ctx.Err() != nil && res.Status != StatusHeuristic {
 		res.Status = StatusStopped
 	}

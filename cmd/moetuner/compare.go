@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/solver"
 )
@@ -157,7 +158,12 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "strategy\ttoken tail\tmax/mean\tall-to-all tail\tcross-node\tlayer time\tvs contiguous\tstatus\tgap\tsolve\t")
+	multi := p.Cluster.Nodes > 1
+	remoteCols := ""
+	if multi {
+		remoteCols = "remote/token\tbusiest NIC\t"
+	}
+	fmt.Fprintln(tw, "strategy\ttoken tail\tmax/mean\tall-to-all tail\tcross-node\t"+remoteCols+"layer time\tvs contiguous\tstatus\tgap\tsolve\t")
 	for _, r := range results {
 		rep := r.Report
 		vs := "-"
@@ -184,7 +190,12 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 		if r.Note != "" {
 			name += "*"
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", name, rep.MaxTokensSum, rep.MeanImbalance, dur(rep.CommTime), bytesStr(rep.CrossNodeBytes), dur(rep.Time), vs, status, gap, solve)
+		remote := ""
+		if multi {
+			rt, bn := remotePer(p, rep)
+			remote = fmt.Sprintf("%.4f\t%.4f\t", rt, bn)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%.3f\t%s\t%s\t%s%s\t%s\t%s\t%s\t%s\t\n", name, rep.MaxTokensSum, rep.MeanImbalance, dur(rep.CommTime), bytesStr(rep.CrossNodeBytes), remote, dur(rep.Time), vs, status, gap, solve)
 	}
 	tw.Flush()
 	for _, r := range results {
@@ -194,6 +205,14 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 		if r.Strategy == solver.StrategyJoint && !math.IsNaN(r.CostGap) {
 			fmt.Fprintf(w, "%s: modeled time %.2f%% above a lower bound on the exact cost model for every plan (%s)\n", r.Strategy, 100*r.CostGap, dur(time.Duration(r.CostBound*1e9)))
 		}
+		if !math.IsNaN(r.RemoteBound) && r.RemoteBound >= 0 {
+			rt, _ := remotePer(p, r.Report)
+			above := "-"
+			if r.RemoteBound > 0 {
+				above = fmt.Sprintf("%.1f%%", 100*(rt/r.RemoteBound-1))
+			}
+			fmt.Fprintf(w, "%s: %.4f remote-node copies per token-layer, %s above a certified lower bound of %.4f for any plan with these slots\n", r.Strategy, rt, above, r.RemoteBound)
+		}
 		if p.Dispatch == placement.DispatchLocal && r.Balance != nil && p.Stats.Patterns == nil {
 			fmt.Fprintf(w, "%s: cross-node traffic %.2f%% above its lower bound for plans at least as balanced in every layer (local dispatch)\n", r.Strategy, 100*r.Balance.TrafficGap)
 		}
@@ -201,6 +220,10 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 	fmt.Fprintln(w, "token tail: Σ over layers of the busiest GPU's routed tokens; max/mean: mean over layers; all-to-all tail: Σ of dispatch+combine bottleneck times; layer time: Σ modeled layer times;")
 	fmt.Fprintln(w, "vs contiguous: how much lower the layer time is than Megatron's contiguous placement; gap: joint's proven gap to HiGHS's bound on its ILP model,")
 	fmt.Fprintln(w, "or, with replication, the largest per-layer gap between the busiest GPU's load and its lower bound max(mean, largest replica);")
+	if multi {
+		fmt.Fprintln(w, "remote/token: token copies sent to other nodes per token and layer in the dispatch (home flow: remote nodes reached; chain flow: cross-node transitions);")
+		fmt.Fprintln(w, "busiest NIC: the copies through the busiest NIC port, per token of one GPU's share and layer (1 would be one copy for every token the GPU hosts);")
+	}
 	fmt.Fprintln(w, "\"exact\": the gap to the best lower bound on the exact cost model itself that any strategy certified (one node, home flow, per-token traces).")
 	for _, r := range results {
 		if fromFile(r) {
@@ -208,6 +231,16 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 			break
 		}
 	}
+}
+
+// remotePer returns rep's remote-node copies per token and layer and the
+// busiest NIC port's copies per token of one GPU's share and layer.
+func remotePer(p solver.Problem, rep *costmodel.Report) (remote, busiest float64) {
+	n := rep.Tokens * float64(len(rep.Layers))
+	if n <= 0 {
+		return 0, 0
+	}
+	return rep.RemoteCopies / n, rep.BusiestNIC / (n / float64(p.Cluster.GPUs()))
 }
 
 type jsonResult struct {
@@ -218,6 +251,9 @@ type jsonResult struct {
 	MeanImbalance   float64  `json:"mean_imbalance"`
 	CommSec         float64  `json:"all_to_all_sec"`
 	CrossNodeBytes  float64  `json:"cross_node_bytes"`
+	RemotePerToken  float64  `json:"remote_per_token_layer"`
+	BusiestNIC      float64  `json:"busiest_nic_per_token_layer"`
+	RemoteBound     *float64 `json:"remote_bound_per_token_layer,omitempty"`
 	ModelObjective  float64  `json:"model_objective_sec,omitempty"`
 	Bound           float64  `json:"bound_sec,omitempty"`
 	Gap             float64  `json:"gap,omitempty"`
@@ -247,7 +283,13 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 		if fromFile(r) {
 			status = "file"
 		}
+		rt, bn := remotePer(p, r.Report)
+		var rb *float64
+		if !math.IsNaN(r.RemoteBound) {
+			rb = &r.RemoteBound
+		}
 		out = append(out, jsonResult{
+			RemotePerToken: rt, BusiestNIC: bn, RemoteBound: rb,
 			TrafficGap: tg, CostBound: clean(r.CostBound), CostGap: clean(r.CostGap),
 			Strategy: string(r.Strategy), Status: status, TimeSec: r.Objective,
 			MaxTokensSum: r.Report.MaxTokensSum, MeanImbalance: r.Report.MeanImbalance,

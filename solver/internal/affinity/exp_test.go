@@ -110,3 +110,32 @@ func TestExperiment(t *testing.T) {
 	}
 	t.Logf("affinity: remote %.4f (%.2f%%) time %.3fms (%.2f%%) imb %.4f worst %.4f tries %d in %v", r1, (r1/r0-1)*100, rep1.TimeSec*1e3, (rep1.TimeSec/rep0.TimeSec-1)*100, rep1.MeanImbalance, worst, res.Tries, el)
 }
+
+func TestExperimentChain(t *testing.T) {
+	if os.Getenv("MOETUNER_EXP") == "" {
+		t.Skip("experiment")
+	}
+	path := findShared("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+	src, err := routing.Load(path, routing.LoadOptions{})
+	require.NoError(t, err)
+	st := src.Stats
+	c, _ := costmodel.ClusterPreset("h100x8")
+	c.Nodes = 4
+	m, _ := costmodel.ModelPreset("deepseek-v3")
+	plan, err := baseline.EPLB(st, c.GPUs(), baseline.EPLBOptions{Nodes: 4})
+	require.NoError(t, err)
+	sc := costmodel.Scenario{Stats: st, Cluster: c, Model: m, Flow: costmodel.FlowChain}
+	rep0, err := sc.Evaluate(plan)
+	require.NoError(t, err)
+	slots := make([]int, c.GPUs())
+	for g := range slots {
+		slots[g] = st.Experts / c.GPUs()
+	}
+	lim, _ := time.ParseDuration(os.Getenv("LIMIT"))
+	res, err := SolveChain(context.Background(), Problem{Scenario: sc, Slots: slots, Start: plan}, Options{Limit: task.Limit{Deadline: time.Now().Add(lim)}})
+	require.NoError(t, err)
+	out := placement.FromReplicas(c.GPUs(), res.Copies, "affinity")
+	rep1, err := sc.Evaluate(out)
+	require.NoError(t, err)
+	t.Logf("cross-node %.4g → %.4g (%.2f%%), time %.4g → %.4g (%.2f%%), imbalance %.4f → %.4f", rep0.CrossNodeBytes, rep1.CrossNodeBytes, (rep1.CrossNodeBytes/rep0.CrossNodeBytes-1)*100, rep0.TimeSec, rep1.TimeSec, (rep1.TimeSec/rep0.TimeSec-1)*100, rep0.MeanImbalance, rep1.MeanImbalance)
+}

@@ -1,0 +1,475 @@
+package affinity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+)
+
+// chainProxy is the chain flow's placement problem in its clique
+// expansion over adjacent layers: a token's partial results move from the
+// GPUs of its layer-(l−1) experts to the nodes of its layer-l experts, so
+// every pair (e at l−1, f at l) the token uses is an edge, weighted 1/k
+// per token; the first layer's dispatch and the last layer's combine tie
+// experts to the tokens' homes. Vertices are each layer's copies.
+type chainProxy struct {
+	L, N, E, P int
+	exp        [][]int16   // [l][x]
+	gpu        [][]int     // [l][x]
+	node       [][]int     // [l][x]
+	load       [][]float64 // [l][x]
+	cnt        [][]int     // [l][e] copies
+	of         [][][]int   // [l][e] vertices
+	c          [][]float64 // [l][x·N+B]
+	nload      [][]float64 // [l][B]
+	w          [][]float32 // [l] for l ≥ 1: E×E, e at l−1, f at l
+	term       [][]float64 // [l] for l = 0 and L−1: E×N
+}
+
+// transitionWeights returns the layer pairs' edge weights: from the
+// statistics' all-pairs transitions when they have them, else from the
+// per-token paths.
+func transitionWeights(st *routing.Stats) ([][]float32, error) {
+	L, E, K := st.Layers, st.Experts, st.TopK
+	w := make([][]float32, L)
+	inv := 1 / float64(K)
+	switch {
+	case st.Transitions != nil && st.TransitionMode == routing.TransitionAllPairs:
+		for l := 1; l < L; l++ {
+			w[l] = make([]float32, E*E)
+			for i, v := range st.Transitions[l-1] {
+				w[l][i] = float32(v * inv)
+			}
+		}
+	case st.Patterns != nil:
+		for l := 1; l < L; l++ {
+			w[l] = make([]float32, E*E)
+		}
+		for _, pt := range st.Patterns {
+			x := float32(pt.Count * inv)
+			for l := 1; l < L; l++ {
+				a, b := pt.Experts[(l-1)*K:l*K], pt.Experts[l*K:(l+1)*K]
+				for _, e := range a {
+					row := w[l][int(e)*E:]
+					for _, f := range b {
+						row[f] += x
+					}
+				}
+			}
+		}
+	case st.Transitions != nil:
+		for l := 1; l < L; l++ {
+			w[l] = make([]float32, E*E)
+			for i, v := range st.Transitions[l-1] {
+				w[l][i] = float32(v)
+			}
+		}
+	default:
+		return nil, errors.New("affinity: the chain flow needs transitions or per-token paths")
+	}
+	return w, nil
+}
+
+func newChainProxy(p Problem, copies [][][]int32, w [][]float32) *chainProxy {
+	st, c := p.Stats, p.Cluster
+	L, E, N, P, K := st.Layers, st.Experts, c.Nodes, c.GPUsPerNode, st.TopK
+	cp := &chainProxy{L: L, N: N, E: E, P: P, w: w,
+		exp: make([][]int16, L), gpu: make([][]int, L), node: make([][]int, L), load: make([][]float64, L),
+		cnt: make([][]int, L), of: make([][][]int, L), c: make([][]float64, L), nload: make([][]float64, L), term: make([][]float64, L)}
+	for l := 0; l < L; l++ {
+		cp.cnt[l] = make([]int, E)
+		cp.of[l] = make([][]int, E)
+		cp.nload[l] = make([]float64, N)
+		for e, gs := range copies[l] {
+			cp.cnt[l][e] = len(gs)
+			for _, g := range gs {
+				x := len(cp.exp[l])
+				cp.of[l][e] = append(cp.of[l][e], x)
+				cp.exp[l] = append(cp.exp[l], int16(e))
+				cp.gpu[l] = append(cp.gpu[l], int(g))
+				cp.node[l] = append(cp.node[l], int(g)/P)
+				ld := st.Load[l][e] / float64(len(gs))
+				cp.load[l] = append(cp.load[l], ld)
+				cp.nload[l][int(g)/P] += ld
+			}
+		}
+	}
+	// Homes: the first layer's dispatch and the last layer's combine.
+	if st.Patterns != nil {
+		inv := 1 / float64(K)
+		for _, l := range []int{0, L - 1} {
+			if cp.term[l] != nil {
+				continue
+			}
+			cp.term[l] = make([]float64, E*N)
+			for _, pt := range st.Patterns {
+				if pt.Source < 0 || int(pt.Source) >= c.GPUs() {
+					continue
+				}
+				A := int(pt.Source) / P
+				for _, e := range pt.Experts[l*K : (l+1)*K] {
+					cp.term[l][int(e)*N+A] += pt.Count * inv
+				}
+			}
+		}
+	}
+	for l := 0; l < L; l++ {
+		V := len(cp.exp[l])
+		cp.c[l] = make([]float64, V*N)
+		for x := 0; x < V; x++ {
+			for _, nl := range []int{l - 1, l + 1} {
+				if nl < 0 || nl >= L {
+					continue
+				}
+				for y := range cp.exp[nl] {
+					cp.c[l][x*N+cp.node[nl][y]] += cp.pw(l, x, nl, y)
+				}
+			}
+		}
+	}
+	return cp
+}
+
+// pw is the edge weight of vertex x of layer l and vertex y of the
+// adjacent layer m (copies split it evenly).
+func (cp *chainProxy) pw(l, x, m, y int) float64 {
+	e, f := int(cp.exp[l][x]), int(cp.exp[m][y])
+	var v float32
+	if m == l+1 {
+		v = cp.w[m][e*cp.E+f]
+	} else {
+		v = cp.w[l][f*cp.E+e]
+	}
+	return float64(v) / float64(cp.cnt[l][e]*cp.cnt[m][f])
+}
+
+func (cp *chainProxy) tw(l, x, b int) float64 {
+	if cp.term[l] == nil {
+		return 0
+	}
+	e := int(cp.exp[l][x])
+	return cp.term[l][e*cp.N+b] / float64(cp.cnt[l][e])
+}
+
+// cost is the cut weight: edges between nodes, counted once, and the
+// home terminals away from their vertex.
+func (cp *chainProxy) cost() float64 {
+	c := 0.0
+	for l := 0; l < cp.L; l++ {
+		for x := range cp.exp[l] {
+			for b := 0; b < cp.N; b++ {
+				if b == cp.node[l][x] {
+					continue
+				}
+				if l+1 < cp.L {
+					for y := range cp.exp[l+1] {
+						if cp.node[l+1][y] == b {
+							c += cp.pw(l, x, l+1, y)
+						}
+					}
+				}
+				c += cp.tw(l, x, b)
+			}
+		}
+	}
+	return c
+}
+
+func (cp *chainProxy) swapDelta(l, x, y int) float64 {
+	N := cp.N
+	a, b := cp.node[l][x], cp.node[l][y]
+	c := cp.c[l]
+	return c[x*N+a] - c[x*N+b] + cp.tw(l, x, a) - cp.tw(l, x, b) +
+		c[y*N+b] - c[y*N+a] + cp.tw(l, y, b) - cp.tw(l, y, a)
+}
+
+func (cp *chainProxy) swap(l, x, y int) {
+	N := cp.N
+	a, b := cp.node[l][x], cp.node[l][y]
+	for _, m := range []int{l - 1, l + 1} {
+		if m < 0 || m >= cp.L {
+			continue
+		}
+		for z := range cp.exp[m] {
+			wx, wy := cp.pw(m, z, l, x), cp.pw(m, z, l, y)
+			cp.c[m][z*N+a] += wy - wx
+			cp.c[m][z*N+b] += wx - wy
+		}
+	}
+	cp.nload[l][a] += cp.load[l][y] - cp.load[l][x]
+	cp.nload[l][b] += cp.load[l][x] - cp.load[l][y]
+	cp.node[l][x], cp.node[l][y] = b, a
+	cp.gpu[l][x], cp.gpu[l][y] = cp.gpu[l][y], cp.gpu[l][x]
+}
+
+func (cp *chainProxy) holds(l, g, e int) bool {
+	for _, x := range cp.of[l][e] {
+		if cp.gpu[l][x] == g {
+			return true
+		}
+	}
+	return false
+}
+
+// anneal is proxy.anneal for the chain: swaps of copies between nodes
+// within a layer, scored by the cut (scale copies per unit, copySec each)
+// and the layer's busiest node (perNodeTok per token).
+func (cp *chainProxy) anneal(rng *rand.Rand, sc *schedule, scale, perNodeTok, copySec float64) {
+	L, N := cp.L, cp.N
+	if N < 2 {
+		return
+	}
+	byNode := make([][][]int, L)
+	pos := make([][]int, L)
+	for l := range byNode {
+		byNode[l] = make([][]int, N)
+		pos[l] = make([]int, len(cp.exp[l]))
+		for x, b := range cp.node[l] {
+			pos[l][x] = len(byNode[l][b])
+			byNode[l][b] = append(byNode[l][b], x)
+		}
+	}
+	nl := make([]float64, N)
+	delta := func(l, a, b, x, y int) float64 {
+		copy(nl, cp.nload[l])
+		before := slices.Max(nl)
+		nl[a] += cp.load[l][y] - cp.load[l][x]
+		nl[b] += cp.load[l][x] - cp.load[l][y]
+		return cp.swapDelta(l, x, y)*scale*copySec + (slices.Max(nl)-before)*perNodeTok
+	}
+	pick := func() (l, a, b, x, y int, ok bool) {
+		l = rng.IntN(L)
+		a = rng.IntN(N)
+		b = rng.IntN(N - 1)
+		if b >= a {
+			b++
+		}
+		if len(byNode[l][a]) == 0 || len(byNode[l][b]) == 0 {
+			return
+		}
+		x = byNode[l][a][rng.IntN(len(byNode[l][a]))]
+		y = byNode[l][b][rng.IntN(len(byNode[l][b]))]
+		ex, ey := int(cp.exp[l][x]), int(cp.exp[l][y])
+		ok = ex != ey && !cp.holds(l, cp.gpu[l][y], ex) && !cp.holds(l, cp.gpu[l][x], ey)
+		return
+	}
+	t0, n0 := 0.0, 0
+	for i := 0; i < 64*L; i++ {
+		if l, a, b, x, y, ok := pick(); ok {
+			t0 += math.Abs(delta(l, a, b, x, y))
+			n0++
+		}
+	}
+	if n0 == 0 || t0 == 0 {
+		return
+	}
+	t0 /= float64(n0)
+	for {
+		p, ok := sc.next()
+		if !ok {
+			return
+		}
+		l, a, b, x, y, ok := pick()
+		if !ok {
+			continue
+		}
+		d := delta(l, a, b, x, y)
+		if d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, p))) {
+			cp.swap(l, x, y)
+			byNode[l][a][pos[l][x]], byNode[l][b][pos[l][y]] = y, x
+			pos[l][x], pos[l][y] = pos[l][y], pos[l][x]
+		}
+	}
+}
+
+// copies returns layer l's copies per expert.
+func (cp *chainProxy) copies(l int) [][]int32 {
+	out := make([][]int32, cp.E)
+	for x, e := range cp.exp[l] {
+		out[e] = append(out[e], int32(cp.gpu[l][x]))
+	}
+	return out
+}
+
+// balanceNodes packs every node's copies over its GPUs largest first and
+// then swaps copies between a node's busiest GPU and its others while that
+// lowers the pair's larger load (tokens over speed); copies keep their
+// node, and no GPU gets two copies of one expert.
+func balanceNodes(copies [][]int32, load []float64, slots []int, speed []float64, P int) [][]int32 {
+	G := len(slots)
+	N := G / P
+	type cpy struct {
+		e int
+		x float64
+	}
+	byNode := make([][]cpy, N)
+	for e, gs := range copies {
+		for _, g := range gs {
+			byNode[int(g)/P] = append(byNode[int(g)/P], cpy{e, load[e] / float64(len(gs))})
+		}
+	}
+	out := make([][]int32, len(copies))
+	for b, list := range byNode {
+		slices.SortStableFunc(list, func(u, v cpy) int {
+			switch {
+			case u.x > v.x:
+				return -1
+			case u.x < v.x:
+				return 1
+			}
+			return u.e - v.e
+		})
+		held := make([][]int, P) // indices into list
+		gl := make([]float64, P)
+		ok := true
+		for i, c := range list {
+			best := -1
+			for j := 0; j < P; j++ {
+				g := b*P + j
+				if len(held[j]) >= slots[g] || slices.ContainsFunc(held[j], func(k int) bool { return list[k].e == c.e }) {
+					continue
+				}
+				if best < 0 || gl[j]/speed[g] < gl[best]/speed[b*P+best] {
+					best = j
+				}
+			}
+			if best < 0 {
+				ok = false
+				break
+			}
+			held[best] = append(held[best], i)
+			gl[best] += c.x
+		}
+		if !ok {
+			for e, gs := range copies {
+				for _, g := range gs {
+					if int(g)/P == b {
+						out[e] = append(out[e], g)
+					}
+				}
+			}
+			continue
+		}
+		// Swaps between the busiest GPU and the others.
+		for iter := 0; iter < len(list)*P; iter++ {
+			top := 0
+			for j := range gl {
+				if gl[j]/speed[b*P+j] > gl[top]/speed[b*P+top] {
+					top = j
+				}
+			}
+			peak := gl[top] / speed[b*P+top]
+			bi, bj, bo, bk := -1, -1, -1, -1
+			best := peak
+			for ii, i := range held[top] {
+				for j := range held {
+					if j == top {
+						continue
+					}
+					for kk, k := range held[j] {
+						ci, ck := list[i], list[k]
+						if ci.e == ck.e || slices.ContainsFunc(held[j], func(q int) bool { return q != k && list[q].e == ci.e }) ||
+							slices.ContainsFunc(held[top], func(q int) bool { return q != i && list[q].e == ck.e }) {
+							continue
+						}
+						m := math.Max((gl[top]-ci.x+ck.x)/speed[b*P+top], (gl[j]-ck.x+ci.x)/speed[b*P+j])
+						if m < best*(1-1e-12) {
+							best, bi, bj, bo, bk = m, ii, j, i, kk
+						}
+					}
+				}
+			}
+			if bi < 0 {
+				break
+			}
+			k := held[bj][bk]
+			held[top][bi], held[bj][bk] = k, bo
+			gl[top] += list[k].x - list[bo].x
+			gl[bj] += list[bo].x - list[k].x
+		}
+		for j, idx := range held {
+			for _, i := range idx {
+				out[list[i].e] = append(out[list[i].e], int32(b*P+j))
+			}
+		}
+	}
+	for e := range out {
+		slices.Sort(out[e])
+	}
+	return out
+}
+
+// SolveChain improves p.Start for the chain flow: the layers are coupled
+// through their transitions, so one annealing of the cross-layer proxy
+// places every layer's copies on nodes, then each node's copies are
+// balanced over its GPUs.
+func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
+	st, c := p.Stats, p.Cluster
+	if p.Flow != costmodel.FlowChain {
+		return nil, errors.New("affinity: SolveChain is for the chain flow")
+	}
+	G := c.GPUs()
+	if len(p.Slots) != G {
+		return nil, fmt.Errorf("affinity: %d slot counts for %d GPUs", len(p.Slots), G)
+	}
+	L := st.Layers
+	if p.Start == nil || len(p.Start.Layers) != L {
+		return nil, errors.New("affinity: no start plan for every layer")
+	}
+	w, err := transitionWeights(st)
+	if err != nil {
+		return nil, err
+	}
+	copies := make([][][]int32, L)
+	for l := range copies {
+		copies[l] = make([][]int32, st.Experts)
+		for e, gs := range p.Start.ExpertGPUs(l) {
+			for _, g := range gs {
+				copies[l][e] = append(copies[l][e], int32(g))
+			}
+		}
+	}
+	cp := newChainProxy(p, copies, w)
+	rep, err := p.Evaluate(p.Start)
+	if err != nil {
+		return nil, err
+	}
+	tb := p.Model.TokenBytes()
+	exact := 0.0
+	for _, lr := range rep.Layers {
+		exact += lr.CrossNodeBytes / tb
+	}
+	res := &Result{Copies: make([][][]placement.GPU, L)}
+	if cut := cp.cost(); cut > 0 && c.Nodes > 1 {
+		perTok, _ := c.Coefficients(p.Model)
+		lim := opts.Limit
+		if !lim.ByWork() {
+			lim.Deadline = time.Now().Add(time.Duration(0.9 * float64(time.Until(lim.Deadline))))
+		}
+		sc := newSchedule(ctx, lim, proxyPerUnit)
+		cp.anneal(rand.New(rand.NewPCG(uint64(L), 0x636861)), sc, exact/cut, perTok/float64(c.GPUsPerNode), tb/c.NICBytesPerSec()/float64(G))
+		res.Tries = sc.done / proxyPerUnit
+	}
+	speed := make([]float64, G)
+	for g := range speed {
+		speed[g] = c.SpeedOf(g)
+	}
+	for l := 0; l < L; l++ {
+		bal := balanceNodes(cp.copies(l), st.Load[l], p.Slots, speed, c.GPUsPerNode)
+		res.Copies[l] = make([][]placement.GPU, st.Experts)
+		for e, gs := range bal {
+			for _, g := range gs {
+				res.Copies[l][e] = append(res.Copies[l][e], placement.GPU(g))
+			}
+		}
+	}
+	return res, nil
+}
