@@ -366,6 +366,16 @@ func (se *searcher) anneal(rng *rand.Rand, sc *schedule, lv level, hot float64) 
 		return
 	}
 	t0 *= hot / float64(n0)
+	// The best state seen is kept: as a copy taken when the walk first
+	// leaves it uphill (atBest: the current state is the best).
+	cur := s.costNow(lv)
+	best, atBest := cur, true
+	var bestAt [][]int32
+	defer func() {
+		if !atBest && bestAt != nil && best < cur {
+			*s = *newStateKappa(s.ly, bestAt, s.kappa)
+		}
+	}()
 	for {
 		p, ok := sc.next()
 		if !ok {
@@ -378,8 +388,17 @@ func (se *searcher) anneal(rng *rand.Rand, sc *schedule, lv level, hot float64) 
 		d := s.try(mv, lv)
 		se.tries++
 		if d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, p))) {
+			if atBest && d > 0 {
+				bestAt = s.copies()
+				atBest = false
+				s.try(mv, lv) // the trial the copy may have disturbed
+			}
 			s.apply(mv)
 			se.applied++
+			cur += d
+			if cur < best*(1-1e-12) || (atBest && cur <= best) {
+				best, atBest = cur, true
+			}
 		}
 	}
 }

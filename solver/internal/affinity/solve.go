@@ -188,6 +188,11 @@ type Shares struct {
 	Proxy, Nodes, GPUs float64
 }
 
+// annealSweeps is how many times a hot exact annealing must be able to try
+// each move of its neighbourhood: its schedule cools over four decades, and
+// at each temperature the state needs about a sweep to settle.
+const annealSweeps = 64
+
 // proxyPerUnit is how many proxy moves one work unit (one exact move)
 // buys: a proxy move is scored in O(1), an exact one walks the tokens of
 // two experts, about a hundred times more work on production layers.
@@ -234,12 +239,28 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	se.m = phase(b, c).Meter(ctx)
 	se.gpuPhase()
 	r2, i2 := s.remote(), s.imbalance(levelGPU)
-	// 4. The full surrogate, from a temperature at which the state is
-	// only refined (it is already good).
-	// The cost model's NIC time is the busiest port's: no allowance left.
+	// 4. The full surrogate (the cost model's NIC time is the busiest
+	// port's: no allowance left). An annealing pays off only when it can
+	// try every move of the neighbourhood (a slot to any GPU) many times
+	// over; below that it starts cold, refining what the phases before
+	// found instead of undoing it.
 	s.kappa = 0
 	startCost = newStateKappa(ly, start, 0).costNow(levelGPU)
-	se.anneal(rng, newSchedule(ctx, phase(c, 1), 1), levelGPU, coolTo)
+	last := phase(c, 1)
+	expect := float64(last.Work)
+	if !lim.ByWork() {
+		el := time.Since(t0)
+		expect = float64(se.tries) / el.Seconds() * time.Until(last.Deadline).Seconds()
+	}
+	slots := 0
+	for _, v := range ly.sh.slots {
+		slots += v
+	}
+	hot := coolTo
+	if expect >= annealSweeps*float64(slots*ly.sh.G) {
+		hot = 1
+	}
+	se.anneal(rng, newSchedule(ctx, last, 1), levelGPU, hot)
 	s.resync()
 	tries += se.tries
 	if debugf != nil {
