@@ -317,7 +317,9 @@ func (r Result) MarshalJSON() ([]byte, error) {
 		Objective, ModelObjective, Bound, Gap jsonFloat
 		Stage1Objective, Stage2Objective      jsonFloat
 		BaselineObjective, CostBound, CostGap jsonFloat
+		RemoteBound                           jsonFloat
 	}{plain(r), jsonFloat(r.Objective), jsonFloat(r.ModelObjective), jsonFloat(r.Bound), jsonFloat(r.Gap),
 		jsonFloat(r.Stage1Objective), jsonFloat(r.Stage2Objective),
-		jsonFloat(r.BaselineObjective), jsonFloat(r.CostBound), jsonFloat(r.CostGap)})
+		jsonFloat(r.BaselineObjective), jsonFloat(r.CostBound), jsonFloat(r.CostGap),
+		jsonFloat(r.RemoteBound)})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"reflect"
 	"testing"
 	"time"
 
@@ -37,6 +38,34 @@ func TestResultJSON(t *testing.T) {
 		var plan struct{ Plan struct{ GPUs, Experts int } }
 		require.NoError(t, json.Unmarshal(data, &plan))
 		assert.Equal(t, res.Plan.GPUs, plan.Plan.GPUs)
+	}
+}
+
+// Every float64 field of a Result set to NaN or ±Inf still encodes, as
+// null: a field added later without its jsonFloat wrapper fails here.
+func TestResultJSONAllFloats(t *testing.T) {
+	var r Result
+	v := reflect.ValueOf(&r).Elem()
+	var names []string
+	for i := 0; i < v.NumField(); i++ {
+		f := v.Field(i)
+		if f.Kind() == reflect.Float64 && f.CanSet() {
+			f.SetFloat(math.NaN())
+			if i%2 == 1 {
+				f.SetFloat(math.Inf(1))
+			}
+			names = append(names, v.Type().Field(i).Name)
+		}
+	}
+	require.NotEmpty(t, names)
+	data, err := json.Marshal(r)
+	require.NoError(t, err)
+	var back map[string]any
+	require.NoError(t, json.Unmarshal(data, &back))
+	for _, n := range names {
+		val, ok := back[n]
+		assert.True(t, ok, "%s is encoded", n)
+		assert.Nil(t, val, "%s: NaN/Inf encodes as null", n)
 	}
 }
 
