@@ -23,6 +23,72 @@ type tokenBuilder struct {
 	tokens      int
 	// where names the first batch, for messages about disagreements.
 	where string
+
+	// With stream set (LoadOptions.StatsOnly) the tokens go to the
+	// counters in chunks as they come: ids, source and step then hold
+	// only the tokens not yet sent.
+	stream bool
+	opts   StatsOptions
+	sb     *statsBuilder
+	sent   int
+	done   bool
+}
+
+// newTokenBuilder returns a builder for experts experts (0: max id + 1)
+// that streams into the counters when opts.StatsOnly is set. Call close
+// when done with it.
+func newTokenBuilder(opts LoadOptions, experts int) *tokenBuilder {
+	return &tokenBuilder{experts: experts, stream: opts.StatsOnly, opts: opts.statsOptions()}
+}
+
+// close stops the counters of a streaming builder whose stats were not
+// taken (after an error).
+func (b *tokenBuilder) close() {
+	if b.sb != nil && !b.done {
+		b.sb.abort()
+		b.done = true
+	}
+}
+
+// send passes the tokens not yet sent to the counters: all of them with
+// force, else only once they fill a chunk.
+func (b *tokenBuilder) send(force bool) {
+	L, K := len(b.names), b.topK
+	n := b.tokens - b.sent
+	if !b.stream || n == 0 || (!force && n < chunkTokens(L, K)) {
+		return
+	}
+	if b.sb == nil {
+		b.sb = newStatsBuilder(L, K, b.experts, 0, 0, b.opts)
+	}
+	ch := chunk{ids: b.ids, n: n, src: b.source, tok0: int64(b.sent), maxID: b.maxID}
+	if b.hasStep {
+		ch.step = b.step
+	}
+	b.sb.add(ch)
+	// The counters may still read the slices sent: start new ones.
+	b.ids, b.source, b.step, b.sent = nil, nil, nil, b.tokens
+}
+
+// stats returns the statistics of a streaming builder; nil when no token
+// was added.
+func (b *tokenBuilder) stats() *Stats {
+	if b.tokens == 0 {
+		return nil
+	}
+	b.send(true)
+	b.done = true
+	E := b.experts
+	if E == 0 {
+		E = b.maxID + 1
+	}
+	s := b.sb.stats(E)
+	s.LayerNames = slices.Clone(b.names)
+	s.ModelLayers = b.modelLayers
+	if s.ModelLayers != 0 && s.ModelLayers <= slices.Max(s.LayerNames) {
+		s.ModelLayers = 0
+	}
+	return s
 }
 
 // start fixes the layers and top-k on the first call and checks later
@@ -62,8 +128,12 @@ func (b *tokenBuilder) add(T int, src, step int32, hasStep bool, id func(l, t, j
 		return fmt.Errorf("some batches have step ids and others not")
 	}
 	b.hasStep = hasStep
-	if uint64(b.tokens+T)*uint64(L)*uint64(K) > maxTraceIDs {
-		return fmt.Errorf("trace larger than %d ids: split it into several files", uint64(maxTraceIDs))
+	maxIDs := uint64(maxTraceIDs)
+	if b.stream {
+		maxIDs = maxStreamIDs
+	}
+	if uint64(b.tokens+T)*uint64(L)*uint64(K) > maxIDs {
+		return fmt.Errorf("trace larger than %d ids: split it into several files", maxIDs)
 	}
 	limit := math.MaxInt16 + 1
 	if b.experts > 0 {
@@ -95,6 +165,7 @@ func (b *tokenBuilder) add(T int, src, step int32, hasStep bool, id func(l, t, j
 		b.step = append(b.step, step)
 	}
 	b.tokens += T
+	b.send(false)
 	return nil
 }
 

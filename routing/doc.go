@@ -33,19 +33,48 @@
 //   - Patterns: the histogram of distinct token paths. A path is the token's
 //     Source (-1 when unknown) and, for each layer, its top-k ids sorted
 //     ascending, flattened as Experts[l*TopK+j]. Patterns are sorted by
-//     (Source, Experts...) compared numerically, and nil when unknown or when
-//     more than MaxPatterns distinct paths occur.
+//     (Source, Experts...) compared numerically, and their counts add up
+//     to Tokens; nil when unknown.
 //
 // Transitions and CoActivation are left nil when L·E² exceeds 2^24 entries
-// (DeepSeek-V3, 58·256², is far below).
+// (DeepSeek-V3, 58·256², is far below), StepLoad when steps·L·E exceeds
+// 2^25. Every count except Patterns is exact.
+//
+// # Path sample
+//
+// A trace of N tokens keeps every path when N ≤ n₀ = ((k−1)/(2ε))² (122500
+// for top-8 at the default ε = StatsOptions.PathError = 0.01). Longer traces
+// keep a uniform random sample of n = ⌈n₀·N/(N−1+n₀)⌉ tokens, each path
+// weighted N/n: the tokens with the n smallest hashes of their index in the
+// trace (a fixed bijection), so the same trace gives the same sample on
+// every run, in any chunking and for any GOMAXPROCS. n is the smallest size
+// whose relative standard error of a per-token mean in [1, k] (GPUs or
+// nodes a token's experts reach) is at most ε by Popoviciu's bound; see
+// PathSampleSize. Stats.PathSample records N, n and that error, and
+// Stats.Notes says the paths are sampled. Merge adds samples as strata:
+// tokens and kept paths add up, errors combine as √(Σ(Tᵢεᵢ)²)/ΣTᵢ. Past
+// MaxPatterns distinct paths (Merge) or the room in a stats file
+// (WriteStats), patterns are thinned to an equal-weight sample by
+// systematic sampling proportional to count, whose error adds in
+// quadrature.
+//
+// # Notes
+//
+// Stats.Notes says, one sentence each, what was dropped or estimated
+// because it grew too large and what that costs: transitions and
+// co-activation past 2^24 entries (chain flow then needs patterns),
+// per-step or per-source loads past their caps, paths sampled or thinned,
+// patterns past MaxPatterns in exact mode. Merge keeps each note once.
+// Readers never print; moetuner's commands print each note once on stderr.
 //
 // # Merge
 //
 // Stats.Merge adds stats of the same shape (Layers, Experts; TopK and
 // LayerNames and ModelLayers when both state them; TransitionMode when both
 // have transitions): Tokens, Load, Transitions and CoActivation add element
-// by element, Patterns add count by key, StepLoad concatenates (the other
-// side's steps follow), SourceLoad adds rank by rank, Sources append. When
+// by element, Patterns add count by key (PathSample as above), StepLoad
+// concatenates (the other side's steps follow), SourceLoad adds rank by
+// rank, Sources append, Notes are kept once each. When
 // one side lacks Transitions, CoActivation, StepLoad, SourceLoad or
 // Patterns the result lacks them too, since a partial sum would mislead.
 // Merging into the zero Stats copies.
@@ -64,7 +93,19 @@
 // Load reads a file or directory; Detect picks the format from the
 // extension and the first bytes unless LoadOptions.Format is set. Every
 // reader error is a *ParseError (File, Line, Field, Err), and the message
-// says what would fix it. Readers never panic and cap what they allocate.
+// says what would fix it. Readers never panic and cap what they allocate:
+// sizes a header declares are checked against caps and, for files, against
+// the bytes present before anything is allocated for them.
+//
+// With LoadOptions.StatsOnly, for callers that need only Stats, NPY and
+// JSONL traces are read in chunks of about 2^22 ids straight into the
+// counters and never held (memory: the counters, a few chunks and the path
+// sample, whatever the trace's length; up to 2^40 ids instead of 2^32), and
+// the per-token serving-stack readers send their tokens to the counters as
+// they assemble them. Source.Trace is then nil. The counts are kept per
+// goroutine (up to 4, GOMAXPROCS) and added up, so the result does not
+// depend on GOMAXPROCS. LoadOptions.Progress, when set, is told the file,
+// bytes and tokens read per chunk and once when each file is done.
 //
 // FormatJSONL (.jsonl), moetuner's own per-token format: one JSON object per
 // line,
@@ -82,7 +123,9 @@
 // FormatNPY (.npy): a NumPy array of expert ids, dtype int16, int32, int64 or
 // uint8, C order, shape [T, L, k] (or [T, L] meaning top-1). Experts is
 // LoadOptions.Experts or max id + 1. Headers claiming more than 2^32
-// elements are refused. WriteNPY writes int16, shape [T, L, k].
+// elements (2^40 with StatsOnly) are refused, and a file whose size does
+// not match its header's shape is refused before its data is read. WriteNPY
+// writes int16, shape [T, L, k].
 //
 // FormatFLAME (.csv): FLAME-MoE per-layer router probabilities, header
 // layer_id,token_id,expert_0,...,expert_{E-1}, one row per token. The
@@ -204,13 +247,17 @@
 //	 "load": [L][E],
 //	 "transition_mode": "all-pairs"|"top1", "transitions": [L-1][E·E],
 //	 "coactivation": [L][E·E], "step_load": [S][L][E], "source_load": [R][L][E],
-//	 "patterns": [{"source": r, "count": c, "experts": [L·k ids]}]}
+//	 "path_sample": {"tokens": N, "kept": n, "rel_std_err": ε},
+//	 "patterns": [{"source": r, "count": c, "experts": [L·k ids]}],
+//	 "notes": ["..."]}
 //
-// where every key after "load" is present only when the stats have it
-// ("patterns" only up to 2^22 ids in all) and the E·E rows are row-major
-// (e1·E + e2). Stats of more than 2^26 counts are refused. Load reads it back; reading
-// several and merging them (moetuner stats a.json b.json --out all.json)
-// adds them as Merge does.
+// where every key after "load" is present only when the stats have it and
+// the E·E rows are row-major (e1·E + e2). Patterns beyond 2^26 ids, or
+// beyond the room the other counts leave in 2^26 numbers, are thinned to a
+// weighted sample that fits (path_sample and notes then say so); a file
+// without path_sample has exact patterns. Stats of more than 2^26 other
+// counts are refused. Load reads it back; reading several and merging them
+// (moetuner stats a.json b.json --out all.json) adds them as Merge does.
 //
 // StatsLogicalCount is {"logical_count": [rows][E]}, the input SGLang's
 // --init-expert-location and EPLB take: with ModelLayers known, rows

@@ -32,23 +32,34 @@ func seedFile(f *testing.F, elem ...string) {
 }
 
 // checkRead reads data as format and requires either a *ParseError or a
-// result whose trace and stats validate.
+// result whose trace and stats validate, and the same outcome (equal
+// stats, or an error) when read with StatsOnly, in small chunks.
 func checkRead(t *testing.T, data []byte, name string, opts LoadOptions) {
 	if len(data) > maxFuzzInput {
 		t.Skip()
 	}
 	src, err := Read(bytes.NewReader(data), name, opts)
+	streamOpts := opts
+	streamOpts.StatsOnly = true
+	saved := chunkIDs
+	chunkIDs = 16
+	streamed, serr := Read(bytes.NewReader(data), name, streamOpts)
+	chunkIDs = saved
 	if err != nil {
 		var pe *ParseError
 		require.ErrorAs(t, err, &pe)
 		require.Nil(t, src)
+		require.Error(t, serr, "StatsOnly read what the whole read refused: %v", err)
 		return
 	}
+	require.NoError(t, serr)
 	require.NotNil(t, src.Stats)
 	require.NoError(t, src.Stats.Validate())
 	if src.Trace != nil {
 		require.NoError(t, src.Trace.Validate())
+		require.Nil(t, streamed.Trace)
 	}
+	require.Equal(t, src.Stats, streamed.Stats)
 }
 
 func FuzzJSONL(f *testing.F) {

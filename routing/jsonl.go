@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 )
 
@@ -37,142 +38,236 @@ func ReadJSONL(r io.Reader) (*Trace, error) {
 }
 
 func readJSONL(r io.Reader, file string) (*Trace, error) {
-	br := bufio.NewReaderSize(r, 64<<10)
-	t := &Trace{}
-	var (
-		headerExperts int
-		headerTopK    int
-		haveHeader    bool
-		maxID         = -1
-		hasWeights    bool
-		hasSource     bool
-		hasStep       bool
-		lineNo        int
-	)
+	t, _, err := readJSONLTrace(r, file, -1, LoadOptions{}, true)
+	return t, err
+}
+
+// jsonlProgressEvery is how many bytes of JSONL are read between calls of
+// LoadOptions.Progress.
+const jsonlProgressEvery = 4 << 20
+
+// jsonlReader holds the state of a JSONL trace being read: the trace
+// itself when it is kept, else a chunk of tokens on its way to the
+// counters.
+type jsonlReader struct {
+	file          string
+	keep          bool
+	t             *Trace // the trace (keep) or its shape and layer names
+	headerExperts int
+	headerTopK    int
+	haveHeader    bool
+	maxID         int
+	hasWeights    bool
+	hasSource     bool
+	hasStep       bool
+	tokens        int
+
+	// Streaming: the chunk being filled and where it goes.
+	opts      LoadOptions
+	b         *statsBuilder
+	per       int
+	ids       []int16
+	src, step []int32
+	knownSrc  bool // some token of the chunk has a source
+	chunkMax  int
+	chunkTok0 int
+}
+
+// readJSONLTrace reads a JSONL trace of size bytes (-1: unknown). With keep
+// it returns the trace (and no stats: the caller builds them); without it
+// the records go in chunks to the counters and only the stats are
+// returned.
+func readJSONLTrace(r io.Reader, file string, size int64, opts LoadOptions, keep bool) (*Trace, *Stats, error) {
+	br, ok := r.(*bufio.Reader)
+	if !ok {
+		br = bufio.NewReaderSize(r, 64<<10)
+	}
+	jr := &jsonlReader{file: file, keep: keep, t: &Trace{}, maxID: -1, opts: opts, chunkMax: -1}
+	prog := newProgress(opts.Progress, file, size)
+	var lineNo int
+	var read, reported int64
+	// One record, reused by the fast path from line to line.
+	var rec jsonlLine
+	fail := func(err error) (*Trace, *Stats, error) {
+		if jr.b != nil {
+			jr.b.abort()
+		}
+		return nil, nil, err
+	}
 	for {
 		line, err := readLine(br)
 		if err != nil && !errors.Is(err, io.EOF) {
 			if errors.Is(err, bufio.ErrBufferFull) {
-				return nil, perr(file, lineNo+1, "", "line longer than %d bytes: split the trace into one token per line", maxLineBytes)
+				return fail(perr(file, lineNo+1, "", "line longer than %d bytes: split the trace into one token per line", maxLineBytes))
 			}
-			return nil, perr(file, lineNo+1, "", "read: %v", err)
+			return fail(perr(file, lineNo+1, "", "read: %v", err))
 		}
 		if len(line) == 0 && errors.Is(err, io.EOF) {
 			break
 		}
 		lineNo++
-		trimmed := bytes.TrimSpace(line)
-		if len(trimmed) > 0 {
-			var rec jsonlLine
-			dec := json.NewDecoder(bytes.NewReader(trimmed))
-			if derr := dec.Decode(&rec); derr != nil {
-				return nil, perr(file, lineNo, jsonField(derr), "malformed JSON (%v): each line must be one JSON object", jsonMsg(derr))
-			}
-			if dec.More() {
-				return nil, perr(file, lineNo, "", "more than one JSON value on the line: put one record per line")
-			}
-			if rec.MoetunerTrace != nil {
-				if t.Tokens > 0 || haveHeader {
-					return nil, perr(file, lineNo, "moetuner_trace", "header after the first record: the header must be the first line")
+		read += int64(len(line)) + 1
+		if trimmed := bytes.TrimSpace(line); len(trimmed) > 0 {
+			if !fastLine(trimmed, &rec) {
+				rec = jsonlLine{}
+				dec := json.NewDecoder(bytes.NewReader(trimmed))
+				if derr := dec.Decode(&rec); derr != nil {
+					return fail(perr(file, lineNo, jsonField(derr), "malformed JSON (%v): each line must be one JSON object", jsonMsg(derr)))
 				}
-				if *rec.MoetunerTrace != 1 {
-					return nil, perr(file, lineNo, "moetuner_trace", "unsupported version %d: this reader knows version 1", *rec.MoetunerTrace)
-				}
-				haveHeader = true
-				if rec.Experts != nil {
-					if *rec.Experts <= 0 || *rec.Experts > math.MaxInt16+1 {
-						return nil, perr(file, lineNo, "experts", "%d out of range [1,%d]: give the number of experts per layer", *rec.Experts, math.MaxInt16+1)
-					}
-					headerExperts = *rec.Experts
-				}
-				if rec.TopK != nil {
-					if *rec.TopK <= 0 {
-						return nil, perr(file, lineNo, "top_k", "%d must be positive", *rec.TopK)
-					}
-					headerTopK = *rec.TopK
-				}
-				t.LayerNames = rec.LayerNames
-				continue
-			}
-			if err := addJSONLRecord(t, &rec, file, lineNo, headerExperts, headerTopK, &maxID); err != nil {
-				return nil, err
-			}
-			if t.Tokens == 1 {
-				hasWeights, hasSource, hasStep = rec.Weights != nil, rec.Source != nil, rec.Step != nil
-				if t.LayerNames != nil && len(t.LayerNames) != t.Layers {
-					return nil, perr(file, lineNo, "layers", "%d layers but the header lists %d layer_names: make them agree", t.Layers, len(t.LayerNames))
+				if dec.More() {
+					return fail(perr(file, lineNo, "", "more than one JSON value on the line: put one record per line"))
 				}
 			}
-			if (rec.Weights != nil) != hasWeights {
-				return nil, perr(file, lineNo, "weights", "present in some records but not others: give weights for every token or for none")
+			if err := jr.record(&rec, lineNo); err != nil {
+				return fail(err)
 			}
-			if (rec.Step != nil) != hasStep {
-				return nil, perr(file, lineNo, "step", "present in some records but not others: give a step for every token or for none")
-			}
-			if rec.Weights != nil {
-				for l, ws := range rec.Weights {
-					if l >= t.Layers || len(ws) != t.TopK {
-						return nil, perr(file, lineNo, "weights", "shape does not match layers: want %d layers × %d weights", t.Layers, t.TopK)
-					}
-				}
-				if len(rec.Weights) != t.Layers {
-					return nil, perr(file, lineNo, "weights", "%d layers of weights, want %d like \"layers\"", len(rec.Weights), t.Layers)
-				}
-				for l, ws := range rec.Weights {
-					for j, w := range ws {
-						if math.IsInf(float64(float32(w)), 0) {
-							return nil, perr(file, lineNo, fmt.Sprintf("weights[%d][%d]", l, j), "%v overflows float32", w)
-						}
-						t.Weights = append(t.Weights, float32(w))
-					}
-				}
-			}
-			if rec.Source != nil {
-				if !hasSource {
-					t.Source = make([]int32, t.Tokens-1, t.Tokens)
-					for i := range t.Source {
-						t.Source[i] = -1
-					}
-					hasSource = true
-				}
-				if *rec.Source < -1 || *rec.Source > math.MaxInt32 {
-					return nil, perr(file, lineNo, "source", "%d out of range: give a rank ≥ 0, or -1 or no field for unknown", *rec.Source)
-				}
-				t.Source = append(t.Source, int32(*rec.Source))
-			} else if hasSource {
-				t.Source = append(t.Source, -1)
-			}
-			if rec.Step != nil {
-				if *rec.Step < math.MinInt32 || *rec.Step > math.MaxInt32 {
-					return nil, perr(file, lineNo, "step", "%d out of int32 range", *rec.Step)
-				}
-				t.Step = append(t.Step, int32(*rec.Step))
-			}
+		}
+		if read-reported >= jsonlProgressEvery {
+			prog.update(read, int64(jr.tokens))
+			reported = read
 		}
 		if errors.Is(err, io.EOF) {
 			break
 		}
 	}
-	if t.Tokens == 0 {
-		return nil, perr(file, 0, "", "no records: the file is empty or holds only a header; write one JSON object per token")
+	t := jr.t
+	if jr.tokens == 0 {
+		return fail(perr(file, 0, "", "no records: the file is empty or holds only a header; write one JSON object per token"))
 	}
-	if t.Source != nil && !hasSource {
+	if t.Source != nil && !jr.hasSource {
 		t.Source = nil
 	}
-	t.Experts = headerExperts
+	t.Experts = jr.headerExperts
 	if t.Experts == 0 {
-		t.Experts = maxID + 1
+		t.Experts = jr.maxID + 1
 	}
 	if t.TopK > t.Experts {
-		return nil, perr(file, 0, "experts", "top-k %d exceeds %d experts: set \"experts\" in the header", t.TopK, t.Experts)
+		return fail(perr(file, 0, "experts", "top-k %d exceeds %d experts: set \"experts\" in the header", t.TopK, t.Experts))
+	}
+	if !keep {
+		jr.flush()
+		s := jr.b.stats(t.Experts)
+		s.LayerNames = slices.Clone(t.LayerNames)
+		prog.done(read, int64(jr.tokens))
+		return nil, s, nil
 	}
 	if err := t.Validate(); err != nil {
-		return nil, perr(file, 0, "", "%v", err)
+		return nil, nil, perr(file, 0, "", "%v", err)
 	}
-	return t, nil
+	prog.done(read, int64(jr.tokens))
+	return t, nil, nil
 }
 
-func addJSONLRecord(t *Trace, rec *jsonlLine, file string, lineNo, headerExperts, headerTopK int, maxID *int) error {
+// record adds one parsed line: the header or a token.
+func (jr *jsonlReader) record(rec *jsonlLine, lineNo int) error {
+	file, t := jr.file, jr.t
+	if rec.MoetunerTrace != nil {
+		if jr.tokens > 0 || jr.haveHeader {
+			return perr(file, lineNo, "moetuner_trace", "header after the first record: the header must be the first line")
+		}
+		if *rec.MoetunerTrace != 1 {
+			return perr(file, lineNo, "moetuner_trace", "unsupported version %d: this reader knows version 1", *rec.MoetunerTrace)
+		}
+		jr.haveHeader = true
+		if rec.Experts != nil {
+			if *rec.Experts <= 0 || *rec.Experts > math.MaxInt16+1 {
+				return perr(file, lineNo, "experts", "%d out of range [1,%d]: give the number of experts per layer", *rec.Experts, math.MaxInt16+1)
+			}
+			jr.headerExperts = *rec.Experts
+		}
+		if rec.TopK != nil {
+			if *rec.TopK <= 0 {
+				return perr(file, lineNo, "top_k", "%d must be positive", *rec.TopK)
+			}
+			jr.headerTopK = *rec.TopK
+		}
+		t.LayerNames = rec.LayerNames
+		return nil
+	}
+	if err := jr.addIDs(rec, lineNo); err != nil {
+		return err
+	}
+	if jr.tokens == 1 {
+		jr.hasWeights, jr.hasStep = rec.Weights != nil, rec.Step != nil
+		if t.LayerNames != nil && len(t.LayerNames) != t.Layers {
+			return perr(file, lineNo, "layers", "%d layers but the header lists %d layer_names: make them agree", t.Layers, len(t.LayerNames))
+		}
+		if !jr.keep {
+			jr.per = chunkTokens(t.Layers, t.TopK)
+			jr.b = newStatsBuilder(t.Layers, t.TopK, jr.headerExperts, 0, 0, jr.opts.statsOptions())
+		}
+	}
+	if (rec.Weights != nil) != jr.hasWeights {
+		return perr(file, lineNo, "weights", "present in some records but not others: give weights for every token or for none")
+	}
+	if (rec.Step != nil) != jr.hasStep {
+		return perr(file, lineNo, "step", "present in some records but not others: give a step for every token or for none")
+	}
+	if rec.Weights != nil {
+		for l, ws := range rec.Weights {
+			if l >= t.Layers || len(ws) != t.TopK {
+				return perr(file, lineNo, "weights", "shape does not match layers: want %d layers × %d weights", t.Layers, t.TopK)
+			}
+		}
+		if len(rec.Weights) != t.Layers {
+			return perr(file, lineNo, "weights", "%d layers of weights, want %d like \"layers\"", len(rec.Weights), t.Layers)
+		}
+		for l, ws := range rec.Weights {
+			for j, w := range ws {
+				if math.IsInf(float64(float32(w)), 0) {
+					return perr(file, lineNo, fmt.Sprintf("weights[%d][%d]", l, j), "%v overflows float32", w)
+				}
+				if jr.keep {
+					t.Weights = append(t.Weights, float32(w))
+				}
+			}
+		}
+	}
+	src := int32(-1)
+	if rec.Source != nil {
+		if *rec.Source < -1 || *rec.Source > math.MaxInt32 {
+			return perr(file, lineNo, "source", "%d out of range: give a rank ≥ 0, or -1 or no field for unknown", *rec.Source)
+		}
+		src = int32(*rec.Source)
+		if jr.keep && !jr.hasSource {
+			t.Source = make([]int32, jr.tokens-1, jr.tokens)
+			for i := range t.Source {
+				t.Source[i] = -1
+			}
+		}
+		jr.hasSource = true
+	}
+	var step int32
+	if rec.Step != nil {
+		if *rec.Step < math.MinInt32 || *rec.Step > math.MaxInt32 {
+			return perr(file, lineNo, "step", "%d out of int32 range", *rec.Step)
+		}
+		step = int32(*rec.Step)
+	}
+	if jr.keep {
+		if jr.hasSource {
+			t.Source = append(t.Source, src)
+		}
+		if rec.Step != nil {
+			t.Step = append(t.Step, step)
+		}
+		return nil
+	}
+	jr.src = append(jr.src, src)
+	jr.knownSrc = jr.knownSrc || src >= 0
+	if rec.Step != nil {
+		jr.step = append(jr.step, step)
+	}
+	if len(jr.src) == jr.per {
+		jr.flush()
+	}
+	return nil
+}
+
+// addIDs checks a record's "layers" and appends its ids to the trace or
+// the chunk.
+func (jr *jsonlReader) addIDs(rec *jsonlLine, lineNo int) error {
+	file, t := jr.file, jr.t
 	if len(rec.Layers) == 0 {
 		return perr(file, lineNo, "layers", "missing or empty: each record needs \"layers\": [[expert ids...], ...]")
 	}
@@ -180,44 +275,80 @@ func addJSONLRecord(t *Trace, rec *jsonlLine, file string, lineNo, headerExperts
 	if k == 0 {
 		return perr(file, lineNo, "layers[0]", "no experts: each layer needs its top-k ids")
 	}
-	if t.Tokens == 0 {
-		if headerTopK != 0 && k != headerTopK {
-			return perr(file, lineNo, "layers[0]", "%d experts but the header says top_k %d: fix the header or the record", k, headerTopK)
+	if jr.tokens == 0 {
+		if jr.headerTopK != 0 && k != jr.headerTopK {
+			return perr(file, lineNo, "layers[0]", "%d experts but the header says top_k %d: fix the header or the record", k, jr.headerTopK)
 		}
 		t.Layers, t.TopK = len(rec.Layers), k
 	} else if len(rec.Layers) != t.Layers {
 		return perr(file, lineNo, "layers", "%d layers, but earlier records have %d: every record must cover the same layers", len(rec.Layers), t.Layers)
 	}
-	if (t.Tokens+1)*t.Layers*t.TopK > maxTraceIDs {
-		return perr(file, lineNo, "", "trace larger than %d ids: split it into several files", maxTraceIDs)
+	limitIDs := uint64(maxTraceIDs)
+	if !jr.keep {
+		limitIDs = maxStreamIDs
+	}
+	if uint64(jr.tokens+1)*uint64(t.Layers)*uint64(t.TopK) > limitIDs {
+		return perr(file, lineNo, "", "trace larger than %d ids: split it into several files", limitIDs)
 	}
 	limit := math.MaxInt16 + 1
-	if headerExperts > 0 {
-		limit = headerExperts
+	if jr.headerExperts > 0 {
+		limit = jr.headerExperts
+	}
+	ids := &jr.ids
+	if jr.keep {
+		ids = &t.IDs
 	}
 	for l, set := range rec.Layers {
 		if len(set) != t.TopK {
 			return perr(file, lineNo, fmt.Sprintf("layers[%d]", l), "%d experts, want top-k %d like the other layers and records", len(set), t.TopK)
 		}
 		for j, e := range set {
-			field := fmt.Sprintf("layers[%d][%d]", l, j)
+			field := func() string { return fmt.Sprintf("layers[%d][%d]", l, j) }
 			if e < 0 || e >= limit {
-				if headerExperts > 0 {
-					return perr(file, lineNo, field, "expert %d out of range [0,%d): set \"experts\" in the header or fix the id", e, limit)
+				if jr.headerExperts > 0 {
+					return perr(file, lineNo, field(), "expert %d out of range [0,%d): set \"experts\" in the header or fix the id", e, limit)
 				}
-				return perr(file, lineNo, field, "expert %d out of range [0,%d): ids must be non-negative int16", e, limit)
+				return perr(file, lineNo, field(), "expert %d out of range [0,%d): ids must be non-negative int16", e, limit)
 			}
 			for _, prev := range set[:j] {
 				if prev == e {
-					return perr(file, lineNo, field, "expert %d appears twice in this token's top-k: list each selected expert once", e)
+					return perr(file, lineNo, field(), "expert %d appears twice in this token's top-k: list each selected expert once", e)
 				}
 			}
-			*maxID = max(*maxID, e)
-			t.IDs = append(t.IDs, int16(e))
+			jr.maxID = max(jr.maxID, e)
+			jr.chunkMax = max(jr.chunkMax, e)
+			*ids = append(*ids, int16(e))
 		}
 	}
-	t.Tokens++
+	jr.tokens++
+	t.Tokens = jr.tokens
 	return nil
+}
+
+// flush sends the chunk to the counters. The builder counts it before
+// flush returns when it has no workers; otherwise the chunk's slices go
+// with it and fresh ones are started.
+func (jr *jsonlReader) flush() {
+	n := len(jr.src)
+	if n == 0 {
+		return
+	}
+	ch := chunk{ids: jr.ids, n: n, tok0: int64(jr.chunkTok0), maxID: jr.chunkMax}
+	if jr.knownSrc {
+		ch.src = jr.src
+	}
+	if jr.hasStep {
+		ch.step = jr.step
+	}
+	inline := jr.b.workers() == 1 && jr.b.inline != nil
+	jr.b.add(ch)
+	if inline {
+		jr.ids, jr.src, jr.step = jr.ids[:0], jr.src[:0], jr.step[:0]
+	} else {
+		jr.ids, jr.src, jr.step = nil, nil, nil
+	}
+	jr.chunkTok0 += n
+	jr.knownSrc, jr.chunkMax = false, -1
 }
 
 // readLine returns the next line without its newline, failing with

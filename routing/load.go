@@ -66,15 +66,36 @@ type LoadOptions struct {
 	// routed_experts payload needs to be cut into layers; 0 = infer it
 	// from the response's token counts.
 	ModelLayers int
+	// StatsOnly leaves Source.Trace nil for per-token formats, for callers
+	// that need only the statistics: NPY and moetuner JSONL traces are
+	// then read in chunks straight into the counters and never held, and
+	// the other per-token formats drop their trace as soon as the stats
+	// are built. Default false: the trace is kept (replay and backtest
+	// need it).
+	StatsOnly bool
+	// PathError is StatsOptions.PathError for per-token traces: the target
+	// relative standard error of per-token means estimated from the path
+	// sample (0: DefaultPathError; negative: keep every path).
+	PathError float64
+	// Progress, when set, is called as a file is read: per chunk of about
+	// 8 MiB of ids or 4 MiB of text for the formats read in pieces (NPY,
+	// JSONL), and once with Done set when each file is read. It is called
+	// from the goroutine that called Load; nil means no reports.
+	Progress func(ReadProgress)
+}
+
+// statsOptions are the StatsOptions that o implies.
+func (o LoadOptions) statsOptions() StatsOptions {
+	return StatsOptions{Transitions: o.Transitions, NoPatterns: o.NoPatterns, PathError: o.PathError}
 }
 
 // Source is what Load read from one path.
 type Source struct {
 	Path   string
 	Format Format
-	// Trace is the per-token trace; nil for count-only formats and for a
-	// directory of several independent trace files (their Stats are
-	// merged). A directory of one stack's per-rank files (SGLang per_token,
+	// Trace is the per-token trace; nil for count-only formats, with
+	// LoadOptions.StatsOnly, and for a directory of several independent
+	// trace files (their Stats are merged). A directory of one stack's per-rank files (SGLang per_token,
 	// Megatron, TensorRT-LLM token files) is one trace.
 	Trace *Trace
 	// Stats are the aggregated statistics; never nil on success.
@@ -244,17 +265,19 @@ func loadFile(path string, opts LoadOptions) (*Source, error) {
 	case FormatMegatron:
 		return loadMegatronFiles(path, []string{path}, opts)
 	case FormatNPY:
-		t, err := readNPY(f, path, opts.Experts)
-		if err != nil {
-			return nil, err
-		}
-		if err := readNPYSources(t, path); err != nil {
-			return nil, err
-		}
-		return traceSource(path, format, t, opts), nil
+		return loadNPY(f, path, opts)
 	}
 	opts.Format = format
-	return read(f, path, opts)
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, &ParseError{File: path, Err: err}
+	}
+	return read(f, path, fi.Size(), opts)
+}
+
+// fileDone reports a file read in one piece to LoadOptions.Progress.
+func fileDone(opts LoadOptions, path string, size int64, tokens float64) {
+	newProgress(opts.Progress, path, size).done(size, int64(tokens))
 }
 
 // Read reads one file's contents from r, detecting the format from name's
@@ -266,10 +289,34 @@ func loadFile(path string, opts LoadOptions) (*Source, error) {
 // looked for. Formats that need random access (.pt, .safetensors) are read
 // into memory, up to 4 GiB.
 func Read(r io.Reader, name string, opts LoadOptions) (*Source, error) {
-	return read(r, name, opts)
+	return read(r, name, -1, opts)
 }
 
-func read(r io.Reader, name string, opts LoadOptions) (*Source, error) {
+// read reads r, of size bytes (-1: unknown), and tells LoadOptions.Progress
+// when it is done.
+func read(r io.Reader, name string, size int64, opts LoadOptions) (*Source, error) {
+	cr := &countingReader{r: r}
+	src, err := readFormat(cr, name, size, opts)
+	if err == nil && src.Format != FormatJSONL && src.Format != FormatNPY && src.Format != FormatSGLangPT && src.Format != FormatTRTLLM {
+		// The streaming readers and the stacks report their own files.
+		fileDone(opts, name, max(size, cr.n), src.Stats.Tokens)
+	}
+	return src, err
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func readFormat(r io.Reader, name string, size int64, opts LoadOptions) (*Source, error) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	format := opts.Format
 	if format == FormatAuto {
@@ -281,17 +328,24 @@ func read(r io.Reader, name string, opts LoadOptions) (*Source, error) {
 	}
 	switch format {
 	case FormatJSONL:
-		t, err := readJSONL(br, name)
+		t, s, err := readJSONLTrace(br, name, size, opts, !opts.StatsOnly)
 		if err != nil {
 			return nil, err
 		}
-		return traceSource(name, format, t, opts), nil
+		if t != nil {
+			return traceSource(name, format, t, opts), nil
+		}
+		return streamedSource(name, format, nil, s), nil
 	case FormatNPY:
-		t, err := readNPY(br, name, opts.Experts)
+		in, err := openNPY(br, name, -1)
 		if err != nil {
 			return nil, err
 		}
-		return traceSource(name, format, t, opts), nil
+		t, s, err := readNPYTrace(in, nil, opts, !opts.StatsOnly)
+		if err != nil {
+			return nil, err
+		}
+		return streamedSource(name, format, t, s), nil
 	case FormatFLAME:
 		fl, err := readFLAMELayer(br, name)
 		if err != nil {
@@ -303,7 +357,8 @@ func read(r io.Reader, name string, opts LoadOptions) (*Source, error) {
 		}
 		return traceSource(name, format, flameTrace([]*flameLayer{fl}, names), opts), nil
 	case FormatMegatron:
-		b := &tokenBuilder{experts: opts.Experts}
+		b := newTokenBuilder(opts, opts.Experts)
+		defer b.close()
 		if err := readMegatron(br, name, int64(megatronRank(filepath.Base(name))), b); err != nil {
 			return nil, err
 		}
@@ -358,11 +413,12 @@ func read(r io.Reader, name string, opts LoadOptions) (*Source, error) {
 			return nil, err
 		}
 	case FormatSGLangRoutedExperts:
-		t, err := parseRoutedExperts(data, name, opts)
-		if err != nil {
+		b := newTokenBuilder(opts, opts.Experts)
+		defer b.close()
+		if err := parseRoutedExperts(data, name, opts, b); err != nil {
 			return nil, err
 		}
-		return traceSource(name, format, t, opts), nil
+		return builtTrace(name, format, b, opts)
 	default:
 		return nil, perr(name, 0, "", "unknown format %q: use one of %s", format, formatList())
 	}
@@ -397,8 +453,16 @@ func statsSource(name string, format Format, s *Stats, src ...*Source) (*Source,
 	return &Source{Path: name, Format: format, Stats: s}, nil
 }
 
-// builtTrace validates the trace a tokenBuilder assembled.
+// builtTrace validates the trace a tokenBuilder assembled, or takes the
+// stats a streaming one counted.
 func builtTrace(name string, format Format, b *tokenBuilder, opts LoadOptions) (*Source, error) {
+	if b.stream {
+		s := b.stats()
+		if s == nil {
+			return nil, perr(name, 0, "", "no tokens recorded")
+		}
+		return streamedSource(name, format, nil, s), nil
+	}
 	t := b.trace()
 	if t == nil {
 		return nil, perr(name, 0, "", "no tokens recorded")
@@ -409,10 +473,15 @@ func builtTrace(name string, format Format, b *tokenBuilder, opts LoadOptions) (
 	return traceSource(name, format, t, opts), nil
 }
 
+// traceSource builds the stats of a trace read whole; with
+// LoadOptions.StatsOnly the trace is then let go.
 func traceSource(name string, format Format, t *Trace, opts LoadOptions) *Source {
-	s := t.Stats(StatsOptions{Transitions: opts.Transitions, NoPatterns: opts.NoPatterns})
+	s := t.Stats(opts.statsOptions())
 	if name != "" {
 		s.Sources = []string{name}
+	}
+	if opts.StatsOnly {
+		t = nil
 	}
 	return &Source{Path: name, Format: format, Trace: t, Stats: s}
 }

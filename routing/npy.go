@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"strconv"
 	"strings"
 )
@@ -30,6 +29,9 @@ type npyHeader struct {
 	descr   string
 	fortran bool
 	shape   []int
+	// bytes is the length of the preamble and header: the data starts
+	// there.
+	bytes int64
 }
 
 // readNPYHeader reads an NPY preamble and header and checks the dtype
@@ -73,6 +75,12 @@ func readNPYHeader(br *bufio.Reader, file string) (h npyHeader, size int, order 
 	if err != nil {
 		return h, 0, nil, withFile(err, file)
 	}
+	h.bytes = 8 + int64(hlen)
+	if pre[6] == 1 {
+		h.bytes += 2
+	} else {
+		h.bytes += 4
+	}
 	order = binary.LittleEndian
 	d := h.descr
 	if len(d) != 3 || !strings.ContainsRune("<>|=", rune(d[0])) {
@@ -99,24 +107,6 @@ func readNPYHeader(br *bufio.Reader, file string) (h npyHeader, size int, order 
 	return h, size, order, nil
 }
 
-// readNPYData reads the n elements of size bytes that follow the header,
-// refusing a short or long file.
-func readNPYData(br *bufio.Reader, file string, h npyHeader, n uint64, size int) ([]byte, error) {
-	// ReadAll grows with the data actually present, so a header that lies
-	// about the shape cannot make us allocate more than the file holds.
-	raw, err := io.ReadAll(io.LimitReader(br, int64(n)*int64(size)+1))
-	if err != nil {
-		return nil, perr(file, 0, "", "read: %v", err)
-	}
-	if uint64(len(raw)) < n*uint64(size) {
-		return nil, perr(file, 0, "", "truncated data: %d bytes, shape %v of %s needs %d", len(raw), h.shape, h.descr, n*uint64(size))
-	}
-	if uint64(len(raw)) > n*uint64(size) {
-		return nil, perr(file, 0, "", "trailing bytes after the %v array: the header shape does not match the data", h.shape)
-	}
-	return raw, nil
-}
-
 func npyInt(b []byte, size int, order binary.ByteOrder) int64 {
 	switch size {
 	case 1:
@@ -132,84 +122,46 @@ func npyInt(b []byte, size int, order binary.ByteOrder) int64 {
 // readNPYInts reads a sidecar of per-token source ranks: an integer array
 // of shape [tokens], each -1 (unknown) or a rank in [0, 2^31).
 func readNPYInts(r io.Reader, file string, tokens int) ([]int32, error) {
-	br := bufio.NewReader(r)
-	h, size, order, err := readNPYHeader(br, file)
+	in, err := openNPY(r, file, -1)
 	if err != nil {
 		return nil, err
 	}
-	if len(h.shape) != 1 || h.shape[0] != tokens {
-		return nil, perr(file, 0, "shape", "shape %v, want [%d]: one source rank per token of the trace", h.shape, tokens)
+	if len(in.h.shape) != 1 || in.h.shape[0] != tokens {
+		return nil, perr(file, 0, "shape", "shape %v, want [%d]: one source rank per token of the trace", in.h.shape, tokens)
 	}
-	raw, err := readNPYData(br, file, h, uint64(tokens), size)
-	if err != nil {
+	if err := in.expect(uint64(tokens)); err != nil {
 		return nil, err
 	}
-	out := make([]int32, tokens)
-	for i := range out {
-		v := npyInt(raw[i*size:(i+1)*size], size, order)
-		if v < -1 || v > math.MaxInt32 {
-			return nil, perr(file, 0, fmt.Sprintf("data[%d]", i), "source rank %d out of range: want -1 (unknown) or a rank ≥ 0", v)
+	// Read in chunks so that a header that lies about the shape cannot
+	// make us allocate more than the file holds.
+	var out []int32
+	raw := make([]byte, min(tokens, 1<<16)*in.esize)
+	for done := 0; done < tokens; {
+		n := min(tokens-done, 1<<16)
+		if err := in.fill(raw[:n*in.esize]); err != nil {
+			return nil, err
 		}
-		out[i] = int32(v)
+		out = append(out, make([]int32, n)...)
+		if i := decodeSources(out[done:], raw, in.esize, in.order); i >= 0 {
+			v := npyInt(raw[i*in.esize:(i+1)*in.esize], in.esize, in.order)
+			return nil, perr(file, 0, fmt.Sprintf("data[%d]", done+i), "source rank %d out of range: want -1 (unknown) or a rank ≥ 0", v)
+		}
+		done += n
+	}
+	if err := in.end(); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
 
+// readNPY reads a whole NPY trace from r.
 func readNPY(r io.Reader, file string, experts int) (*Trace, error) {
-	br := bufio.NewReader(r)
-	h, size, order, err := readNPYHeader(br, file)
+	in, err := openNPY(r, file, -1)
 	if err != nil {
 		return nil, err
 	}
-	var T, L, K int
-	switch len(h.shape) {
-	case 2:
-		T, L, K = h.shape[0], h.shape[1], 1
-	case 3:
-		T, L, K = h.shape[0], h.shape[1], h.shape[2]
-	default:
-		return nil, perr(file, 0, "shape", "%d dimensions, want [tokens, layers, top-k] or [tokens, layers]", len(h.shape))
-	}
-	if L == 0 || K == 0 {
-		return nil, perr(file, 0, "shape", "shape %v has no layers or no experts per token", h.shape)
-	}
-	n := uint64(T) * uint64(L) * uint64(K)
-	if T > maxTraceIDs || L > maxTraceIDs || K > maxTraceIDs || n > maxTraceIDs {
-		return nil, perr(file, 0, "shape", "shape %v claims more than %d elements: split the trace", h.shape, uint64(maxTraceIDs))
-	}
-	if T == 0 {
-		return nil, perr(file, 0, "shape", "no tokens in shape %v", h.shape)
-	}
-	raw, err := readNPYData(br, file, h, n, size)
-	if err != nil {
-		return nil, err
-	}
-	limit := int64(math.MaxInt16 + 1)
-	if experts > 0 {
-		limit = int64(experts)
-	}
-	t := &Trace{Tokens: T, Layers: L, TopK: K, IDs: make([]int16, n)}
-	maxID := int64(-1)
-	for i := range t.IDs {
-		v := npyInt(raw[i*size:(i+1)*size], size, order)
-		if v < 0 || v >= limit {
-			field := fmt.Sprintf("data[%d,%d,%d]", i/(L*K), i/K%L, i%K)
-			if experts > 0 {
-				return nil, perr(file, 0, field, "expert %d out of range [0,%d): set LoadOptions.Experts or fix the id", v, limit)
-			}
-			return nil, perr(file, 0, field, "expert %d out of range [0,%d): ids must be non-negative int16", v, limit)
-		}
-		maxID = max(maxID, v)
-		t.IDs[i] = int16(v)
-	}
-	t.Experts = experts
-	if t.Experts == 0 {
-		t.Experts = int(maxID) + 1
-	}
-	if err := t.Validate(); err != nil {
-		return nil, perr(file, 0, "data", "%v", err)
-	}
-	return t, nil
+	t, _, err := readNPYTrace(in, nil, LoadOptions{Experts: experts, NoPatterns: true}, true)
+	return t, err
 }
 
 // parseNPYHeader parses the Python dict literal of an NPY header, e.g.

@@ -383,7 +383,7 @@ func TestReaderErrors(t *testing.T) {
 		{"npy shape", "a.npy", LoadOptions{}, string(npyBytes("<i2", []int{4}, []int64{0, 1, 2, 3})), 0, "shape", "1 dimensions"},
 		{"npy negative id", "a.npy", LoadOptions{}, string(npyBytes("<i2", []int{1, 1, 2}, []int64{0, -1})), 0, "data[0,0,1]", "out of range"},
 		{"npy experts", "a.npy", LoadOptions{Experts: 2}, string(npyBytes("<i2", []int{1, 1, 2}, []int64{0, 5})), 0, "data[0,0,1]", "set LoadOptions.Experts"},
-		{"npy duplicate", "a.npy", LoadOptions{}, string(npyBytes("<i2", []int{1, 1, 2}, []int64{3, 3})), 0, "data", "appears twice"},
+		{"npy duplicate", "a.npy", LoadOptions{}, string(npyBytes("<i2", []int{1, 1, 2}, []int64{3, 3})), 0, "data[0,0,1]", "appears twice"},
 		{"npy fortran", "a.npy", LoadOptions{}, strings.Replace(string(npyBytes("<i2", []int{1, 1, 1}, []int64{0})), "False", "True ", 1), 0, "fortran_order", "ascontiguousarray"},
 
 		{"counts malformed", "c.json", LoadOptions{}, "{\"logical_count\": [[1,2],\n[3,}", 2, "", "malformed JSON"},

@@ -2,7 +2,6 @@ package routing
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -80,11 +79,12 @@ func readSGLang(name string, files []randomFile, opts LoadOptions) (*Source, err
 	switch dumps[0].mode {
 	case sglangStat:
 		total := &Stats{}
-		for _, d := range dumps {
+		for i, d := range dumps {
 			s, err := d.readStat(opts)
 			if err != nil {
 				return nil, withFile(err, d.name)
 			}
+			fileDone(opts, d.name, files[i].size, s.Tokens)
 			s.Sources = []string{d.name}
 			if err := total.Merge(s); err != nil {
 				return nil, fmt.Errorf("routing: %s: merging into the files before it: %w", d.name, err)
@@ -93,10 +93,11 @@ func readSGLang(name string, files []randomFile, opts LoadOptions) (*Source, err
 		return statsSource(name, FormatSGLangPT, total)
 	case sglangPerPass:
 		var c *countBuilder
-		for _, d := range dumps {
+		for i, d := range dumps {
 			if err := d.addPerPass(&c, opts); err != nil {
 				return nil, err
 			}
+			fileDone(opts, d.name, files[i].size, 0)
 		}
 		s, err := c.stats(opts.TopK, opts.KeepZeroLayers)
 		if err != nil {
@@ -105,11 +106,13 @@ func readSGLang(name string, files []randomFile, opts LoadOptions) (*Source, err
 		s.Sources = paths(files)
 		return statsSource(name, FormatSGLangPT, s)
 	}
-	b := &tokenBuilder{experts: opts.Experts}
-	for _, d := range dumps {
+	b := newTokenBuilder(opts, opts.Experts)
+	defer b.close()
+	for i, d := range dumps {
 		if err := d.addPerToken(b, opts); err != nil {
 			return nil, err
 		}
+		fileDone(opts, d.name, files[i].size, float64(b.tokens))
 	}
 	src, err := builtTrace(name, FormatSGLangPT, b, opts)
 	if err != nil {
@@ -155,16 +158,21 @@ func loadMegatronFiles(name string, files []string, opts LoadOptions) (*Source, 
 	slices.SortFunc(files, func(a, b string) int {
 		return megatronRank(filepath.Base(a)) - megatronRank(filepath.Base(b))
 	})
-	b := &tokenBuilder{experts: opts.Experts}
+	b := newTokenBuilder(opts, opts.Experts)
+	defer b.close()
 	for _, p := range files {
 		f, err := os.Open(p)
 		if err != nil {
 			return nil, &ParseError{File: p, Err: err}
 		}
 		err = readMegatron(bufio.NewReader(f), p, int64(megatronRank(filepath.Base(p))), b)
+		fi, serr := f.Stat()
 		f.Close()
 		if err != nil {
 			return nil, err
+		}
+		if serr == nil {
+			fileDone(opts, p, fi.Size(), float64(b.tokens))
 		}
 	}
 	src, err := builtTrace(name, FormatMegatron, b, opts)
@@ -173,24 +181,4 @@ func loadMegatronFiles(name string, files []string, opts LoadOptions) (*Source, 
 	}
 	src.Stats.Sources = files
 	return src, nil
-}
-
-// readNPYSources reads NAME.source.npy next to NAME.npy, when it exists, as
-// each token's source rank: an integer array of shape [T].
-func readNPYSources(t *Trace, path string) error {
-	side := strings.TrimSuffix(path, filepath.Ext(path)) + ".source.npy"
-	f, err := os.Open(side)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return &ParseError{File: side, Err: err}
-	}
-	defer f.Close()
-	src, err := readNPYInts(f, side, t.Tokens)
-	if err != nil {
-		return err
-	}
-	t.Source = src
-	return nil
 }

@@ -1,10 +1,12 @@
 package routing
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 )
 
 // StatsFromLoad returns count-only stats for a load matrix load[l][e] (token
@@ -33,9 +35,10 @@ func StatsFromLoad(load [][]float64, topK int) *Stats {
 // Transitions (when set) is (Layers-1)×Experts², CoActivation (when set) is
 // Layers×Experts² symmetric with a zero diagonal, every StepLoad step is
 // Layers×Experts, patterns have Layers×TopK ids in range and are sorted by
-// key, LayerNames is nil or has Layers distinct entries, SourceLoad (when
-// set) has Layers×Experts matrices that sum to at most Load, and every
-// count is finite and non-negative. It returns nil when s is valid.
+// key with counts that add up to Tokens, PathSample has 0 ≤ Kept ≤ Tokens,
+// LayerNames is nil or has Layers distinct entries, SourceLoad (when set)
+// has Layers×Experts matrices that sum to at most Load, and every count is
+// finite and non-negative. It returns nil when s is valid.
 func (s *Stats) Validate() error {
 	if s == nil {
 		return errors.New("routing: nil stats")
@@ -113,8 +116,14 @@ func (s *Stats) Validate() error {
 			return fmt.Errorf("routing: ModelLayers = %d, but the stats have layer %d; want 0 (unknown) or more than every layer name", s.ModelLayers, top)
 		}
 	}
+	ps := s.PathSample
+	if ps.Tokens < 0 || ps.Kept < 0 || ps.Kept > ps.Tokens || !finiteNonNeg(ps.RelStdErr) {
+		return fmt.Errorf("routing: PathSample %+v: want 0 ≤ Kept ≤ Tokens and a finite non-negative RelStdErr", ps)
+	}
 	var prev string
+	var sum float64
 	for i, p := range s.Patterns {
+		sum += p.Count
 		if len(p.Experts) != L*s.TopK {
 			return fmt.Errorf("routing: Patterns[%d] has %d ids, want layers×top-k = %d", i, len(p.Experts), L*s.TopK)
 		}
@@ -134,6 +143,10 @@ func (s *Stats) Validate() error {
 			return fmt.Errorf("routing: Patterns[%d] is not after Patterns[%d] in key order (or repeats it)", i, i-1)
 		}
 		prev = key
+	}
+	// Sampled patterns are weighted so that they still describe every token.
+	if s.Patterns != nil && math.Abs(sum-s.Tokens) > 1e-6*max(s.Tokens, 1) {
+		return fmt.Errorf("routing: pattern counts add up to %v, want Tokens = %v (every token has one path)", sum, s.Tokens)
 	}
 	return nil
 }
@@ -225,6 +238,7 @@ func (s *Stats) Merge(o *Stats) error {
 	if s.ModelLayers == 0 {
 		s.ModelLayers = o.ModelLayers
 	}
+	ps := mergePathSample(s, o)
 	s.Tokens += o.Tokens
 	addMatrix(s.Load, o.Load)
 	if s.Transitions != nil && o.Transitions != nil {
@@ -254,24 +268,51 @@ func (s *Stats) Merge(o *Stats) error {
 	} else {
 		s.SourceLoad = nil
 	}
+	notes := mergeNotes(s.Notes, o.Notes)
 	if s.Patterns != nil && o.Patterns != nil {
+		s.PathSample = ps
 		s.Patterns = mergePatterns(s.Patterns, o.Patterns)
+		s.Notes = notes
+		// Past MaxPatterns distinct paths the union is thinned to a
+		// weighted sample rather than dropped.
+		*s = *thinStats(s, MaxPatterns)
+		notes = s.Notes
+		if s.PathSample.Sampled() && !slices.ContainsFunc(notes, func(n string) bool { return strings.HasPrefix(n, notePathsSampled) }) {
+			notes = append(notes, sampleNote(s.PathSample))
+		}
 	} else {
-		s.Patterns = nil
+		s.Patterns, s.PathSample = nil, PathSample{}
 	}
+	s.Notes = notes
 	s.Sources = append(s.Sources, o.Sources...)
 	return nil
 }
 
-// mergePatterns merges two key-sorted histograms; nil when the result would
-// exceed MaxPatterns.
+// mergePathSample combines the path samples of two stats with patterns:
+// tokens and kept paths add up, and the relative standard error of the
+// merged mean, a stratified sample with strata weighted by their Tokens,
+// is √(Σ (Tᵢ·εᵢ)²) / Σ Tᵢ. Stats whose PathSample is zero count as exact.
+func mergePathSample(a, b *Stats) PathSample {
+	get := func(s *Stats) PathSample {
+		if s.PathSample == (PathSample{}) {
+			n := int64(math.Round(s.Tokens))
+			return PathSample{Tokens: n, Kept: n}
+		}
+		return s.PathSample
+	}
+	pa, pb := get(a), get(b)
+	out := PathSample{Tokens: pa.Tokens + pb.Tokens, Kept: pa.Kept + pb.Kept}
+	if t := a.Tokens + b.Tokens; t > 0 {
+		out.RelStdErr = math.Hypot(a.Tokens*pa.RelStdErr, b.Tokens*pb.RelStdErr) / t
+	}
+	return out
+}
+
+// mergePatterns merges two key-sorted histograms.
 func mergePatterns(a, b []Pattern) []Pattern {
 	out := make([]Pattern, 0, max(len(a), len(b)))
 	i, j := 0, 0
 	for i < len(a) || j < len(b) {
-		if len(out) >= MaxPatterns {
-			return nil
-		}
 		var c int
 		switch {
 		case i == len(a):
@@ -279,13 +320,7 @@ func mergePatterns(a, b []Pattern) []Pattern {
 		case j == len(b):
 			c = -1
 		default:
-			ka, kb := patternKey(a[i].Source, a[i].Experts), patternKey(b[j].Source, b[j].Experts)
-			switch {
-			case ka < kb:
-				c = -1
-			case ka > kb:
-				c = 1
-			}
+			c = comparePatterns(a[i], b[j])
 		}
 		switch c {
 		case -1:
@@ -303,6 +338,15 @@ func mergePatterns(a, b []Pattern) []Pattern {
 		}
 	}
 	return out
+}
+
+// comparePatterns orders patterns as their keys do: by Source, then by
+// Experts compared numerically.
+func comparePatterns(a, b Pattern) int {
+	if c := cmp.Compare(a.Source, b.Source); c != 0 {
+		return c
+	}
+	return slices.Compare(a.Experts, b.Experts)
 }
 
 func clonePattern(p Pattern) Pattern {
@@ -358,12 +402,14 @@ func (s *Stats) Clone() *Stats {
 	}
 	c.LayerNames = slices.Clone(s.LayerNames)
 	c.Sources = slices.Clone(s.Sources)
+	c.Notes = slices.Clone(s.Notes)
 	return &c
 }
 
 // Scale multiplies every count in s (Tokens, Load, Transitions,
 // CoActivation, StepLoad, SourceLoad and pattern counts) by f, for example
-// to weight one workload against another before Merge.
+// to weight one workload against another before Merge. PathSample, which
+// counts the tokens actually seen, is left as it is.
 func (s *Stats) Scale(f float64) {
 	s.Tokens *= f
 	scaleMatrix(s.Load, f)

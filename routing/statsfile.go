@@ -33,34 +33,53 @@ const (
 )
 
 // maxFilePatternIDs caps the pattern ids WriteStats writes; past it the
-// patterns are left out, as Trace.Stats drops them past MaxPatterns. A
+// patterns are thinned to a weighted sample that fits (see thinPatterns). A
 // variable so that tests can lower it.
-var maxFilePatternIDs = 1 << 22
+var maxFilePatternIDs = 1 << 26
 
-// statsCounts is the number of counts (and pattern ids) s's file holds.
-func statsCounts(s *Stats) int {
+// countsBesidesPatterns is the number of counts s's file holds apart from
+// the pattern ids.
+func countsBesidesPatterns(s *Stats) int {
 	n := len(s.Load)*s.Experts + len(s.Transitions)*s.Experts*s.Experts + len(s.CoActivation)*s.Experts*s.Experts
-	n += (len(s.StepLoad) + len(s.SourceLoad)) * s.Layers * s.Experts
-	if patternIDs(s) <= maxFilePatternIDs {
-		n += patternIDs(s)
-	}
-	return n
+	return n + (len(s.StepLoad)+len(s.SourceLoad))*s.Layers*s.Experts
 }
 
 func patternIDs(s *Stats) int { return len(s.Patterns) * s.Layers * s.TopK }
 
+// fitFile returns s, or a copy whose patterns are thinned so that the file
+// holds at most maxFilePatternIDs pattern ids and maxCountEntries numbers
+// in all (PathSample and Notes then say so).
+func fitFile(s *Stats) *Stats {
+	budget := min(maxFilePatternIDs, maxCountEntries-countsBesidesPatterns(s))
+	if s.Patterns == nil || patternIDs(s) <= budget {
+		return s
+	}
+	lk := max(s.Layers*s.TopK, 1)
+	if budget < lk {
+		c := *s
+		c.Patterns, c.PathSample = nil, PathSample{}
+		c.Notes = append(mergeNotes(s.Notes, nil), "patterns left out of the moetuner.stats file: the other counts fill it; the cost model then counts each (token, expert) pair on its own (an upper bound on all-to-all traffic)")
+		return &c
+	}
+	return thinStats(s, budget/lk)
+}
+
 // WriteStats writes s in format f with fixed formatting (one line per
 // layer, shortest exact decimals), so equal stats give equal bytes. The
-// moetuner format leaves out Patterns when they hold more than 2^22 ids in
-// all, and refuses stats of more than 2^26 counts, which it could not read
-// back. It returns s.Validate's error for invalid stats and an error for
+// moetuner format thins Patterns to a weighted sample when they hold more
+// than 2^26 ids, or more than the 2^26 numbers a file may hold besides the
+// other counts (PathSample and Notes in the file then say so), and refuses
+// stats of more than 2^26 other counts, which it could not read back. It returns s.Validate's error for invalid stats and an error for
 // an unknown format.
 func WriteStats(w io.Writer, s *Stats, f StatsFormat) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
-	if f != StatsLogicalCount && statsCounts(s) > maxCountEntries {
-		return fmt.Errorf("routing: %d counts are too many for a moetuner.stats file (at most %d): drop StepLoad or split the trace", statsCounts(s), maxCountEntries)
+	if f != StatsLogicalCount {
+		if n := countsBesidesPatterns(s); n > maxCountEntries {
+			return fmt.Errorf("routing: %d counts are too many for a moetuner.stats file (at most %d): drop StepLoad or split the trace", n, maxCountEntries)
+		}
+		s = fitFile(s)
 	}
 	bw := bufio.NewWriter(w)
 	var err error
@@ -202,7 +221,11 @@ func writeMoetunerStats(w *bufio.Writer, s *Stats) error {
 	writeMatrix(w, "coactivation", s.CoActivation)
 	writeMatrices(w, "step_load", s.StepLoad)
 	writeMatrices(w, "source_load", s.SourceLoad)
-	if s.Patterns != nil && patternIDs(s) <= maxFilePatternIDs {
+	if s.Patterns != nil {
+		if s.PathSample != (PathSample{}) {
+			fmt.Fprintf(w, ",\n \"path_sample\": {\"tokens\": %d, \"kept\": %d, \"rel_std_err\": %s}",
+				s.PathSample.Tokens, s.PathSample.Kept, strconv.FormatFloat(s.PathSample.RelStdErr, 'g', -1, 64))
+		}
 		w.WriteString(",\n \"patterns\": [")
 		for i, p := range s.Patterns {
 			if i > 0 {
@@ -215,6 +238,18 @@ func writeMoetunerStats(w *bufio.Writer, s *Stats) error {
 			fmt.Fprintf(w, "\n  {\"source\": %d, \"count\": %s, \"experts\": ", p.Source, strconv.FormatFloat(p.Count, 'f', -1, 64))
 			w.Write(appendInts(nil, ids))
 			w.WriteByte('}')
+		}
+		w.WriteString("\n ]")
+	}
+	if s.Notes != nil {
+		w.WriteString(",\n \"notes\": [")
+		for i, n := range s.Notes {
+			if i > 0 {
+				w.WriteByte(',')
+			}
+			b, _ := json.Marshal(n)
+			w.WriteString("\n  ")
+			w.Write(b)
 		}
 		w.WriteString("\n ]")
 	}
@@ -236,6 +271,12 @@ type statsFile struct {
 	StepLoad       [][][]float64   `json:"step_load"`
 	SourceLoad     [][][]float64   `json:"source_load"`
 	Patterns       json.RawMessage `json:"patterns"`
+	PathSample     *struct {
+		Tokens    int64   `json:"tokens"`
+		Kept      int64   `json:"kept"`
+		RelStdErr float64 `json:"rel_std_err"`
+	} `json:"path_sample"`
+	Notes []string `json:"notes"`
 }
 
 // parseMoetunerStats reads a "moetuner.stats/v1" file back into Stats.
@@ -301,6 +342,16 @@ func parseMoetunerStats(data []byte, file string) (*Stats, error) {
 			s.Patterns[i] = Pattern{Source: p.Source, Count: p.Count, Experts: p.Experts}
 		}
 	}
+	if ps := f.PathSample; ps != nil {
+		if s.Patterns == nil {
+			return nil, perr(file, 1, "path_sample", "given without patterns: drop it or add the patterns")
+		}
+		s.PathSample = PathSample{Tokens: ps.Tokens, Kept: ps.Kept, RelStdErr: ps.RelStdErr}
+	} else if s.Patterns != nil {
+		t := int64(math.Round(s.Tokens))
+		s.PathSample = PathSample{Tokens: t, Kept: t}
+	}
+	s.Notes = f.Notes
 	if err := s.Validate(); err != nil {
 		return nil, perr(file, 1, "", "%v", err)
 	}

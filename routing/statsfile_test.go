@@ -196,8 +196,9 @@ func TestFormatsListed(t *testing.T) {
 	assert.Len(t, Formats, 12)
 }
 
-// TestStatsFileLimits: patterns too large for a file are left out (and
-// read back as unknown), and stats too large to read back are refused.
+// TestStatsFileLimits: patterns too large for a file are thinned to a
+// weighted sample that fits (and read back as one), and stats too large to
+// read back are refused.
 func TestStatsFileLimits(t *testing.T) {
 	s := handTrace().Stats(StatsOptions{})
 	require.NotNil(t, s.Patterns)
@@ -210,8 +211,16 @@ func TestStatsFileLimits(t *testing.T) {
 	maxFilePatternIDs = ids - 1
 	back, err = Read(bytes.NewReader(writeStats(t, s, StatsMoetuner)), "s.json", LoadOptions{})
 	require.NoError(t, err)
-	assert.Nil(t, back.Stats.Patterns, "past it they are left out")
+	// Past it, one path of ids-1 fits: it carries every token's weight.
+	require.Len(t, back.Stats.Patterns, 1, "past it they are thinned")
+	assert.Equal(t, s.Tokens, back.Stats.Patterns[0].Count)
+	assert.Equal(t, int64(1), back.Stats.PathSample.Kept)
+	assert.Equal(t, int64(3), back.Stats.PathSample.Tokens)
+	assert.Greater(t, back.Stats.PathSample.RelStdErr, 0.0)
+	require.Len(t, back.Stats.Notes, 1)
+	assert.Contains(t, back.Stats.Notes[0], "per-token paths sampled: 1 of 3 tokens kept")
 	assert.Equal(t, s.Load, back.Stats.Load)
+	assert.Nil(t, s.Notes, "the stats written are left as they were")
 
 	huge := &Stats{Layers: 1, Experts: 1 << 14, Load: [][]float64{make([]float64, 1<<14)}}
 	huge.StepLoad = make([][][]float64, 1<<12+1)

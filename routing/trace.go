@@ -130,142 +130,81 @@ func (t *Trace) Slice(from, to int) *Trace {
 }
 
 // StatsOptions select what Trace.Stats computes. The zero value counts
-// all-pairs transitions and keeps patterns.
+// all-pairs transitions and keeps the paths of up to the number of tokens
+// that DefaultPathError needs.
 type StatsOptions struct {
 	// Transitions is the transition convention; default TransitionAllPairs.
 	Transitions TransitionMode
 	// NoPatterns skips the pattern histogram (Stats.Patterns stays nil),
 	// which saves memory on long traces; default false (patterns kept).
 	NoPatterns bool
+	// PathError is the target relative standard error of per-token means
+	// estimated from the patterns (see PathSampleSize): traces with more
+	// tokens than it needs keep a uniform random sample of their tokens'
+	// paths. 0 means DefaultPathError (0.01); a negative value keeps every
+	// path (exact, but as large as the trace, and dropped past MaxPatterns
+	// distinct paths).
+	PathError float64
 }
 
 // Stats aggregates t. It assumes t is valid (see Validate); ids out of range
 // panic. Transitions and CoActivation are left nil when Layers×Experts²
-// exceeds 2^24 entries; Patterns is nil when NoPatterns is set or when t has
-// more than MaxPatterns distinct paths; StepLoad is nil when Step is nil;
-// SourceLoad is nil when Source is nil or names a rank so large that
-// ranks×Layers×Experts exceeds 2^24.
+// exceeds 2^24 entries; Patterns is nil when NoPatterns is set, a weighted
+// sample of the tokens' paths when t has more tokens than opts.PathError
+// needs (PathSample says so); StepLoad is nil when Step is nil or steps ×
+// Layers × Experts exceeds 2^25; SourceLoad is nil when Source is nil or
+// names a rank so large that ranks×Layers×Experts exceeds 2^24. Stats.Notes
+// records what was dropped or sampled. The result depends on t only, not on
+// GOMAXPROCS.
 func (t *Trace) Stats(opts StatsOptions) *Stats {
-	L, E, K := t.Layers, t.Experts, t.TopK
-	s := &Stats{
-		Layers:         L,
-		Experts:        E,
-		TopK:           K,
-		Tokens:         float64(t.Tokens),
-		Load:           newMatrix(L, E),
-		TransitionMode: opts.Transitions,
-		LayerNames:     slices.Clone(t.LayerNames),
-		ModelLayers:    t.ModelLayers,
-	}
-	dense := L*E*E <= maxDenseEntries
-	if dense {
-		s.Transitions = newMatrix(max(L-1, 0), E*E)
-		s.CoActivation = newMatrix(L, E*E)
-	}
-	var stepIndex map[int32]int
-	if t.Step != nil {
-		steps := slices.Clone(t.Step)
-		slices.Sort(steps)
-		steps = slices.Compact(steps)
-		stepIndex = make(map[int32]int, len(steps))
-		for i, st := range steps {
-			stepIndex[st] = i
+	L, K := t.Layers, t.TopK
+	per := chunkTokens(L, K)
+	b := newStatsBuilder(L, K, t.Experts, int64(t.Tokens), (t.Tokens+per-1)/per, opts)
+	LK := L * K
+	for tok := 0; tok < t.Tokens; tok += per {
+		n := min(per, t.Tokens-tok)
+		ch := chunk{ids: t.IDs[tok*LK : (tok+n)*LK], n: n, tok0: int64(tok), maxID: t.Experts - 1}
+		if t.Source != nil {
+			ch.src = t.Source[tok : tok+n]
 		}
-		s.StepLoad = make([][][]float64, len(steps))
-		for i := range s.StepLoad {
-			s.StepLoad[i] = newMatrix(L, E)
+		if t.Step != nil {
+			ch.step = t.Step[tok : tok+n]
 		}
+		b.add(ch)
 	}
-	var srcLoad [][][]float64
-	if t.Source != nil {
-		maxSrc := int32(-1)
-		for _, r := range t.Source {
-			maxSrc = max(maxSrc, r)
-		}
-		// Ranks are dense small integers; a stray huge id leaves the
-		// per-source loads unknown rather than allocating for it.
-		if n := int(maxSrc) + 1; n > 0 && n*L*E <= maxDenseEntries {
-			srcLoad = make([][][]float64, n)
-			for r := range srcLoad {
-				srcLoad[r] = newMatrix(L, E)
-			}
-		}
-	}
-	s.SourceLoad = srcLoad
-	var pats map[string]int
-	if !opts.NoPatterns {
-		pats = make(map[string]int)
-	}
-	sorted := make([]int16, L*K)
-	for tok := range t.Tokens {
-		ids := t.IDs[tok*L*K : (tok+1)*L*K]
-		for l := range L {
-			set := ids[l*K : (l+1)*K]
-			for _, e := range set {
-				s.Load[l][e]++
-			}
-			if s.StepLoad != nil {
-				sl := s.StepLoad[stepIndex[t.Step[tok]]][l]
-				for _, e := range set {
-					sl[e]++
-				}
-			}
-			if srcLoad != nil && t.Source[tok] >= 0 {
-				sl := srcLoad[t.Source[tok]][l]
-				for _, e := range set {
-					sl[e]++
-				}
-			}
-			if !dense {
-				continue
-			}
-			co := s.CoActivation[l]
-			for a := range set {
-				for b := a + 1; b < len(set); b++ {
-					co[int(set[a])*E+int(set[b])]++
-					co[int(set[b])*E+int(set[a])]++
-				}
-			}
-			if l+1 < L {
-				next := ids[(l+1)*K : (l+2)*K]
-				tr := s.Transitions[l]
-				if opts.Transitions == TransitionTop1 {
-					tr[int(set[0])*E+int(next[0])]++
-				} else {
-					for _, a := range set {
-						for _, b := range next {
-							tr[int(a)*E+int(b)]++
-						}
-					}
-				}
-			}
-		}
-		if pats != nil {
-			src := int32(-1)
-			if t.Source != nil {
-				src = t.Source[tok]
-			}
-			copy(sorted, ids)
-			for l := range L {
-				slices.Sort(sorted[l*K : (l+1)*K])
-			}
-			key := patternKey(src, sorted)
-			if _, ok := pats[key]; !ok && len(pats) >= MaxPatterns {
-				pats = nil
-				continue
-			}
-			pats[key]++
-		}
-	}
-	if pats != nil {
-		s.Patterns = make([]Pattern, 0, len(pats))
-		for _, key := range sortedKeys(pats) {
-			src, ex := decodePatternKey(key)
-			s.Patterns = append(s.Patterns, Pattern{Source: src, Experts: ex, Count: float64(pats[key])})
-		}
-	}
+	s := b.stats(t.Experts)
+	s.LayerNames = slices.Clone(t.LayerNames)
+	s.ModelLayers = t.ModelLayers
 	return s
 }
+
+// sampleCapacity is the path sampler's capacity for a trace of tokens
+// tokens (0 when unknown): the sample size PathSampleSize gives, or for an
+// unknown length the most it can give. -1 keeps every path, 0 none.
+func sampleCapacity(tokens int64, L, K int, opts StatsOptions) int {
+	switch {
+	case opts.NoPatterns:
+		return 0
+	case opts.PathError < 0:
+		return -1
+	case tokens > 0:
+		n, _ := PathSampleSize(tokens, L, K, opts.PathError)
+		return int(max(n, 1))
+	}
+	n0, limit := pathBudget(L, K, opts.PathError)
+	return int(max(min(n0, limit), 1))
+}
+
+// chunkTokens is the number of tokens counted at a time: about chunkIDs
+// ids, so that each layer's E×E matrices, visited once per chunk, take
+// many counts per visit.
+func chunkTokens(L, K int) int {
+	return max(1, chunkIDs/(L*K))
+}
+
+// chunkIDs is the size of a counting chunk in ids; a variable for the
+// benchmark that chose it.
+var chunkIDs = 1 << 24
 
 // patternKey encodes a pattern so that byte order equals the order by
 // (Source, Experts...) with numeric comparison.

@@ -342,21 +342,22 @@ func readTRTLLM(name string, meta *trtMeta, files []randomFile, opts LoadOptions
 	}
 	src := &Source{Path: name, Format: FormatTRTLLM}
 	if len(tokens) > 0 {
-		t, err := trtTokens(tokens, names, E)
+		t, ts, err := trtTokens(tokens, names, E, opts)
 		if err != nil {
 			return nil, err
 		}
 		// The paths are used only when they add up to the counts.
-		if t != nil {
-			ts := t.Stats(StatsOptions{Transitions: opts.Transitions, NoPatterns: opts.NoPatterns})
-			if matricesEqual(ts.Load, s.Load) {
-				src.Trace = t
-				ts.SourceLoad, ts.StepLoad = s.SourceLoad, s.StepLoad
-				s = ts
-			}
+		if ts != nil && matricesEqual(ts.Load, s.Load) {
+			src.Trace = t
+			ts.SourceLoad, ts.StepLoad = s.SourceLoad, s.StepLoad
+			ts.LayerNames, ts.ModelLayers = s.LayerNames, s.ModelLayers
+			s = ts
 		}
 	}
 	s.Sources = paths(files)
+	for _, f := range files {
+		fileDone(opts, f.name, f.size, 0)
+	}
 	return statsSource(name, FormatTRTLLM, s, src)
 }
 
@@ -370,9 +371,11 @@ type trtRankFile struct {
 // trtTokens builds a trace from token_selected_experts files ([T, k] per
 // "{iter}_{layer}"): per rank and iteration, row t of every layer is one
 // token. It returns nil when the rows do not align (an iteration that lacks
-// a layer, or layers with different row counts).
-func trtTokens(files []trtRankFile, names []int, E int) (*Trace, error) {
-	b := &tokenBuilder{experts: E}
+// a layer, or layers with different row counts). With LoadOptions.StatsOnly
+// the trace is not kept and only its stats are returned.
+func trtTokens(files []trtRankFile, names []int, E int, opts LoadOptions) (*Trace, *Stats, error) {
+	b := newTokenBuilder(opts, E)
+	defer b.close()
 	for _, rf := range files {
 		byIter := map[int64]map[int]safeTensor{}
 		for _, t := range rf.tensors {
@@ -390,19 +393,19 @@ func trtTokens(files []trtRankFile, names []int, E int) (*Trace, error) {
 		for _, it := range iters {
 			layers := byIter[it]
 			if len(layers) != len(names) {
-				return nil, nil
+				return nil, nil, nil
 			}
 			rows := make([][]int64, len(names))
 			T, k := -1, 0
 			for i, l := range names {
 				t, ok := layers[l]
 				if !ok || len(t.shape) != 2 || (T >= 0 && (t.shape[0] != T || t.shape[1] != k)) {
-					return nil, nil
+					return nil, nil, nil
 				}
 				T, k = t.shape[0], t.shape[1]
 				v, err := t.ints(rf.f)
 				if err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 				rows[i] = v
 			}
@@ -410,17 +413,24 @@ func trtTokens(files []trtRankFile, names []int, E int) (*Trace, error) {
 				continue
 			}
 			if err := b.start(names, 0, k, fmt.Sprintf("%s iteration %d", rf.f.name, it)); err != nil {
-				return nil, perr(rf.f.name, 0, "", "iteration %d: %v", it, err)
+				return nil, nil, perr(rf.f.name, 0, "", "iteration %d: %v", it, err)
 			}
 			err := b.add(T, int32(rf.rank), int32(it), true,
 				func(l, t, j int) int { return int(max(min(rows[l][t*k+j], math.MaxInt32), math.MinInt32)) },
 				func(l, t int) string { return fmt.Sprintf("%d_%d[%d]", it, names[l], t) })
 			if err != nil {
-				return nil, perr(rf.f.name, 0, "", "%v", err)
+				return nil, nil, perr(rf.f.name, 0, "", "%v", err)
 			}
 		}
 	}
-	return b.trace(), nil
+	if b.stream {
+		return nil, b.stats(), nil
+	}
+	t := b.trace()
+	if t == nil {
+		return nil, nil, nil
+	}
+	return t, t.Stats(opts.statsOptions()), nil
 }
 
 func matricesEqual(a, b [][]float64) bool {

@@ -102,7 +102,18 @@ type Stats struct {
 	SourceLoad [][][]float64
 	// Patterns is the histogram of distinct token paths (sorted by key), nil
 	// when unknown or when there were more than MaxPatterns distinct paths.
+	// Above a size set by StatsOptions.PathError it holds a uniform random
+	// sample of the tokens, each weighted Tokens/Kept, so the counts still
+	// add up to Tokens; PathSample says which.
 	Patterns []Pattern
+	// PathSample says how many tokens' paths Patterns holds and the
+	// relative standard error that implies; the zero value when Patterns
+	// is nil or its origin does not say.
+	PathSample PathSample
+	// Notes say, one sentence each, which statistics were dropped or
+	// estimated because they grew too large, and what that costs (chain
+	// flow then needs per-token paths, for example); nil when nothing was.
+	Notes []string
 	// LayerNames are the model's layer numbers for layers 0..L-1; nil means
 	// 0..L-1.
 	LayerNames []int
@@ -114,5 +125,7 @@ type Stats struct {
 	Sources []string
 }
 
-// MaxPatterns bounds the number of distinct token paths kept in Stats.
+// MaxPatterns bounds the number of distinct token paths kept in Stats: the
+// path sample never exceeds it, Merge thins a union that does, and exact
+// mode (StatsOptions.PathError < 0) drops patterns past it with a note.
 const MaxPatterns = 1 << 20

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 )
 
 // vLLM #41141's stats JSONL: one record per line, those with
@@ -133,29 +132,28 @@ type routedResponse struct {
 // parseRoutedExperts reads one response object, a JSON array of them or
 // one per line. TopK must be given (LoadOptions.TopK); the layer count is
 // LoadOptions.ModelLayers or inferred from prompt_tokens+completion_tokens.
-func parseRoutedExperts(data []byte, file string, opts LoadOptions) (*Trace, error) {
+func parseRoutedExperts(data []byte, file string, opts LoadOptions, b *tokenBuilder) error {
 	var resps []routedResponse
 	trimmed := bytes.TrimSpace(data)
 	switch {
 	case len(trimmed) > 0 && trimmed[0] == '[':
 		if err := decodeJSON(data, file, &resps); err != nil {
-			return nil, err
+			return err
 		}
 	default:
 		dec := json.NewDecoder(bytes.NewReader(data))
 		for dec.More() {
 			var r routedResponse
 			if err := dec.Decode(&r); err != nil {
-				return nil, perr(file, lineAt(data, dec.InputOffset()), "", "malformed JSON: %s", jsonMsg(err))
+				return perr(file, lineAt(data, dec.InputOffset()), "", "malformed JSON: %s", jsonMsg(err))
 			}
 			resps = append(resps, r)
 		}
 	}
 	k := opts.TopK
 	if k <= 0 {
-		return nil, perr(file, 0, "", "routed_experts does not say its top-k: set LoadOptions.TopK (--top-k) to the model's num_experts_per_tok")
+		return perr(file, 0, "", "routed_experts does not say its top-k: set LoadOptions.TopK (--top-k) to the model's num_experts_per_tok")
 	}
-	b := &tokenBuilder{experts: opts.Experts}
 	for i, r := range resps {
 		field := fmt.Sprintf("[%d].meta_info.routed_experts", i)
 		enc := r.MetaInfo.RoutedExperts
@@ -163,17 +161,17 @@ func parseRoutedExperts(data []byte, file string, opts LoadOptions) (*Trace, err
 			enc = r.RoutedExperts
 		}
 		if enc == nil {
-			return nil, perr(file, 0, fmt.Sprintf("[%d]", i), "no meta_info.routed_experts: send the request with return_routed_experts=true")
+			return perr(file, 0, fmt.Sprintf("[%d]", i), "no meta_info.routed_experts: send the request with return_routed_experts=true")
 		}
 		if base64.StdEncoding.DecodedLen(len(*enc)) > maxRoutedBytes {
-			return nil, perr(file, 0, field, "payload larger than %d bytes", maxRoutedBytes)
+			return perr(file, 0, field, "payload larger than %d bytes", maxRoutedBytes)
 		}
 		raw, err := base64.StdEncoding.DecodeString(*enc)
 		if err != nil {
-			return nil, perr(file, 0, field, "not base64: %v", err)
+			return perr(file, 0, field, "not base64: %v", err)
 		}
 		if len(raw)%4 != 0 {
-			return nil, perr(file, 0, field, "%d bytes, not a whole number of int32 ids", len(raw))
+			return perr(file, 0, field, "%d bytes, not a whole number of int32 ids", len(raw))
 		}
 		n := len(raw) / 4
 		if n == 0 {
@@ -183,7 +181,7 @@ func parseRoutedExperts(data []byte, file string, opts LoadOptions) (*Trace, err
 		var T int
 		if L > 0 {
 			if n%(L*k) != 0 {
-				return nil, perr(file, 0, field, "%d ids do not split into positions × %d layers × top-%d", n, L, k)
+				return perr(file, 0, field, "%d ids do not split into positions × %d layers × top-%d", n, L, k)
 			}
 			T = n / (L * k)
 		} else {
@@ -194,7 +192,7 @@ func parseRoutedExperts(data []byte, file string, opts LoadOptions) (*Trace, err
 				}
 			}
 			if L == 0 {
-				return nil, perr(file, 0, field, "%d ids: cannot tell positions from layers; set LoadOptions.ModelLayers (the model's num_hidden_layers)", n)
+				return perr(file, 0, field, "%d ids: cannot tell positions from layers; set LoadOptions.ModelLayers (the model's num_hidden_layers)", n)
 			}
 		}
 		at := func(t, l, j int) int64 {
@@ -215,24 +213,17 @@ func parseRoutedExperts(data []byte, file string, opts LoadOptions) (*Trace, err
 			}
 		}
 		if err := b.start(names, L, k, fmt.Sprintf("%s%s", file, field)); err != nil {
-			return nil, perr(file, 0, field, "%v", err)
+			return perr(file, 0, field, "%v", err)
 		}
 		err = b.add(T, -1, 0, false,
 			func(li, t, j int) int { return int(max(min(at(t, names[li], j), math.MaxInt32), math.MinInt32)) },
 			func(li, t int) string { return fmt.Sprintf("%s position %d layer %d", field, t, names[li]) })
 		if err != nil {
-			return nil, perr(file, 0, "", "%v", err)
+			return perr(file, 0, "", "%v", err)
 		}
 	}
-	t := b.trace()
-	if t == nil {
-		return nil, perr(file, 0, "", "no routed experts in the responses")
+	if b.tokens == 0 {
+		return perr(file, 0, "", "no routed experts in the responses")
 	}
-	if err := t.Validate(); err != nil {
-		return nil, perr(file, 0, "", "%v", err)
-	}
-	if slices.Max(t.LayerNames) >= t.ModelLayers {
-		t.ModelLayers = 0
-	}
-	return t, nil
+	return nil
 }

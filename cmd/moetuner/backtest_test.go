@@ -149,7 +149,7 @@ func TestBacktestTokensPerStep(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	code, file, stderr := runCLI(t, append([]string{"backtest", "--trace", trace}, args...)...)
 	require.Equal(t, 0, code, stderr)
-	strip := regexp.MustCompile(`\S+(ms|µs|s)\s*$`) // planner wall time, last column
+	strip := regexp.MustCompile(`\s*\S+(ms|µs|s)\s*$`) // planner wall time, last column
 	lines := func(s string) []string {
 		var out []string
 		for _, l := range strings.Split(s, "\n") {
@@ -202,7 +202,7 @@ func TestBacktestSeveralDumps(t *testing.T) {
 		perStep = append(perStep, "--trace", p)
 	}
 	args := []string{"--gpus-per-node", "8", "--redundant-slots", "8", "--every", "4", "--policies", "eplb,rebalance", "--quiet"}
-	strip := regexp.MustCompile(`\S+(ms|µs|s)\s*$`)
+	strip := regexp.MustCompile(`\s*\S+(ms|µs|s)\s*$`)
 	table := func(extra ...string) string {
 		code, out, stderr := runCLI(t, append(append([]string{"backtest"}, extra...), args...)...)
 		require.Equal(t, 0, code, stderr)

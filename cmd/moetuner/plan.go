@@ -26,7 +26,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	choiceVar(fs, &format, "format", "", formatNames(), "placement format: moetuner (JSON), yaml, sglang (--init-expert-location), sglang-pt (the same as a torch.save .pt), eplb, vllm (expert_to_ep_rank), vllm-map (initial_expert_map_path), vllm-mapping (offline-EPLB JSONL), vllm-ascend, trtllm (moe_load_balancer YAML) (default: from --out's extension: .yaml, .sglang.json, .pt, .eplb.json, .vllm.json, .vllm-map.json, .vllm-mapping.jsonl, .vllm-ascend.json, .trtllm.yaml, else moetuner JSON)")
 	writeLP := fs.String("write-model", "", "also write the joint ILP(s) for debugging to PREFIX<i>.lp (CPLEX LP, written in Go) or, with a .mps suffix (PREFIX.mps), PREFIX<i>.mps via HiGHS")
 	dispatchMap := fs.String("dispatch-map", "", "also write, for --dispatch local, each rank's static dispatch table [rank][layer][expert] → physical slot (GPU-major numbering as in the sglang/eplb files) to this JSON file")
-	quiet := fs.Bool("quiet", false, "print only errors")
+	quiet := &c.quiet
 	if err := parse(fs, args); err != nil {
 		return err
 	}

@@ -46,6 +46,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(plans) == 0 {
 		return usagef("replay needs --plan FILE (up to several)")
 	}
+	c.needTrace = true
 	p, sources, err := c.setup(false)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -46,6 +47,15 @@ type common struct {
 	moveCost     float64
 	slotsPerGPU  string
 
+	pathError float64
+	quiet     bool
+
+	// needTrace keeps the per-token traces (replay measures them); other
+	// commands read only their statistics, in bounded memory.
+	needTrace bool
+	// stderr receives the notes on what the statistics left out.
+	stderr io.Writer
+
 	// layout, set by setup, says where the trace's MoE layers sit in the
 	// model, for placement files that do not record it.
 	layout placement.Layout
@@ -66,6 +76,9 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 	choiceVar(fs, &c.mode, "mode", "sequential", []string{"sequential", "overlapped"}, "layer time: sequential or overlapped (compute slowed by sigma)")
 	fs.Float64Var(&c.sigma, "sigma", -1, "compute slowdown under overlap (default: the cluster's, 0.189)")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the results as JSON to this file")
+	fs.Float64Var(&c.pathError, "path-error", routing.DefaultPathError, "per-token traces: target relative standard error of the per-token means estimated from the sample of token paths kept for long traces (0: keep every path)")
+	fs.BoolVar(&c.quiet, "quiet", false, "print only errors (no notes on what the statistics left out, no progress)")
+	c.stderr = fs.Output()
 	choiceVar(fs, &c.dispatch, "dispatch", "even", []string{"even", "static", "local"}, "how tokens pick among an expert's copies: even (every source splits evenly: vLLM, DeepEP, SGLang random dispatch, EPLB's model), static (SGLang's default with EPLB or --init-expert-location: a rank's own-GPU copy if any, else the copies shared fairly among the ranks; home flow only) or local (own GPU's copy, else own node's, else fairly: node-local replicas as in SGLang PR #19772; home flow only)")
 	if solve {
 		c.timeLimit = 60 * time.Second
@@ -99,7 +112,10 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		}
 		traces = []string{DefaultTrace}
 	}
-	lo := routing.LoadOptions{Format: routing.Format(c.format), TopK: c.topK}
+	if c.pathError < 0 {
+		return p, nil, usagef("--path-error %v: want 0 (every path) or a positive relative error such as 0.01", c.pathError)
+	}
+	lo := routing.LoadOptions{Format: routing.Format(c.format), TopK: c.topK, StatsOnly: !c.needTrace, PathError: libPathError(c.pathError)}
 	switch c.transitions {
 	case "all-pairs":
 	case "top1":
@@ -110,6 +126,9 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	stats, sources, err := routing.LoadAll(traces, lo)
 	if err != nil {
 		return p, nil, err
+	}
+	if !c.quiet {
+		printNotes(c.stderr, stats.Notes)
 	}
 	model, err := c.loadModel(stats)
 	if err != nil {
@@ -305,4 +324,28 @@ func (f setDuration) Set(v string) error {
 	}
 	*f.d, *f.set = d, true
 	return nil
+}
+
+// libPathError maps --path-error (0: every path) to
+// routing.LoadOptions.PathError (negative: every path).
+func libPathError(v float64) float64 {
+	if v == 0 {
+		return -1
+	}
+	return v
+}
+
+// printNotes prints each of the statistics' notes once, as
+// "moetuner: note: ..." lines.
+func printNotes(w io.Writer, notes []string) {
+	if w == nil {
+		return
+	}
+	seen := map[string]bool{}
+	for _, n := range notes {
+		if !seen[n] {
+			seen[n] = true
+			fmt.Fprintln(w, "moetuner: note:", n)
+		}
+	}
 }

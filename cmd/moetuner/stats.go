@@ -24,6 +24,8 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	choiceVar(fs, &outFormat, "format", "moetuner", []string{"moetuner", "logical-count"},
 		"format of --out: moetuner (moetuner.stats/v1, read back by every command; files add up) or logical-count ({\"logical_count\": [decoder layers][experts]}, dense layers zero, for SGLang's --init-expert-location and EPLB)")
 	model := fs.String("model", "", "with --format logical-count: model preset or YAML file that says the decoder layers when the trace does not (default: the preset matching the trace's shape)")
+	pathError := fs.Float64("path-error", routing.DefaultPathError, "per-token traces: target relative standard error of the per-token means estimated from the sample of token paths kept for long traces (0: keep every path)")
+	quiet := fs.Bool("quiet", false, "print no notes on stderr")
 	// Flags may follow the traces (moetuner stats a.pt b.pt --out s.json).
 	var traces []string
 	for {
@@ -47,7 +49,10 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	if *out == "" && outFormat != "moetuner" {
 		return usagef("--format %s needs --out FILE", outFormat)
 	}
-	lo := routing.LoadOptions{Format: routing.Format(format), TopK: *topK}
+	if *pathError < 0 {
+		return usagef("--path-error %v: want 0 (every path) or a positive relative error such as 0.01", *pathError)
+	}
+	lo := routing.LoadOptions{Format: routing.Format(format), TopK: *topK, StatsOnly: true, PathError: libPathError(*pathError)}
 	if transitions == "top1" {
 		lo.Transitions = routing.TransitionTop1
 	} else if transitions != "all-pairs" {
@@ -56,6 +61,9 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	stats, sources, err := routing.LoadAll(traces, lo)
 	if err != nil {
 		return err
+	}
+	if !*quiet {
+		printNotes(stderr, stats.Notes)
 	}
 	sum := routing.Summary(stats)
 	for _, s := range sources {
