@@ -236,6 +236,9 @@ func solvePaper(ctx context.Context, p Problem, backend mip.Backend, opts Option
 		if errors.Is(err, paper.ErrNoSolution) {
 			return nil, noSolution{err}
 		}
+		if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+			return nil, fmt.Errorf("solver: the moetuner strategy was stopped before its two ILPs had a plan (%w); give it a later deadline, or use the joint strategy, which returns its best plan whenever it is stopped", err)
+		}
 		return nil, err
 	}
 	res := &Result{Plan: pr.Plan, Stage1Objective: pr.Stage1, Stage2Objective: pr.Stage2, Status: mipStatus(pr.Tally)}

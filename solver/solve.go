@@ -32,6 +32,8 @@ type Problem struct {
 	// RedundantSlots adds physical slots per layer beyond one per expert
 	// (EPLB's num_replicas − E); the joint strategy then decides how many
 	// copies each expert gets and where, tokens split evenly over copies.
+	// The contiguous, round-robin and greedy baselines leave the extra
+	// slots out: they place one copy per expert.
 	RedundantSlots int
 	// SlotsPerGPU, when set, gives every GPU its own slot count per layer
 	// (heterogeneous clusters); it overrides RedundantSlots.
