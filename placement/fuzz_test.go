@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/moetuner/moetuner/routing"
 )
 
 // maxFuzzBytes caps fuzz inputs: every reader is linear in its input, so
@@ -205,4 +207,28 @@ func FuzzReadVLLMMapping(f *testing.F) {
 func FuzzReadVLLMAscend(f *testing.F) {
 	fuzzFormat(f, FormatVLLMAscend,
 		`{"moe_layer_count": 1, "layer_list": [{"layer_id": 0, "device_count": 2, "device_list": [{"device_id": 0, "device_expert": [0, 1]}, {"device_id": 1, "device_expert": [2, 0]}]}]}`)
+}
+
+// FuzzReadSGLangPT: the torch.save reader, seeded with a file written by
+// torch.save and one moetuner wrote.
+func FuzzReadSGLangPT(f *testing.F) {
+	if data, err := os.ReadFile(filepath.Join("..", "testdata", "plans", "stacks", "flame.sglang.pt")); err == nil {
+		f.Add(data, uint8(0), uint8(0), uint8(0))
+	}
+	p := &Plan{GPUs: 2, Experts: 3, Layers: []LayerPlan{{SlotExpert: []routing.Expert{0, 1, 2, 0}, SlotGPU: []GPU{0, 0, 1, 1}}}}
+	var b bytes.Buffer
+	if err := WriteWith(&b, p, FormatSGLangPT, Layout{GPUs: 2, Experts: 3}); err == nil {
+		f.Add(b.Bytes(), uint8(2), uint8(0), uint8(0))
+	}
+	f.Fuzz(func(t *testing.T, data []byte, gpus, model, ids uint8) {
+		if len(data) > 1<<16 {
+			t.Skip("input too large")
+		}
+		l := fuzzLayout(gpus, model, ids)
+		if l.check() != nil {
+			t.Skip("inconsistent layout")
+		}
+		p, err := ReadWith(bytes.NewReader(data), FormatSGLangPT, l)
+		checkRead(t, FormatSGLangPT, l, p, err)
+	})
 }

@@ -3,6 +3,7 @@ package solver
 import (
 	"context"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/moetuner/moetuner/costmodel"
@@ -75,9 +76,10 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	if err != nil {
 		return nil, err
 	}
-	// What follows the search: evaluating its plan, certifying it and
-	// the facade's own evaluation, each about as long as this one.
-	reserve := 4 * time.Since(t0)
+	// What follows the search: evaluating its plan (the facade reuses
+	// that report), about as long as this evaluation, and as much again
+	// for the layers' last moves and the certificate.
+	reserve := 2 * time.Since(t0)
 	if p.replicated() {
 		res.BaselineObjective = firstRep.TimeSec
 	}
@@ -114,14 +116,20 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		return nil, err
 	}
 	plan := placement.FromReplicas(p.Cluster.GPUs(), ar.Copies, "joint")
-	rep, err := sc.Evaluate(plan)
-	if err != nil {
-		return nil, err
+	rep := firstRep
+	res.Plan = first
+	if !sameCopies(plan, first) {
+		// The search moved something: keep it only if the cost model,
+		// evaluated on the plan itself, agrees that it is better.
+		r, err := sc.Evaluate(plan)
+		if err != nil {
+			return nil, err
+		}
+		if r.TimeSec <= firstRep.TimeSec {
+			res.Plan, rep = plan, r
+		}
 	}
-	res.Plan = plan
-	if rep.TimeSec > firstRep.TimeSec {
-		res.Plan, rep = first, firstRep
-	}
+	res.report = rep
 	if W == 0 && time.Now().After(start.Add(limit)) {
 		res.Status = StatusTimeLimit
 	}
@@ -142,6 +150,29 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 // its report) (its
 // tokens over its speed, under the problem's dispatch) against the bound
 // max(mean, largest replica).
+// sameCopies reports whether a and b put the same copies of every expert
+// on the same GPUs in every layer.
+func sameCopies(a, b *placement.Plan) bool {
+	if a.GPUs != b.GPUs || len(a.Layers) != len(b.Layers) {
+		return false
+	}
+	for l := range a.Layers {
+		x, y := a.ExpertGPUs(l), b.ExpertGPUs(l)
+		if len(x) != len(y) {
+			return false
+		}
+		for e := range x {
+			gx, gy := slices.Clone(x[e]), slices.Clone(y[e])
+			slices.Sort(gx)
+			slices.Sort(gy)
+			if !slices.Equal(gx, gy) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 func balanceOf(p Problem, rep *costmodel.Report) (*BalanceReport, error) {
 	mean, bound, err := replica.Bounds(replicaProblem(p, Options{}))
 	if err != nil {

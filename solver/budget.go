@@ -56,9 +56,8 @@ type budget struct {
 	Bound onenode.Budget
 
 	// PaperStage1 is the paper's ILP 1 share (its layers in parallel); ILP
-	// 2 gets the rest, at least PaperStage2Min.
-	PaperStage1    float64
-	PaperStage2Min time.Duration
+	// 2 gets the rest (its warm start when too little is left to load it).
+	PaperStage1 float64
 
 	// ReplicaLayers is the replicated path's share for its layers when an
 	// exact-cost polish follows (per-token statistics); the polish gets
@@ -115,7 +114,8 @@ type budget struct {
 	MinLayer time.Duration
 	// Watchdog is how far past the limit the backstop context of a solve
 	// ends (as a share of the limit, plus WatchdogFixed): HiGHS does not
-	// always honour its own time limit.
+	// always honour its own time limit. Half of the 10 % a command may
+	// run past its limit, so that scoring and writing fit in the rest.
 	Watchdog      float64
 	WatchdogFixed time.Duration
 }
@@ -149,8 +149,7 @@ var defaultBudget = budget{
 		CapShare: 0.1,
 	},
 
-	PaperStage1:    0.5,
-	PaperStage2Min: time.Second,
+	PaperStage1: 0.5,
 
 	ReplicaLayers:    0.8,
 	ReplicaPairProbe: 0.001,
@@ -176,8 +175,8 @@ var defaultBudget = budget{
 	EffortMaxCols:   1000,
 
 	MinLayer:      50 * time.Millisecond,
-	Watchdog:      0.1,
-	WatchdogFixed: time.Second,
+	Watchdog:      0.05,
+	WatchdogFixed: 50 * time.Millisecond,
 }
 
 // work returns the share of a work budget of w units (0: none, time mode).

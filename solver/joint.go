@@ -226,7 +226,6 @@ func solvePaper(ctx context.Context, p Problem, backend mip.Backend, opts Option
 		Stage2Nodes:   b.nodes(W, 1-b.PaperStage1),
 		TimeLimit:     opts.TimeLimit,
 		Stage1:        of(opts.TimeLimit, b.PaperStage1),
-		MinStage2:     b.PaperStage2Min,
 		MinLayerLimit: b.MinLayer,
 		Parallel:      opts.Parallel,
 		MIP:           mipSettings(opts),

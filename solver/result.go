@@ -128,6 +128,10 @@ type Result struct {
 	corners [][]onenode.Corner
 	// remoteBound: RemoteBound was computed.
 	remoteBound bool
+	// report, when set, is the cost model's report of Plan, computed by
+	// the strategy from the plan itself (not taken from a solver's
+	// objective): the facade uses it instead of evaluating Plan again.
+	report *costmodel.Report
 	// Balance certifies a replicated plan's busiest-GPU load per layer
 	// against a lower bound; nil for single-copy strategies.
 	Balance *BalanceReport

@@ -306,7 +306,7 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	default:
 		return nil, fmt.Errorf("solver: unknown strategy %q", st)
 	}
-	if err != nil && ctx.Err() != nil && res == nil {
+	if err != nil && res == nil && (ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 		// Cut short before the strategy had a plan: the best baseline is
 		// the best plan found so far.
 		res, err = stoppedBaseline(p, err)
@@ -328,9 +328,11 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	if err := res.Plan.Validate(placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}); err != nil {
 		return nil, fmt.Errorf("solver: %s produced an invalid plan: %w", st, err)
 	}
-	rep, err := p.Scenario().Evaluate(res.Plan)
-	if err != nil {
-		return nil, err
+	rep := res.report
+	if rep == nil || p.Split == SplitOptimal {
+		if rep, err = p.Scenario().Evaluate(res.Plan); err != nil {
+			return nil, err
+		}
 	}
 	res.Report, res.Objective = rep, rep.TimeSec
 	res.CostBound, res.CostGap = math.NaN(), math.NaN()

@@ -59,15 +59,34 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		list += ",joint"
 	}
 	var results []*solver.Result
+	var names []solver.Strategy
 	for _, name := range strings.Split(list, ",") {
 		st, err := solver.ParseStrategy(strings.TrimSpace(name))
 		if err != nil {
 			return err
 		}
-		opts := c.options()
+		names = append(names, st)
+	}
+	// The strategies that search share what is left of --time-limit, each
+	// getting an even share of what the ones before it left; the scoring
+	// after the last keeps the longest baseline's time (one
+	// evaluation of the cost model).
+	var evalTime time.Duration
+	for i, st := range names {
+		searching := 0
+		for _, later := range names[i:] {
+			if searches(later) {
+				searching++
+			}
+		}
+		opts := c.optionsShare(searching, evalTime)
 		opts.MoETunerEqualSizes = c.equalSizes
 		opts.Strategy = st
+		t0 := time.Now()
 		res, err := solver.Solve(ctx, p, opts)
+		if !searches(st) {
+			evalTime = max(evalTime, time.Since(t0))
+		}
 		if err != nil && (errors.Is(err, solver.ErrInfeasible) || errors.Is(err, solver.ErrNoSolution)) && st == solver.StrategyMoETuner && !opts.MoETunerEqualSizes {
 			// The paper's unequal clusters cannot meet Eq. 13 here; show the
 			// equal-size variant instead and say so.
@@ -119,7 +138,7 @@ func (c *common) scoreFile(p solver.Problem, path string) (*solver.Result, error
 	nan := math.NaN()
 	return &solver.Result{Strategy: solver.Strategy(filePrefix + path), Plan: plan, Status: solver.StatusHeuristic,
 		Objective: obj, Report: rep, ModelObjective: nan, Bound: nan, Gap: nan, Stage1Objective: nan, Stage2Objective: nan,
-		CostBound: nan, CostGap: nan}, nil
+		CostBound: nan, CostGap: nan, RemoteBound: nan}, nil
 }
 
 // fromFile reports whether r is a compare --plan file's row.
@@ -299,4 +318,10 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 		})
 	}
 	return map[string]any{"flow": p.Flow.String(), "mode": p.Mode.String(), "dispatch": p.Dispatch.String(), "gpus": p.Cluster.GPUs(), "nodes": p.Cluster.Nodes, "results": out}
+}
+
+// searches reports whether strategy st searches until its time limit
+// rather than building its plan in one pass.
+func searches(st solver.Strategy) bool {
+	return st == solver.StrategyJoint || st == solver.StrategyMoETuner
 }

@@ -37,6 +37,7 @@ type common struct {
 	equalSizes   bool
 	effort       int
 	timeLimitSet bool
+	started      time.Time // when the command began: --time-limit counts from here
 	redundant    int
 	groups       int
 	across       string
@@ -64,6 +65,7 @@ type common struct {
 }
 
 func (c *common) register(fs *flag.FlagSet, solve bool) {
+	c.started = time.Now()
 	fs.Var(&c.traces, "trace", "routing trace file or directory (repeatable; stats are added up)")
 	choiceVar(fs, &c.format, "trace-format", "", traceFormats, "force the trace format: jsonl, npy, flame-csv, olmoe-json, fiddler-json, logical-count, sglang-pt, sglang-routed-experts, trtllm-expert-statistic, megatron-router-trace, vllm-eplb-load-stats, moetuner-stats (default: detect)")
 	choiceVar(fs, &c.transitions, "transitions", "all-pairs", []string{"all-pairs", "top1"}, "transition counting for per-token traces: all-pairs (k×k) or top1")
@@ -82,7 +84,7 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 	choiceVar(fs, &c.dispatch, "dispatch", "even", []string{"even", "static", "local"}, "how tokens pick among an expert's copies: even (every source splits evenly: vLLM, DeepEP, SGLang random dispatch, EPLB's model), static (SGLang's default with EPLB or --init-expert-location: a rank's own-GPU copy if any, else the copies shared fairly among the ranks; home flow only) or local (own GPU's copy, else own node's, else fairly: node-local replicas as in SGLang PR #19772; home flow only)")
 	if solve {
 		c.timeLimit = 60 * time.Second
-		fs.Var(setDuration{&c.timeLimit, &c.timeLimitSet}, "time-limit", "time limit per strategy (HiGHS limit plus wall-clock watchdog); with --effort only a safety limit, off unless given")
+		fs.Var(setDuration{&c.timeLimit, &c.timeLimitSet}, "time-limit", "time limit of the whole command, reading the traces included: the solves get what reading left (compare shares it among the strategies that search), and the command ends within it plus 10%; with --effort only a safety limit, off unless given")
 		fs.IntVar(&c.effort, "effort", 0, "work budget instead of the clock: N million scored moves (a branch-and-bound node counts 1000); the same inputs then give the same plan bytes on any machine (0: time-limited)")
 		fs.Float64Var(&c.gap, "gap", 0, "relative MIP gap (default 1e-4)")
 		fs.IntVar(&c.threads, "threads", 1, "HiGHS threads (1 is deterministic)")
@@ -237,12 +239,33 @@ func (c *common) loadModel(stats *routing.Stats) (costmodel.Model, error) {
 	return m, nil
 }
 
+// options returns the solver options for a solve that gets all the time
+// the command has left (see solveLimit).
 func (c *common) options() solver.Options {
-	limit := c.timeLimit
+	return c.optionsShare(1, 0)
+}
+
+// optionsShare returns the solver options for one of shares solves that
+// split the time the command has left, keeping reserve for the work after
+// them.
+func (c *common) optionsShare(shares int, reserve time.Duration) solver.Options {
+	limit := c.solveLimit(shares, reserve)
 	if c.effort > 0 && !c.timeLimitSet {
 		limit = 0 // the work bounds it
 	}
 	return solver.Options{TimeLimit: limit, Effort: c.effort, RelGap: c.gap, Threads: c.threads, Seed: c.seed, MoETunerEqualSizes: c.equalSizes, MaxMoves: c.maxMoves}
+}
+
+// minSolve is the least time limit a solve gets when reading took all of
+// --time-limit: the solvers then return their first plan at once.
+const minSolve = time.Millisecond
+
+// solveLimit returns the time limit of one of shares solves: what is left
+// of --time-limit since the command began, less reserve (the scoring and
+// writing after the solves), split evenly.
+func (c *common) solveLimit(shares int, reserve time.Duration) time.Duration {
+	left := c.timeLimit - time.Since(c.started) - reserve
+	return max(left/time.Duration(max(shares, 1)), minSolve)
 }
 
 // planLayout says where the trace's MoE layers sit among the model's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -38,7 +39,8 @@ type Options struct {
 type Result struct {
 	Copies [][][]placement.GPU
 	// Remote and StartRemote are the sample's expected remote-node copies
-	// per layer after and before the search.
+	// per layer after and before the search; NaN for a layer kept at its
+	// start because no time was left to search it.
 	Remote, StartRemote []float64
 	Tries               int64
 }
@@ -151,8 +153,15 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		deadline = time.Now().Add(24 * time.Hour)
 	}
 	task.Layers(L, opts.Parallel, deadline, opts.MinLayer, func(l int, limit time.Duration) {
-		ly := buildLayer(p, sh, l)
 		start := p.Start.ExpertGPUs(l)
+		if ctx.Err() != nil || (!opts.Limit.ByWork() && !time.Now().Before(deadline)) {
+			// No time left: keep the start rather than build the layer's
+			// counters (a pass over its tokens) to search for nothing.
+			res.Copies[l] = start
+			res.StartRemote[l], res.Remote[l] = math.NaN(), math.NaN()
+			return
+		}
+		ly := buildLayer(p, sh, l)
 		cp := make([][]int32, sh.E)
 		for e, gs := range start {
 			for _, g := range gs {
@@ -175,8 +184,13 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	for _, t := range tries {
 		res.Tries += t
 	}
-	if err := ctx.Err(); err != nil && res.Copies[L-1] == nil {
-		return nil, err
+	for l := range res.Copies {
+		if res.Copies[l] == nil {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			return nil, errors.New("affinity: a layer was left without a plan")
+		}
 	}
 	return res, nil
 }

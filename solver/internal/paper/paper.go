@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/moetuner/moetuner/costmodel"
@@ -25,8 +24,8 @@ var ErrNoSolution = errors.New("no feasible solution found in time")
 type Options struct {
 	TimeLimit time.Duration
 	// Stage1 is the deadline offset for ILP 1's layers; ILP 2 gets the rest
-	// of TimeLimit, but at least MinStage2.
-	Stage1, MinStage2 time.Duration
+	// of TimeLimit.
+	Stage1 time.Duration
 	// MinLayerLimit is the least time one layer's ILP 1 gets.
 	MinLayerLimit time.Duration
 	Parallel      int
@@ -106,35 +105,53 @@ func Solve(ctx context.Context, sc costmodel.Scenario, backend mip.Backend, opts
 	}
 	C := clusterTransitions(s, clusters, G)
 	B := pairSeconds(sc) // seconds per token for g1 → g2
-	m, ys := buildILP2(sizes, C, B, E*L/G)
-	limit := max(time.Until(deadline), opts.MinStage2)
-	ss := task.RunMIP(ctx, backend, m, startILP2(m, sizes, E*L/G), set2, limit)
-	if ss.Err != nil {
-		return nil, ss.Err
+	built := time.Now()
+	mapping := startMapping(sizes, E*L/G)
+	m, cols := buildILP2(sizes, C, B, E*L/G, func() bool { return mapping != nil && !time.Now().Before(deadline) })
+	// HiGHS takes about as long to load the model as it took to build, and
+	// as long again to presolve it, without looking at its clock or a
+	// cancel meanwhile (measured on FLAME-MoE with 16 GPUs: 1.3 s to build,
+	// 2 s past a HiGHS limit): it gets what is left less twice the build, with nothing left the warm start
+	// (a feasible mapping) is the plan rather than a run past the limit.
+	var limit time.Duration
+	if m != nil {
+		limit = max(time.Until(deadline)-2*time.Since(built), 0)
 	}
-	if ss.Sol.Status == mip.Infeasible {
-		return nil, &task.Infeasible{Constraint: "Eq. 13 (memory balance)", Detail: fmt.Sprintf("no cluster-to-GPU mapping gives every GPU %d experts over the model with ILP 1's cluster sizes; the paper has no fallback: use the joint strategy or another GPU count", E*L/G)}
-	}
-	if ss.Sol.Status == mip.NoSolution {
-		return nil, fmt.Errorf("solver: ILP 2 found no mapping that meets Eq. 13 (every GPU %d experts over the model) with ILP 1's unequal cluster sizes before the time limit: %w; raise the time limit or use equal cluster sizes", E*L/G, ErrNoSolution)
-	}
-	if _, err := res.Tally.Add(ss, "ILP 2"); err != nil {
-		return nil, err
-	}
-	gpuOf := make([][]int, L) // [l][c] = GPU
-	for l := range L {
-		gpuOf[l] = make([]int, G)
-		for c := range G {
-			for g := range G {
-				if ss.Sol.X[ys[l][c][g]] > 0.5 {
-					gpuOf[l][c] = g
+	gpuOf := mapping // [l][c] = GPU
+	objective := math.Inf(1)
+	if m == nil {
+		// Out of time while building: the greedy mapping is the plan.
+		res.Tally.TimedOut = true
+	} else {
+		ss := task.RunMIP(ctx, backend, m, startVector(m, cols, mapping), set2, limit)
+		if ss.Err != nil {
+			return nil, ss.Err
+		}
+		if ss.Sol.Status == mip.Infeasible {
+			return nil, &task.Infeasible{Constraint: "Eq. 13 (memory balance)", Detail: fmt.Sprintf("no cluster-to-GPU mapping gives every GPU %d experts over the model with ILP 1's cluster sizes; the paper has no fallback: use the joint strategy or another GPU count", E*L/G)}
+		}
+		if ss.Sol.Status == mip.NoSolution {
+			return nil, fmt.Errorf("solver: ILP 2 found no mapping that meets Eq. 13 (every GPU %d experts over the model) with ILP 1's unequal cluster sizes before the time limit: %w; raise the time limit or use equal cluster sizes", E*L/G, ErrNoSolution)
+		}
+		if _, err := res.Tally.Add(ss, "ILP 2"); err != nil {
+			return nil, err
+		}
+		objective = ss.Sol.Objective
+		gpuOf = make([][]int, L)
+		for l := range L {
+			gpuOf[l] = make([]int, G)
+			for c := range G {
+				for g := range G {
+					if ss.Sol.X[cols.y[l][c][g]] > 0.5 {
+						gpuOf[l][c] = g
+					}
 				}
 			}
 		}
 	}
 	stage2 := stage2Objective(C, B, gpuOf, G) // µs
-	if C != nil && ss.Sol.Objective < stage2*(1-1e-6)-1e-6 {
-		return nil, fmt.Errorf("solver: internal error: ILP 2 objective %.9g µs below the plan's recomputed %.9g µs", ss.Sol.Objective, stage2)
+	if C != nil && objective < stage2*(1-1e-6)-1e-6 {
+		return nil, fmt.Errorf("solver: internal error: ILP 2 objective %.9g µs below the plan's recomputed %.9g µs", objective, stage2)
 	}
 	res.Stage2 = stage2 / 1e6
 	assign := make([][]int, L)
@@ -306,11 +323,12 @@ func pairSeconds(sc costmodel.Scenario) [][]float64 {
 
 // buildILP2 returns the corrected ILP 2 (McCormick with the RLT equalities)
 // and its y[l][c][g] columns. Times are in µs inside the MIP.
-func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*mip.Model, [][][]int) {
+func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int, stop func() bool) (*mip.Model, ilp2Cols) {
 	L := len(sizes)
 	G := len(B)
 	b := &mip.Builder{}
 	ys := make([][][]int, L)
+	cols := ilp2Cols{y: ys, z: make([][][][][]int, max(L-1, 0)), m: make([]int, max(L-1, 0))}
 	for l := range L {
 		ys[l] = make([][]int, G)
 		for c := range G {
@@ -340,10 +358,14 @@ func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*mip.Mo
 		b.Row(fmt.Sprintf("mem_%d", g), float64(perGPU), float64(perGPU), idx, val)
 	}
 	if C == nil {
-		return b.Model(), ys
+		return b.Model(), cols
 	}
 	for l := 0; l+1 < L; l++ {
+		if stop() {
+			return nil, cols
+		}
 		z := make([][][][]int, G) // [c1][g1][c2][g2]
+		cols.z[l] = z
 		for c1 := range G {
 			z[c1] = make([][][]int, G)
 			for g1 := range G {
@@ -384,6 +406,7 @@ func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*mip.Mo
 			}
 		}
 		M := b.Col(fmt.Sprintf("M_%d", l), 0, mip.Inf, 1, false)
+		cols.m[l] = M
 		for g1 := range G {
 			for g2 := range G {
 				if g1 == g2 {
@@ -403,7 +426,16 @@ func buildILP2(sizes [][]int, C [][]float64, B [][]float64, perGPU int) (*mip.Mo
 			}
 		}
 	}
-	return b.Model(), ys
+	return b.Model(), cols
+}
+
+// ilp2Cols are ILP 2's column indices: y[l][c][g] (cluster c of layer l on
+// GPU g), z[l][c1][g1][c2][g2] (its product with y[l+1][c2][g2]) and m[l]
+// (layer pair l's bottleneck M_l).
+type ilp2Cols struct {
+	y [][][]int
+	z [][][][][]int
+	m []int
 }
 
 // stage2Objective recomputes Σ_l max_{g1≠g2} V_{g1,g2,l}·B in µs.
@@ -432,11 +464,11 @@ func stage2Objective(C [][]float64, B [][]float64, gpuOf [][]int, G int) float64
 	return total
 }
 
-// startILP2 finds a mapping that meets Eq. 13 greedily (per layer, the
-// largest clusters to the GPUs with the fewest experts so far) and returns
-// it as a MIP start with every z and M at their implied values, or nil
-// when the greedy mapping misses Eq. 13.
-func startILP2(m *mip.Model, sizes [][]int, perGPU int) []float64 {
+// startMapping finds a mapping that meets Eq. 13 greedily (per layer, the
+// largest clusters to the GPUs with the fewest experts so far, then swaps
+// that repair the per-GPU totals): gpuOf[l][c], or nil when it misses
+// Eq. 13.
+func startMapping(sizes [][]int, perGPU int) [][]int {
 	L, G := len(sizes), len(sizes[0])
 	count := make([]int, G)
 	gpuOf := make([][]int, L)
@@ -497,23 +529,40 @@ func startILP2(m *mip.Model, sizes [][]int, perGPU int) []float64 {
 			return nil
 		}
 	}
+	return gpuOf
+}
+
+// startVector is ILP 2's column vector of the mapping gpuOf (nil: none, or
+// one that breaks a row of m).
+func startVector(m *mip.Model, cols ilp2Cols, gpuOf [][]int) []float64 {
+	if gpuOf == nil {
+		return nil
+	}
 	x := make([]float64, len(m.Cost))
-	for j, name := range m.Names {
-		var l, c, g, c2, g2 int
-		if n, _ := fmt.Sscanf(name, "y_%d_%d_%d", &l, &c, &g); n == 3 && gpuOf[l][c] == g {
-			x[j] = 1
-		} else if n, _ := fmt.Sscanf(name, "z_%d_%d_%d_%d_%d", &l, &c, &g, &c2, &g2); n == 5 && gpuOf[l][c] == g && gpuOf[l+1][c2] == g2 {
-			x[j] = 1
+	for l, yl := range cols.y {
+		for c := range yl {
+			x[yl[c][gpuOf[l][c]]] = 1
 		}
 	}
-	// M_l: the largest bottleneck row activity.
-	for i := range m.RowLower {
-		if !strings.HasPrefix(m.RowNames[i], "bott_") {
+	for l, zl := range cols.z {
+		if zl == nil {
 			continue
 		}
+		for c1 := range zl {
+			for c2 := range zl[c1][gpuOf[l][c1]] {
+				x[zl[c1][gpuOf[l][c1]][c2][gpuOf[l+1][c2]]] = 1
+			}
+		}
+	}
+	// M_l: the largest activity of the bottleneck rows that hold it.
+	isM := make([]bool, len(m.Cost))
+	for _, j := range cols.m {
+		isM[j] = true
+	}
+	for i := range m.RowLower {
 		mcol, act := -1, 0.0
 		for k := m.RowStart[i]; k < m.RowStart[i+1]; k++ {
-			if strings.HasPrefix(m.Names[m.RowIndex[k]], "M_") {
+			if isM[m.RowIndex[k]] {
 				mcol = m.RowIndex[k]
 				continue
 			}

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -85,8 +86,9 @@ type Sub struct {
 	Err                   error
 }
 
-// RunMIP solves m from start (nil: none) within limit (≤ 0: no solve, an
-// out-of-time result), or within s.NodeLimit nodes when that is set. The
+// RunMIP solves m from start (nil: none) within limit (≤ 0: no solve: the
+// start as a timed-out feasible solution, or without one an out-of-time
+// result), or within s.NodeLimit nodes when that is set. The
 // start is
 // checked against every row first (an infeasible start is an internal
 // error), a stop by the watchdog with an incumbent is a result, and the
@@ -94,6 +96,12 @@ type Sub struct {
 func RunMIP(ctx context.Context, backend mip.Backend, m *mip.Model, start []float64, s MIPSettings, limit time.Duration) Sub {
 	var ss Sub
 	ss.Cols, ss.Ints, ss.Rows, ss.NNZ = m.Size()
+	if limit <= 0 && s.NodeLimit <= 0 && start != nil && m.Check(start, 1e-6) == nil {
+		// No time left but a feasible start: that is the best solution
+		// found by the deadline.
+		ss.Sol = &mip.Solution{Status: mip.Feasible, X: start, Objective: m.Value(start), Bound: math.Inf(-1), Gap: math.Inf(1), TimedOut: true}
+		return ss
+	}
 	if (limit <= 0 && s.NodeLimit <= 0) || (s.NodeLimit > 0 && s.MaxCols > 0 && ss.Cols > s.MaxCols) {
 		// No time left (a backend's 0 would mean no limit at all), or a
 		// model too large for a work budget.

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/placement"
+)
+
+// Every command given --time-limit ends within it plus 10 %, reading the
+// traces included, on every solve path: one node (the ILP and its
+// polish), several nodes with the chain flow, replicas under static
+// dispatch (the affinity search), the paper's method, and, where the
+// shared traces are present, DeepSeek-V3's counts and a 32k-token
+// per-token trace whose reading takes a good part of the limit. A command
+// that counted its limit per strategy, or from after reading, or that
+// evaluated its plan again after the limit, ends past it. The plan it
+// writes is valid.
+func TestTimeLimitHolds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs each path for its full limit")
+	}
+	chdirRoot(t)
+	mixtral := "testdata/mixtral-8x7b/fiddler"
+	flame := "testdata/flame-moe-290m/trace.jsonl"
+	shared := filepath.Join("..", "shared", "traces")
+	counts := filepath.Join(shared, "sglang-deepseek-v3-expert-counts", "prefill_in4096.json")
+	npy := filepath.Join(shared, "synthetic-deepseek-v3", "ds3-prefill4096-32k.npy")
+	cases := []struct {
+		name  string
+		limit time.Duration
+		args  []string
+		needs string
+	}{
+		{"plan/mixtral", 2 * time.Second, []string{"plan", "--trace", mixtral}, ""},
+		{"plan/flame-one-node", 3 * time.Second, []string{"plan", "--trace", flame}, ""},
+		{"plan/flame-chain", 3 * time.Second, []string{"plan", "--trace", flame, "--nodes", "2", "--flow", "chain"}, ""},
+		{"plan/flame-replicas-static", 3 * time.Second, []string{"plan", "--trace", flame, "--nodes", "2", "--redundant-slots", "16", "--dispatch", "static"}, ""},
+		{"compare/flame-paper-and-joint", 3 * time.Second, []string{"compare", "--trace", flame, "--strategies", "eplb,moetuner,joint"}, ""},
+		{"compare/flame-chain", 3 * time.Second, []string{"compare", "--trace", flame, "--nodes", "2", "--flow", "chain"}, ""},
+		{"plan/deepseek-counts", 2 * time.Second, []string{"plan", "--trace", counts, "--nodes", "4", "--redundant-slots", "32"}, counts},
+		{"compare/deepseek-counts", 3 * time.Second, []string{"compare", "--trace", counts, "--nodes", "4", "--redundant-slots", "32"}, counts},
+		{"plan/deepseek-32k", 8 * time.Second, []string{"plan", "--trace", npy, "--model", "deepseek-v3", "--nodes", "4", "--redundant-slots", "32", "--dispatch", "static"}, npy},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.needs != "" {
+				if _, err := os.Stat(c.needs); err != nil {
+					t.Skip("../shared/traces is absent")
+				}
+			}
+			args := append(c.args, "--time-limit", c.limit.String())
+			out := ""
+			if args[0] == "plan" {
+				out = filepath.Join(t.TempDir(), "plan.json")
+				args = append(args, "--out", out)
+			}
+			start := time.Now()
+			code, stdout, stderr := runCLI(t, args...)
+			took := time.Since(start)
+			require.Equal(t, 0, code, stderr)
+			t.Logf("%s: %v for a %v limit", strings.Join(args, " "), took.Round(time.Millisecond), c.limit)
+			assert.LessOrEqual(t, took, c.limit+c.limit/10, "%s\n%s", stdout, stderr)
+			if out != "" {
+				p, err := placement.ReadFile(out)
+				require.NoError(t, err)
+				require.NoError(t, p.Validate(placement.ValidateOptions{}))
+			}
+		})
+	}
+}
