@@ -44,11 +44,6 @@ type layer struct {
 	share []float64
 }
 
-func (ly *layer) tokens(e int) []int32 {
-	G := ly.sh.G
-	return ly.ids[ly.off[e*G]:ly.off[(e+1)*G]]
-}
-
 func (ly *layer) tokensFrom(e, h int) []int32 {
 	G := ly.sh.G
 	return ly.ids[ly.off[e*G+h]:ly.off[e*G+h+1]]

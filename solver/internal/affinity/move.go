@@ -18,11 +18,10 @@ const (
 
 // move is one change to a layer's slots.
 type move struct {
-	kind   moveKind
-	a, ia  int
-	b, ib  int
-	f      int
-	gained float64 // the candidate's estimated gain (ordering only)
+	kind  moveKind
+	a, ia int
+	b, ib int
+	f     int
 }
 
 // change is one expert's copies before (old, the state's) and after (nw)

@@ -217,7 +217,6 @@ const proxyPerUnit = 128
 func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint64) (*state, int64) {
 	ly := s.ly
 	start := s.copies()
-	startCost := s.costNow(levelGPU)
 	t0 := time.Now()
 	phase := func(from, to float64) task.Limit {
 		if lim.ByWork() {
@@ -259,7 +258,7 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	// over; below that it starts cold, refining what the phases before
 	// found instead of undoing it.
 	s.kappa = 0
-	startCost = newStateKappa(ly, start, 0).costNow(levelGPU)
+	startCost := newStateKappa(ly, start, 0).costNow(levelGPU)
 	last := phase(c, 1)
 	expect := float64(last.Work)
 	if !lim.ByWork() {

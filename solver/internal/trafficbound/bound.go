@@ -50,14 +50,6 @@ type Work struct {
 	Relaxations int // arc relaxations of the transportation search
 }
 
-func (w *Work) add(o Work) {
-	w.MatVecs += o.MatVecs
-	w.Eigen += o.Eigen
-	w.SVD += o.SVD
-	w.Pivots += o.Pivots
-	w.Relaxations += o.Relaxations
-}
-
 // Bound is a certified lower bound for one layer. Value is in token-
 // weighted copies, the unit of Σ_t Count_t·R_t (home flow: remote nodes a
 // token is sent to; chain flow: cross-node transitions). The budgets are
