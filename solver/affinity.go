@@ -81,6 +81,12 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	if p.replicated() {
 		res.BaselineObjective = firstRep.TimeSec
 	}
+	report := reporter(opts, start)
+	stage := "baseline " + string(res.Baseline)
+	if p.replicated() {
+		stage = "packing"
+	}
+	report(stage, firstRep.TimeSec, math.NaN())
 	slots := p.slotCounts()
 	if p.Flow == costmodel.FlowHome {
 		// The bound on remote-node copies first, within its share.
@@ -122,6 +128,7 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	if rep.TimeSec > firstRep.TimeSec {
 		res.Plan, rep = first, firstRep
 	}
+	report("affinity", rep.TimeSec, math.NaN())
 	if W == 0 && time.Now().After(start.Add(limit)) {
 		res.Status = StatusTimeLimit
 	}
