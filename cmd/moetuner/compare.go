@@ -29,6 +29,8 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if fs.NArg() > 0 {
 		return usagef("compare takes no positional arguments (got %q); use --trace and --plan", fs.Args())
 	}
+	pr, stdout, stderr := c.startProgress(stdout, stderr)
+	defer pr.close()
 	p, sources, err := c.setup(true)
 	if err != nil {
 		return err
@@ -50,9 +52,13 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		switch {
 		case p.RedundantSlots > 0 || len(p.Workloads) > 0 || p.Current != nil:
-			fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: it places one copy per expert for one workload")
+			if !c.quiet {
+				fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: it places one copy per expert for one workload")
+			}
 		case p.Stats.Experts*p.Cluster.GPUs() > 4096:
-			fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: its ILP 2 has G⁴ variables per layer pair; pass --strategies to force it")
+			if !c.quiet {
+				fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: its ILP 2 has G⁴ variables per layer pair; pass --strategies to force it")
+			}
 		default:
 			list += ",moetuner"
 		}
@@ -67,13 +73,17 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		opts := c.options()
 		opts.MoETunerEqualSizes = c.equalSizes
 		opts.Strategy = st
-		res, err := solver.Solve(ctx, p, opts)
+		sp := pr.solving(st)
+		res, err := solver.Solve(ctx, p, sp.options(opts))
+		sp.end(res, err)
 		if err != nil && (errors.Is(err, solver.ErrInfeasible) || errors.Is(err, solver.ErrNoSolution)) && st == solver.StrategyMoETuner && !opts.MoETunerEqualSizes {
 			// The paper's unequal clusters cannot meet Eq. 13 here; show the
 			// equal-size variant instead and say so.
 			fmt.Fprintf(stderr, "moetuner: strategy moetuner: %v\nmoetuner: retrying the moetuner strategy with E/G experts per cluster\n", err)
 			opts.MoETunerEqualSizes = true
-			res, err = solver.Solve(ctx, p, opts)
+			sp := pr.solving(st)
+			res, err = solver.Solve(ctx, p, sp.options(opts))
+			sp.end(res, err)
 		}
 		if err != nil {
 			if errors.Is(err, solver.ErrInfeasible) {

@@ -33,6 +33,8 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if fs.NArg() > 0 {
 		return usagef("plan takes no positional arguments (got %q); use --trace", fs.Args())
 	}
+	pr, stdout, stderr := c.startProgress(stdout, stderr)
+	defer pr.close()
 	if *dispatchMap != "" && c.dispatch != "local" {
 		return usagef("--dispatch-map writes the tables of local dispatch; add --dispatch local")
 	}
@@ -75,13 +77,10 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 	}
 	opts := c.options()
-	if !*quiet {
-		opts.Progress = func(pr solver.Progress) {
-			fmt.Fprintf(stderr, "%7.2fs  %-20s objective %s  bound %s\n", pr.Elapsed.Seconds(), pr.Stage, fmtSec(pr.Objective), fmtSec(pr.Bound))
-		}
-	}
 	opts.Strategy = st
-	res, err := solver.Solve(ctx, p, opts)
+	sp := pr.solving(st)
+	res, err := solver.Solve(ctx, p, sp.options(opts))
+	sp.end(res, err)
 	if err != nil && (res == nil || res.Plan == nil || ctx.Err() == nil) {
 		return err
 	}
