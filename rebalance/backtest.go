@@ -94,6 +94,20 @@ type BacktestConfig struct {
 	Time   time.Duration
 	// Progress, when set, is told when each policy is done.
 	Progress func(PolicyResult)
+	// Step, when set, is told as each policy scores each step, from the
+	// goroutine that called Backtest; it should return quickly.
+	Step func(StepProgress)
+}
+
+// StepProgress is what BacktestConfig.Step is told: how far a policy
+// has come through the scored steps.
+type StepProgress struct {
+	// Policy is the policy's name, as PolicyResult.Name ("eplb/100").
+	Policy string
+	// Done of Steps scored steps are scored.
+	Done, Steps int
+	// Rebalances is how many times the policy has re-planned so far.
+	Rebalances int
 }
 
 // Event is one plan a policy installs.
@@ -418,6 +432,9 @@ func (b *backtest) runPolicy(ctx context.Context, pol Policy, n int) (PolicyResu
 		}
 		inForce[t-b.t0] = plan
 		pr.PAR[t-b.t0] = StepPAR(plan, b.steps[t])
+		if b.cfg.Step != nil {
+			b.cfg.Step(StepProgress{Policy: pr.Name, Done: t - b.t0 + 1, Steps: S - b.t0, Rebalances: len(pr.Events) - 1})
+		}
 		if rb != nil {
 			if err := rb.Observe(Step{Load: b.steps[t], Phase: b.phase(t)}); err != nil {
 				return pr, err

@@ -75,9 +75,20 @@ func recount(lp placement.LayerPlan, G int, load []float64) float64 {
 func TestBacktestAccounting(t *testing.T) {
 	steps := shiftingSeries(40)
 	cfg := BacktestConfig{Cluster: tinyCluster(1, 2), Model: tinyModel(1, 4, 1), Every: []int{5, 10}, MaxMoves: 2}
+	var reports []StepProgress
+	cfg.Step = func(sp StepProgress) { reports = append(reports, sp) }
 	res, err := Backtest(context.Background(), steps, cfg)
 	require.NoError(t, err)
 	require.Equal(t, 10, res.FirstStep) // the largest cadence
+	// Step is told every scored step of every policy, in order, with the
+	// rebalances so far; the last report of a policy agrees with its result.
+	require.Len(t, reports, 30*len(res.Policies))
+	for i, p := range res.Policies {
+		for s, sp := range reports[30*i : 30*(i+1)] {
+			assert.Equal(t, StepProgress{Policy: p.Name, Done: s + 1, Steps: 30, Rebalances: sp.Rebalances}, sp)
+		}
+		assert.Equal(t, p.Rebalances, reports[30*i+29].Rebalances, p.Name)
+	}
 	names := []string{}
 	for _, p := range res.Policies {
 		names = append(names, p.Name)

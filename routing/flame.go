@@ -167,8 +167,9 @@ func flameLayerNumber(name string) (int, bool) {
 // loadFLAMEDir reads FLAME layer CSV files (one per layer, the layer number
 // taken from "layer<N>" in the file name), sorts them by N and joins the
 // rows on token_id, which must list the same tokens in the same order in
-// every file.
-func loadFLAMEDir(files []string) (*Trace, error) {
+// every file. Each file read is reported to opts.Progress (without a token
+// count: the files share their tokens).
+func loadFLAMEDir(files []string, opts LoadOptions) (*Trace, error) {
 	type named struct {
 		n    int
 		file string
@@ -188,10 +189,11 @@ func loadFLAMEDir(files []string) (*Trace, error) {
 		if i > 0 && nf[i-1].n == x.n {
 			return nil, perr(x.file, 0, "", "layer %d also in %s: keep one file per layer", x.n, nf[i-1].file)
 		}
-		fl, err := readFLAMEFile(x.file)
+		fl, size, err := readFLAMEFile(x.file)
 		if err != nil {
 			return nil, err
 		}
+		fileDone(opts, x.file, size, 0)
 		if i > 0 {
 			first := layers[0]
 			if fl.experts != first.experts {
@@ -219,11 +221,13 @@ func loadFLAMEDir(files []string) (*Trace, error) {
 	return flameTrace(layers, names), nil
 }
 
-func readFLAMEFile(path string) (*flameLayer, error) {
+func readFLAMEFile(path string) (*flameLayer, int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, &ParseError{File: path, Err: err}
+		return nil, 0, &ParseError{File: path, Err: err}
 	}
 	defer f.Close()
-	return readFLAMELayer(f, path)
+	cr := &countingReader{r: f}
+	fl, err := readFLAMELayer(cr, path)
+	return fl, cr.n, err
 }

@@ -173,7 +173,7 @@ func Load(path string, opts LoadOptions) (*Source, error) {
 		if err := want(FormatFLAME); err != nil {
 			return nil, err
 		}
-		t, err := loadFLAMEDir(csvs)
+		t, err := loadFLAMEDir(csvs, opts)
 		if err != nil {
 			return nil, err
 		}

@@ -131,6 +131,20 @@ func TestProgress(t *testing.T) {
 			}
 		})
 	}
+	// A directory of FLAME layer files reports each file once, with Done
+	// and its size.
+	dir := testdataPath(t, "flame-moe-290m", "csv-sample")
+	var calls []ReadProgress
+	_, err := Load(dir, LoadOptions{Progress: func(p ReadProgress) { calls = append(calls, p) }})
+	require.NoError(t, err)
+	files, err := filepath.Glob(filepath.Join(dir, "*.csv"))
+	require.NoError(t, err)
+	require.Len(t, calls, len(files))
+	for i, f := range files {
+		fi, err := os.Stat(f)
+		require.NoError(t, err)
+		assert.Equal(t, ReadProgress{File: f, Bytes: fi.Size(), TotalBytes: fi.Size(), Done: true}, calls[i])
+	}
 }
 
 // allocated returns the bytes f allocates.

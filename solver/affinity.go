@@ -83,6 +83,12 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	if p.replicated() {
 		res.BaselineObjective = firstRep.TimeSec
 	}
+	report := reporter(opts, start)
+	stage := "baseline " + string(res.Baseline)
+	if p.replicated() {
+		stage = "packing"
+	}
+	report(stage, firstRep.TimeSec, math.NaN())
 	slots := p.slotCounts()
 	if p.Flow == costmodel.FlowHome {
 		// The bound on remote-node copies first, within its share.
@@ -130,6 +136,7 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		}
 	}
 	res.report = rep
+	report("affinity", rep.TimeSec, math.NaN())
 	if W == 0 && time.Now().After(start.Add(limit)) {
 		res.Status = StatusTimeLimit
 	}

@@ -34,6 +34,18 @@ func (res *Result) addSizes(t task.Tally) {
 	res.Nonzeros += t.NNZ
 }
 
+// reporter returns the function a strategy calls as each of its stages
+// ends: it tells opts.Progress, when set, the stage, its incumbent and
+// bound (NaN: none) and the time since start. The stages "ilp" and
+// "descent" report the ILP's model.
+func reporter(opts Options, start time.Time) func(stage string, obj, bound float64) {
+	return func(stage string, obj, bound float64) {
+		if opts.Progress != nil {
+			opts.Progress(Progress{Stage: stage, Objective: obj, Bound: bound, ILPModel: stage == "ilp" || stage == "descent", Elapsed: time.Since(start)})
+		}
+	}
+}
+
 func mipSettings(opts Options) task.MIPSettings {
 	set := task.MIPSettings{RelGap: opts.RelGap, Threads: opts.Threads, Seed: opts.Seed}
 	if opts.Effort > 0 {
@@ -57,11 +69,7 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 	if err != nil {
 		return nil, err
 	}
-	report := func(stage string, obj, bound float64) {
-		if opts.Progress != nil {
-			opts.Progress(Progress{Stage: stage, Objective: obj, Bound: bound, Elapsed: time.Since(start)})
-		}
-	}
+	report := reporter(opts, start)
 	report("baseline "+string(baseSt), baseObj, math.NaN())
 	warm := jm.Canonical(jointilp.PlanAssign(basePlan))
 	limit := opts.TimeLimit
@@ -145,7 +153,7 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 			}
 		}
 		assign = better
-		report("descent", math.NaN(), math.NaN())
+		report("descent", res.ModelObjective, res.Bound)
 	}
 	plan := jointilp.AssignPlan(jm.GPUs(), assign, string(StrategyJoint))
 	// The ILP's model is a proxy for the exact cost model where tokens
@@ -194,6 +202,11 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 		res.corners, err = onenode.Bottleneck(ctx, sc, cls, backend, best, boundEnd, opts.Parallel, uint64(opts.Seed), b.Bound)
 		if err != nil {
 			return nil, err
+		}
+		if opts.Progress != nil {
+			if lb, ok := onenode.LowerBound(sc, res.corners); ok && lb > 0 {
+				report("bound", bestObj, lb)
+			}
 		}
 		// Layers whose bound converged early leave time: anneal again
 		// from the best plan (not under a work budget, where what is left

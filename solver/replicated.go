@@ -27,6 +27,13 @@ func solveReplicated(ctx context.Context, p Problem, backend mip.Backend, opts O
 	if err != nil {
 		return nil, err
 	}
+	if opts.Progress != nil {
+		// Solve scores the plan again; the report costs one evaluation
+		// only when someone listens.
+		if rep, err := p.Scenario().Evaluate(rr.Plan); err == nil {
+			reporter(opts, start)("replicas", rep.TimeSec, math.NaN())
+		}
+	}
 	res := &Result{Plan: rr.Plan, Status: StatusFeasible, Balance: publicBalance(rr.Balance)}
 	if rr.Optimal {
 		res.Status = StatusOptimal

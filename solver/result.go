@@ -47,12 +47,41 @@ func ParseStrategy(s string) (Strategy, error) {
 	return "", fmt.Errorf("solver: unknown strategy %q (want joint, moetuner, greedy, eplb, eplb-hierarchical, contiguous or round-robin)", s)
 }
 
-// Progress is a progress report.
+// Progress is a progress report: Solve sends one as each stage of a
+// strategy ends (see Options.Progress).
 type Progress struct {
-	Stage     string
+	// Stage names the stage that ended: "baseline greedy", "ilp",
+	// "descent", "polish", "anneal", "bound", "affinity", "replicas", ….
+	Stage string
+	// Objective is the stage's incumbent in seconds, on the exact cost
+	// model unless ILPModel is set; NaN when the stage has none.
 	Objective float64
-	Bound     float64
-	Elapsed   time.Duration
+	// Bound is a lower bound on the same model as Objective (the ILP's
+	// dual bound, or after "bound" the certified bound on the exact cost
+	// model); NaN when the stage proves none.
+	Bound float64
+	// ILPModel says that Objective and Bound are the joint ILP's model
+	// (a proxy of the exact cost model: "ilp" and "descent").
+	ILPModel bool
+	// Elapsed is the time since Solve started.
+	Elapsed time.Duration
+}
+
+// Gap is the relative gap between Objective and Bound as Result states
+// it: (Objective − Bound) / Objective on the ILP's model (as Result.Gap),
+// Objective / Bound − 1 on the exact cost model (as Result.CostGap). It
+// is NaN when the report has no bound, or no positive objective and bound.
+func (p Progress) Gap() float64 {
+	if math.IsNaN(p.Bound) || !(p.Objective > 0) || math.IsInf(p.Objective, 0) {
+		return math.NaN()
+	}
+	if p.ILPModel {
+		return math.Max(0, (p.Objective-p.Bound)/p.Objective)
+	}
+	if !(p.Bound > 0) {
+		return math.NaN()
+	}
+	return math.Max(0, p.Objective/p.Bound-1)
 }
 
 // Status is the outcome of a solve.

@@ -185,7 +185,9 @@ type Options struct {
 	MaxMoves int
 	// NoPolish skips the exact-cost local search after the ILP.
 	NoPolish bool
-	// Progress, when set, receives progress reports.
+	// Progress, when set, is told as each stage of the strategy ends
+	// (a handful of reports per solve, none for the baselines), from the
+	// goroutine that called Solve; it should return quickly.
 	Progress func(Progress)
 }
 

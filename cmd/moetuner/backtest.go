@@ -73,7 +73,7 @@ func cmdBacktest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.DurationVar(&f.timeLimit, "time-limit", rebalance.DefaultTime, "time limit of each moetuner planner call (it does not bind at DeepSeek-V3's size: the search stops on its own)")
 	fs.StringVar(&f.jsonOut, "json", "", "also write the results (per-step PAR of every policy, every rebalance) as JSON to this file")
 	fs.StringVar(&f.plansDir, "plans-dir", "", "write every placement each policy installs to DIR/POLICY/step-NNNNNN.sglang.json (SGLang's --init-expert-location JSON), named by the first step it is in force")
-	fs.BoolVar(&f.quiet, "quiet", false, "print no progress")
+	fs.BoolVar(&f.quiet, "quiet", false, "print only errors (no progress)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -109,7 +109,9 @@ func cmdBacktest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		cfg.Policies = append(cfg.Policies, p)
 	}
-	steps, stats, err := f.load(stderr)
+	pr, stdout, stderr := startProgress(stdout, stderr, f.quiet)
+	defer pr.close()
+	steps, stats, err := f.load(pr, stderr)
 	if err != nil {
 		return err
 	}
@@ -141,12 +143,11 @@ func cmdBacktest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}
 	if !f.quiet {
-		fmt.Fprintf(stderr, "backtest: %d steps, %d MoE layers × %d experts, %d GPUs (%d × %d), %d slots per layer\n", len(steps), stats.Layers, stats.Experts, cfg.Cluster.GPUs(), cfg.Cluster.Nodes, cfg.Cluster.GPUsPerNode, stats.Experts+f.redundant)
-		cfg.Progress = func(p rebalance.PolicyResult) {
-			fmt.Fprintf(stderr, "  %-16s mean PAR %.4f, %d slots moved, harness %.2f s, planner %.2f s\n", p.Name, p.MeanPAR, p.MovedSlots, p.Harness.TotalSec, p.PlannerSec)
-		}
+		fmt.Fprintf(stderr, "moetuner: backtest: %d steps, %d MoE layers × %d experts, %d GPUs (%d × %d), %d slots per layer\n", len(steps), stats.Layers, stats.Experts, cfg.Cluster.GPUs(), cfg.Cluster.Nodes, cfg.Cluster.GPUsPerNode, stats.Experts+f.redundant)
 	}
-	res, err := rebalance.Backtest(ctx, steps, cfg)
+	bp := pr.backtesting()
+	res, err := rebalance.Backtest(ctx, steps, bp.options(cfg))
+	bp.end()
 	if err != nil {
 		return err
 	}
@@ -164,13 +165,15 @@ func cmdBacktest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 // load reads the traces in order and returns their steps (all-zero
 // steps, such as the unfilled tail of an SGLang stat buffer, dropped) and
 // their merged statistics (for the model and the layout).
-func (f *backtestFlags) load(stderr io.Writer) ([][][]float64, *routing.Stats, error) {
-	lo := routing.LoadOptions{Format: routing.Format(f.format), TopK: f.topK, NoPatterns: true}
+func (f *backtestFlags) load(pr *progress, stderr io.Writer) ([][][]float64, *routing.Stats, error) {
+	rd := pr.reading(f.traces)
+	lo := rd.options(routing.LoadOptions{Format: routing.Format(f.format), TopK: f.topK, NoPatterns: true})
 	var steps [][][]float64
 	merged := &routing.Stats{}
 	for _, path := range f.traces {
 		src, err := routing.Load(path, lo)
 		if err != nil {
+			rd.end(nil, err)
 			return nil, nil, err
 		}
 		st := src.Stats
@@ -195,6 +198,7 @@ func (f *backtestFlags) load(stderr io.Writer) ([][][]float64, *routing.Stats, e
 		}
 		steps = append(steps, got...)
 	}
+	rd.end(merged, nil)
 	kept := steps[:0]
 	dropped := 0
 	for _, st := range steps {
@@ -205,7 +209,7 @@ func (f *backtestFlags) load(stderr io.Writer) ([][][]float64, *routing.Stats, e
 		}
 	}
 	if dropped > 0 && !f.quiet {
-		fmt.Fprintf(stderr, "backtest: dropped %d steps without any load (an unfilled recorder buffer)\n", dropped)
+		fmt.Fprintf(stderr, "moetuner: backtest: dropped %d steps without any load (an unfilled recorder buffer)\n", dropped)
 	}
 	steps = kept
 	if f.stepsPerWindow > 1 {

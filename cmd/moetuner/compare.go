@@ -29,6 +29,8 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if fs.NArg() > 0 {
 		return usagef("compare takes no positional arguments (got %q); use --trace and --plan", fs.Args())
 	}
+	pr, stdout, stderr := c.startProgress(stdout, stderr)
+	defer pr.close()
 	p, sources, err := c.setup(true)
 	if err != nil {
 		return err
@@ -50,9 +52,13 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		switch {
 		case p.RedundantSlots > 0 || len(p.Workloads) > 0 || p.Current != nil:
-			fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: it places one copy per expert for one workload")
+			if !c.quiet {
+				fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: it places one copy per expert for one workload")
+			}
 		case p.Stats.Experts*p.Cluster.GPUs() > 4096:
-			fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: its ILP 2 has G⁴ variables per layer pair; pass --strategies to force it")
+			if !c.quiet {
+				fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: its ILP 2 has G⁴ variables per layer pair; pass --strategies to force it")
+			}
 		default:
 			list += ",moetuner"
 		}
@@ -83,7 +89,9 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		opts.MoETunerEqualSizes = c.equalSizes
 		opts.Strategy = st
 		t0 := time.Now()
-		res, err := solver.Solve(ctx, p, opts)
+		sp := pr.solving(st)
+		res, err := solver.Solve(ctx, p, sp.options(opts))
+		sp.end(res, err)
 		if !searches(st) {
 			evalTime = max(evalTime, time.Since(t0))
 		}
@@ -92,7 +100,9 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			// equal-size variant instead and say so.
 			fmt.Fprintf(stderr, "moetuner: strategy moetuner: %v\nmoetuner: retrying the moetuner strategy with E/G experts per cluster\n", err)
 			opts.MoETunerEqualSizes = true
-			res, err = solver.Solve(ctx, p, opts)
+			sp := pr.solving(st)
+			res, err = solver.Solve(ctx, p, sp.options(opts))
+			sp.end(res, err)
 		}
 		if err != nil {
 			if errors.Is(err, solver.ErrInfeasible) {

@@ -20,6 +20,8 @@ func cmdEval(args []string, stdout, stderr io.Writer) error {
 	if *planPath == "" {
 		return usagef("eval needs --plan FILE")
 	}
+	pr, stdout, _ := c.startProgress(stdout, stderr)
+	defer pr.close()
 	p, _, err := c.setup(false)
 	if err != nil {
 		return err

@@ -34,6 +34,8 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if fs.NArg() > 0 {
 		return usagef("plan takes no positional arguments (got %q); use --trace", fs.Args())
 	}
+	pr, stdout, stderr := c.startProgress(stdout, stderr)
+	defer pr.close()
 	if *dispatchMap != "" && c.dispatch != "local" {
 		return usagef("--dispatch-map writes the tables of local dispatch; add --dispatch local")
 	}
@@ -84,13 +86,10 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	opts := c.optionsShare(1, time.Since(t0))
-	if !*quiet {
-		opts.Progress = func(pr solver.Progress) {
-			fmt.Fprintf(stderr, "%7.2fs  %-20s objective %s  bound %s\n", pr.Elapsed.Seconds(), pr.Stage, fmtSec(pr.Objective), fmtSec(pr.Bound))
-		}
-	}
 	opts.Strategy = st
-	res, err := solver.Solve(ctx, p, opts)
+	sp := pr.solving(st)
+	res, err := solver.Solve(ctx, p, sp.options(opts))
+	sp.end(res, err)
 	if err != nil && (res == nil || res.Plan == nil || ctx.Err() == nil) {
 		return err
 	}
@@ -125,16 +124,15 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 	}
-	if *quiet {
-		return nil
-	}
 	results := []*solver.Result{base}
 	if st != solver.StrategyContiguous {
 		results = append(results, res)
 	}
-	fmt.Fprintf(stdout, "wrote %s (%s format): %s placement of %d layers × %d experts on %d GPUs (%d nodes), flow %s\n",
-		*out, pf, st, p.Stats.Layers, p.Stats.Experts, p.Cluster.GPUs(), p.Cluster.Nodes, p.Flow)
-	printCompare(stdout, p, results)
+	if !*quiet {
+		fmt.Fprintf(stdout, "wrote %s (%s format): %s placement of %d layers × %d experts on %d GPUs (%d nodes), flow %s\n",
+			*out, pf, st, p.Stats.Layers, p.Stats.Experts, p.Cluster.GPUs(), p.Cluster.Nodes, p.Flow)
+		printCompare(stdout, p, results)
+	}
 	return writeJSON(c.jsonOut, jsonResults(p, results))
 }
 

@@ -47,6 +47,8 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usagef("replay needs --plan FILE (up to several)")
 	}
 	c.needTrace = true
+	pr, stdout, _ := c.startProgress(stdout, stderr)
+	defer pr.close()
 	p, sources, err := c.setup(false)
 	if err != nil {
 		return err
@@ -112,16 +114,9 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if backend == "sim" && co.MaxRounds == 0 {
 		co.MaxRounds = 1
 	}
-	if backend != "sim" && len(ws) > 1 {
-		co.Progress = func(pr replay.CompareProgress) {
-			fmt.Fprintf(stderr, "replay: round %d, %.1fs:", pr.Round, pr.Elapsed.Seconds())
-			for j, d := range pr.Diffs {
-				fmt.Fprintf(stderr, " %c vs A tail %s, layer %s;", 'B'+j, d.Tail, d.Time)
-			}
-			fmt.Fprintln(stderr)
-		}
-	}
-	cmp, err := replay.Compare(ctx, b, ws, ropts, co)
+	rp := pr.replaying(backend, len(ws), cmpOr(co.MaxRounds, replay.DefaultMaxRounds))
+	cmp, err := replay.Compare(ctx, b, ws, ropts, rp.options(co))
+	rp.end(cmp, err)
 	if err != nil {
 		return err
 	}

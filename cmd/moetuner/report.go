@@ -33,6 +33,8 @@ func cmdReport(args []string, stdout, stderr io.Writer) error {
 	if len(plans) == 0 {
 		return usagef("report needs --plan FILE (one or more)")
 	}
+	pr, stdout, _ := c.startProgress(stdout, stderr)
+	defer pr.close()
 	p, sources, err := c.setup(false)
 	if err != nil {
 		return err

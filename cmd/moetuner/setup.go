@@ -56,6 +56,8 @@ type common struct {
 	needTrace bool
 	// stderr receives the notes on what the statistics left out.
 	stderr io.Writer
+	// progress shows the reading (nil: nothing).
+	progress *progress
 
 	// layout, set by setup, says where the trace's MoE layers sit in the
 	// model, for placement files that do not record it.
@@ -125,7 +127,9 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	default:
 		return p, nil, fmt.Errorf("--transitions %q: want all-pairs or top1", c.transitions)
 	}
-	stats, sources, err := routing.LoadAll(traces, lo)
+	rd := c.progress.reading(traces)
+	stats, sources, err := routing.LoadAll(traces, rd.options(lo))
+	rd.end(stats, err)
 	if err != nil {
 		return p, nil, err
 	}
@@ -219,6 +223,14 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		}
 	}
 	return p, sources, nil
+}
+
+// startProgress makes the command's progress (see startProgress) and
+// sends the reading and the notes through it.
+func (c *common) startProgress(stdout, stderr io.Writer) (*progress, io.Writer, io.Writer) {
+	pr, stdout, stderr := startProgress(stdout, stderr, c.quiet)
+	c.progress, c.stderr = pr, stderr
+	return pr, stdout, stderr
 }
 
 func (c *common) loadModel(stats *routing.Stats) (costmodel.Model, error) {
