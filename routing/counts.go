@@ -174,7 +174,7 @@ func parseFiddlerLines(data []byte, file string, topK int) (*Stats, error) {
 // ReadLogicalCount reads EPLB/SGLang expert-distribution counts: a JSON
 // object {"logical_count": counts} or a bare JSON array counts, where counts
 // is [L][E] or [S][L][E] (then StepLoad holds the steps and Load their sum).
-// Values must be non-negative integers written as numbers (123.0 is fine).
+// Values must be integers in [0, 2^53] written as numbers (123.0 is fine).
 // Layers that are zero in every step (dense layers) are dropped unless
 // opts.KeepZeroLayers, and LayerNames keeps the original row indices.
 // opts.TopK sets TopK and Tokens (0 = unknown); other options are ignored.

@@ -115,7 +115,7 @@ func readJSONLTrace(r io.Reader, file string, size int64, opts LoadOptions, keep
 					if errors.Is(derr, io.ErrUnexpectedEOF) {
 						return fail(perr(file, lineNo, "", "truncated record: %s", cutShort))
 					}
-					return fail(perr(file, lineNo, jsonField(derr), "malformed JSON (%v): each line must be one JSON object", jsonMsgIn(trimmed, derr)))
+					return fail(lineJSONError(file, lineNo, trimmed, derr, "each line must be one JSON object"))
 				}
 				if dec.More() {
 					return fail(perr(file, lineNo, "", "more than one JSON value on the line: put one record per line"))
@@ -426,9 +426,24 @@ func nonFinite(data []byte, err error) string {
 // jsonMsgIn is jsonMsg for an error in data, naming NaN and Infinity.
 func jsonMsgIn(data []byte, err error) string {
 	if lit := nonFinite(data, err); lit != "" {
-		return lit + " is not a JSON number (Python's json.dump writes it for a float nan or inf): replace it with a finite number"
+		return nonFiniteMsg(lit)
 	}
 	return jsonMsg(err)
+}
+
+// nonFiniteMsg says what is wrong with a NaN or Infinity literal.
+func nonFiniteMsg(lit string) string {
+	return lit + " is not a JSON number (Python's json.dump writes it for a float nan or inf): replace it with a finite number"
+}
+
+// lineJSONError is the error for a line of a JSON-lines file that does not
+// decode: a NaN or Infinity literal, or else malformed JSON (say is what
+// each line must be).
+func lineJSONError(file string, lineNo int, line []byte, err error, say string) *ParseError {
+	if lit := nonFinite(line, err); lit != "" {
+		return perr(file, lineNo, "", "%s", nonFiniteMsg(lit))
+	}
+	return perr(file, lineNo, jsonField(err), "malformed JSON (%v): %s", jsonMsg(err), say)
 }
 
 // WriteJSONL writes t in the canonical JSONL format: a header line with

@@ -275,8 +275,20 @@ func sameShape(first, src *Source) error {
 		return perr(src.Path, 0, "", "%d experts per layer, but %s has %d: %s (a per-token trace that does not state its experts counts the largest id + 1: set LoadOptions.Experts to the model's experts per layer)", b.Experts, first.Path, a.Experts, fix)
 	case a.TopK != 0 && b.TopK != 0 && a.TopK != b.TopK:
 		return perr(src.Path, 0, "", "top-k %d, but %s has top-k %d: %s", b.TopK, first.Path, a.TopK, fix)
+	case a.LayerNames != nil && b.LayerNames != nil && !slices.Equal(a.LayerNames, b.LayerNames):
+		return perr(src.Path, 0, "", "MoE layers at decoder layers %v, but %s has them at %v: %s", clipInts(b.LayerNames), first.Path, clipInts(a.LayerNames), fix)
+	case a.ModelLayers != 0 && b.ModelLayers != 0 && a.ModelLayers != b.ModelLayers:
+		return perr(src.Path, 0, "", "a model of %d decoder layers, but %s is of one of %d: %s", b.ModelLayers, first.Path, a.ModelLayers, fix)
 	}
 	return nil
+}
+
+// clipInts shortens a long list of layer ids for a message.
+func clipInts(v []int) string {
+	if len(v) <= 8 {
+		return fmt.Sprint(v)
+	}
+	return fmt.Sprintf("%v … (%d)", v[:8], len(v))
 }
 
 // checkAgainstOptions reports a file whose top-k or expert count differs
@@ -287,7 +299,7 @@ func checkAgainstOptions(src *Source, opts LoadOptions) error {
 	s := src.Stats
 	switch {
 	case opts.TopK > 0 && s.TopK > 0 && s.TopK != opts.TopK:
-		return perr(src.Path, 0, "", "the file routes each token to %d experts per layer, but LoadOptions.TopK is %d: leave TopK 0 for a file that records its top-k, or give the model's", s.TopK, opts.TopK)
+		return perr(src.Path, 0, "", "the file routes each token to %d experts per layer, but LoadOptions.TopK is %d: leave LoadOptions.TopK 0 for a file that records its top-k, or give the model's", s.TopK, opts.TopK)
 	case opts.Experts > 0 && s.Experts != opts.Experts:
 		return perr(src.Path, 0, "", "the file has %d experts per layer, but LoadOptions.Experts is %d: set LoadOptions.Experts to the model's experts per layer", s.Experts, opts.Experts)
 	}

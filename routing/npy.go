@@ -217,7 +217,7 @@ func parseNPYHeader(s string) (npyHeader, error) {
 				tok = strings.TrimSuffix(tok, "L")
 				v, err := strconv.Atoi(tok)
 				if err != nil || v < 0 || v > maxTraceIDs {
-					return h, perr("", 0, key, "bad dimension %q: want an integer in [0,%d]", clip(tok), uint64(maxTraceIDs))
+					return h, perr("", 0, key, "bad dimension %q: want an integer in [0,%d]; the header is corrupt, or the array too large for one file: save it again with numpy.save, split into several files", clip(tok), uint64(maxTraceIDs))
 				}
 				h.shape = append(h.shape, v)
 			}

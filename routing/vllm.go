@@ -41,7 +41,7 @@ func readVLLMLoadStats(r io.Reader, file string, opts LoadOptions) (*Stats, erro
 		if trimmed := bytes.TrimSpace(line); len(trimmed) > 0 {
 			var rec vllmRecord
 			if derr := json.Unmarshal(trimmed, &rec); derr != nil {
-				return nil, perr(file, lineNo, jsonField(derr), "malformed JSON (%v): each line must be one record", jsonMsgIn(trimmed, derr))
+				return nil, lineJSONError(file, lineNo, trimmed, derr, "each line must be one record")
 			}
 			if rec.RecordType == "eplb_load_stats" {
 				if rec.Version != nil && *rec.Version != 1 {

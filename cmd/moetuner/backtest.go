@@ -166,12 +166,15 @@ func cmdBacktest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 // their merged statistics (for the model and the layout).
 func (f *backtestFlags) load(stderr io.Writer) ([][][]float64, *routing.Stats, error) {
 	lo := routing.LoadOptions{Format: routing.Format(f.format), TopK: f.topK, NoPatterns: true}
+	if err := (&common{model: f.model}).modelLoadOptions(&lo); err != nil {
+		return nil, nil, err
+	}
 	var steps [][][]float64
 	merged := &routing.Stats{}
 	for _, path := range f.traces {
 		src, err := routing.Load(path, lo)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, routingError(err)
 		}
 		st := src.Stats
 		var got [][][]float64
