@@ -3,6 +3,7 @@ package placement
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -153,7 +154,7 @@ func encode(p *Plan, format Format, l Layout) ([]byte, error) {
 	if err := CheckLayout(format, l); err != nil {
 		return nil, err
 	}
-	if err := checkPlanLayout(p, l); err != nil {
+	if err := checkPlanLayout(p, format, l); err != nil {
 		return nil, err
 	}
 	switch format {
@@ -288,6 +289,39 @@ func detect(data []byte) Format {
 	return FormatJSON
 }
 
+// brokenJSON reports data that detect took for YAML but that begins as a
+// JSON object and is neither JSON nor YAML: a JSON file with a syntax
+// error, or cut short. It says where, in JSON's terms, rather than
+// leaving the YAML parser to describe it.
+func brokenJSON(data []byte, format Format) error {
+	trimmed := bytes.TrimLeft(data, " \t\r\n")
+	if format != FormatYAML || len(trimmed) == 0 || trimmed[0] != '{' {
+		return nil
+	}
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) == nil {
+		return nil
+	}
+	var v any
+	err := json.Unmarshal(data, &v)
+	var se *json.SyntaxError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &se) && se.Offset >= int64(len(data)), errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("placement: line %d: the JSON document ends early: the file is cut short (an interrupted write or copy); write or copy it again", lineAt(data, int64(len(data))))
+	case errors.As(err, &se):
+		return fmt.Errorf("placement: line %d: invalid JSON: %v; fix the document (see the placement package doc for the shape)", lineAt(data, se.Offset), err)
+	}
+	return fmt.Errorf("placement: invalid JSON: %v; fix the document (see the placement package doc for the shape)", err)
+}
+
+// lineAt is the 1-based line of byte offset off in data.
+func lineAt(data []byte, off int64) int {
+	off = min(max(off, 0), int64(len(data)))
+	return 1 + bytes.Count(data[:off], []byte("\n"))
+}
+
 // detectYAML tells TensorRT-LLM's load-balancer YAML from moetuner YAML.
 func detectYAML(data []byte) Format {
 	var keys map[string]yaml.Node
@@ -307,6 +341,9 @@ func decode(data []byte, format Format, l Layout) (*Plan, error) {
 	}
 	if format == "" {
 		format = detect(data)
+		if err := brokenJSON(data, format); err != nil {
+			return nil, err
+		}
 	}
 	var p *Plan
 	var err error
@@ -340,7 +377,7 @@ func decode(data []byte, format Format, l Layout) (*Plan, error) {
 		// keeps the promise for any that might not.
 		return nil, &GPUCountError{Format: format, Field: "gpus", File: p.GPUs, Given: l.GPUs}
 	}
-	if err := checkPlanLayout(p, l); err != nil {
+	if err := checkPlanLayout(p, format, l); err != nil {
 		return nil, err
 	}
 	return p, nil

@@ -201,7 +201,7 @@ func planFromSGLangRows(rows [][]int, l Layout, format string) (*Plan, error) {
 		return nil, errors.New("placement: " + format + ": physical_to_logical_map has no rows; add one row per decoder layer")
 	}
 	if l.ModelLayers > 0 && len(rows) != l.ModelLayers {
-		return nil, fmt.Errorf("placement: %s: physical_to_logical_map has %d rows but the model has %d decoder layers (Layout.ModelLayers); SGLang needs one row per decoder layer, dense ones included", format, len(rows), l.ModelLayers)
+		return nil, &CountError{Format: Format(format), Subject: "physical_to_logical_map", What: "rows (SGLang needs one per decoder layer, dense ones included)", LayoutField: "Layout.ModelLayers", File: len(rows), Given: l.ModelLayers}
 	}
 	slots := len(rows[0])
 	for r, row := range rows {

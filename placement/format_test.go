@@ -291,7 +291,7 @@ func TestWriteSGLangErrors(t *testing.T) {
 	assert.EqualError(t, err, "placement: sglang: layer 1 has 6 slots but layer 0 has 4; SGLang needs the same number of physical slots in every layer (add replicas)")
 
 	err = WriteWith(&bytes.Buffer{}, &Plan{GPUs: 1, Experts: 1}, FormatSGLang, Layout{LayerIDs: []int{0}, ModelLayers: 1})
-	assert.EqualError(t, err, "placement: plan has 0 layers, the model has 1 MoE layers; re-plan for this model")
+	assert.EqualError(t, err, "placement: sglang: the plan has 0 MoE layers but Layout.LayerIDs lists 1; use the Layout of the model the plan is for, or make a plan for this one")
 
 	// Two copies of one expert on one GPU: no stack but TensorRT-LLM
 	// loads that, and a Plan cannot hold it.

@@ -126,7 +126,7 @@ func decodeVLLMMap(data []byte, l Layout) (*Plan, error) {
 		return nil, needGPUs("vllm-map", "an initial expert map")
 	}
 	if n := l.moeLayers(); n != 0 && len(rows) != n {
-		return nil, fmt.Errorf("placement: vllm-map: the file has %d lists but the model has %d MoE layers; give one list per MoE layer", len(rows), n)
+		return nil, &CountError{Format: FormatVLLMMap, Subject: "the map", What: "lists (one per MoE layer)", LayoutField: l.layersField(), File: len(rows), Given: n}
 	}
 	return buildValid(rows, l.GPUs, l.Experts, rowSpec{
 		format: "vllm-map", stack: "vLLM",

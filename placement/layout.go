@@ -169,8 +169,59 @@ func CheckLayout(f Format, l Layout) error {
 	return nil
 }
 
-// checkPlanLayout checks p against what l knows: its layer and expert
-// counts.
-func checkPlanLayout(p *Plan, l Layout) error {
-	return p.Validate(ValidateOptions{Experts: l.Experts, Layers: l.moeLayers()})
+// CountError reports a plan, or a file, whose count of MoE layers,
+// decoder layers or experts differs from the Layout's: the plan is for
+// another model (or the Layout is).
+type CountError struct {
+	// Format is the file's format, empty for a plan checked on its own.
+	Format Format
+	// Subject is what has the count: "the plan", or a format's own field
+	// ("physical_to_logical_map", whose rows are decoder layers).
+	Subject string
+	// What is counted: "MoE layers", "decoder layers" or "experts per
+	// layer".
+	What string
+	// LayoutField is the Layout field the count was checked against:
+	// "Layout.Layers", "Layout.LayerIDs" (its length), "Layout.ModelLayers"
+	// or "Layout.Experts".
+	LayoutField string
+	// File is the count of the file or plan, Given the Layout's.
+	File, Given int
+}
+
+// Error names both counts and the Layout field.
+func (e *CountError) Error() string {
+	prefix := "placement: "
+	if e.Format != "" {
+		prefix += string(e.Format) + ": "
+	}
+	given := e.LayoutField + " is"
+	if e.LayoutField == "Layout.LayerIDs" {
+		given = e.LayoutField + " lists"
+	}
+	return fmt.Sprintf("%s%s has %d %s but %s %d; use the Layout of the model the plan is for, or make a plan for this one", prefix, e.Subject, e.File, e.What, given, e.Given)
+}
+
+// checkPlanLayout checks p, read or to be written in format f, against
+// what l knows: its layer and expert counts (a *CountError), then the
+// structural rules.
+func checkPlanLayout(p *Plan, f Format, l Layout) error {
+	if l.Experts != 0 && p.Experts != l.Experts {
+		return &CountError{Format: f, Subject: "the plan", What: "experts per layer", LayoutField: "Layout.Experts", File: p.Experts, Given: l.Experts}
+	}
+	if n := l.moeLayers(); n != 0 && len(p.Layers) != n {
+		return &CountError{Format: f, Subject: "the plan", What: "MoE layers", LayoutField: l.layersField(), File: len(p.Layers), Given: n}
+	}
+	return p.Validate(ValidateOptions{})
+}
+
+// layersField names the field moeLayers takes its count from.
+func (l Layout) layersField() string {
+	switch {
+	case l.LayerIDs != nil:
+		return "Layout.LayerIDs"
+	case l.Layers > 0:
+		return "Layout.Layers"
+	}
+	return "Layout.ModelLayers"
 }

@@ -159,7 +159,7 @@ func TestSGLangDenseRows(t *testing.T) {
 		{"dense row not trivial", `{"physical_to_logical_map": [[0,1,2,0],[1,0,2,0],[0,2,1,0],[2,0,1,0]]}`, l,
 			"placement: sglang: physical_to_logical_map[2] is a dense layer (not in Layout.LayerIDs) but not SGLang's trivial map arange(4) % 3: slot 1 holds expert 2, want 1; check Layout.LayerIDs"},
 		{"rows per MoE layer only", `{"physical_to_logical_map": [[1,0,2,0],[2,0,1,0]]}`, l,
-			"placement: sglang: physical_to_logical_map has 2 rows but the model has 4 decoder layers (Layout.ModelLayers); SGLang needs one row per decoder layer, dense ones included"},
+			"placement: sglang: physical_to_logical_map has 2 rows (SGLang needs one per decoder layer, dense ones included) but Layout.ModelLayers is 4; use the Layout of the model the plan is for, or make a plan for this one"},
 		{"unknown MoE rows", good, Layout{GPUs: 2, Layers: 2},
 			"placement: sglang: physical_to_logical_map has 4 rows for 2 MoE layers, and the layout does not say which rows are MoE layers; set Layout.LayerIDs"},
 		{"layer id beyond the rows", `{"physical_to_logical_map": [[0,1,2,0],[1,2,0,0]]}`, Layout{GPUs: 2, LayerIDs: []int{1, 3}},
@@ -208,7 +208,7 @@ func TestWriteNeedsLayers(t *testing.T) {
 	require.NoError(t, WriteWith(&bytes.Buffer{}, p, FormatSGLang, Layout{ModelLayers: 2}))
 	require.NoError(t, WriteWith(&bytes.Buffer{}, p, FormatTRTLLM, Layout{ModelLayers: 2}))
 	err := WriteWith(&bytes.Buffer{}, p, FormatTRTLLM, Layout{LayerIDs: []int{4}})
-	assert.EqualError(t, err, "placement: plan has 2 layers, the model has 1 MoE layers; re-plan for this model")
+	assert.EqualError(t, err, "placement: trtllm: the plan has 2 MoE layers but Layout.LayerIDs lists 1; use the Layout of the model the plan is for, or make a plan for this one")
 	_, err = ReadWith(bytes.NewReader([]byte("PK\x03\x04")), "", Layout{GPUs: 2})
 	assert.ErrorContains(t, err, "placement: sglang-pt: torchpt: ")
 }
@@ -324,7 +324,7 @@ func TestReadVLLMMap(t *testing.T) {
 		{"one list, layers unknown", `[0, 1]`, Layout{GPUs: 2},
 			"placement: vllm-map: the file holds one list for every MoE layer, and the layout does not say how many there are; set Layout.Layers"},
 		{"layer count", `[[0, 1], [1, 0]]`, Layout{GPUs: 2, Layers: 3},
-			"placement: vllm-map: the file has 2 lists but the model has 3 MoE layers; give one list per MoE layer"},
+			"placement: vllm-map: the map has 2 lists (one per MoE layer) but Layout.Layers is 3; use the Layout of the model the plan is for, or make a plan for this one"},
 		{"duplicate on a rank", `[[0, 0, 1, 1]]`, Layout{GPUs: 2},
 			"placement: vllm-map: list 0: expert 0 is on rank 0 twice (slots 0 and 1 of 2 per rank); vLLM needs the copies of an expert on different ranks, so the file is wrong or for another GPU count than 2"},
 		{"ragged", `[[0, 1], [0]]`, Layout{GPUs: 1},

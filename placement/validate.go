@@ -73,10 +73,10 @@ func (p *Plan) Validate(opts ValidateOptions) error {
 		return verr(-1, -1, -1, -1, "experts is %d; set it to the number of logical experts per layer, in [1,%d]", p.Experts, MaxExperts)
 	}
 	if opts.Experts != 0 && opts.Experts != p.Experts {
-		return verr(-1, -1, -1, -1, "plan has %d experts per layer, the model has %d; re-plan for this model", p.Experts, opts.Experts)
+		return verr(-1, -1, -1, -1, "plan has %d experts per layer but ValidateOptions.Experts is %d; make a plan for this model, or give the model's experts", p.Experts, opts.Experts)
 	}
 	if opts.Layers != 0 && opts.Layers != len(p.Layers) {
-		return verr(-1, -1, -1, -1, "plan has %d layers, the model has %d MoE layers; re-plan for this model", len(p.Layers), opts.Layers)
+		return verr(-1, -1, -1, -1, "plan has %d layers but ValidateOptions.Layers is %d; make a plan for this model, or give the model's MoE layers", len(p.Layers), opts.Layers)
 	}
 	if opts.SlotsPerGPU != nil && len(opts.SlotsPerGPU) != p.GPUs {
 		return fmt.Errorf("placement: ValidateOptions.SlotsPerGPU has %d entries for %d GPUs", len(opts.SlotsPerGPU), p.GPUs)

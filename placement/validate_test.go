@@ -23,7 +23,7 @@ func TestValidate(t *testing.T) {
 		{name: "zero gpus", edit: func(p *Plan) { p.GPUs = 0 }, want: &ValidationError{Layer: -1, Slot: -1, GPU: -1, Expert: -1}, substr: "gpus is 0"},
 		{name: "too many gpus", edit: func(p *Plan) { p.GPUs = MaxGPUs + 1 }, want: &ValidationError{Layer: -1, Slot: -1, GPU: -1, Expert: -1}, substr: "gpus is"},
 		{name: "zero experts", edit: func(p *Plan) { p.Experts = 0 }, want: &ValidationError{Layer: -1, Slot: -1, GPU: -1, Expert: -1}, substr: "experts is 0"},
-		{name: "experts mismatch", edit: func(*Plan) {}, opts: ValidateOptions{Experts: 4}, want: &ValidationError{Layer: -1, Slot: -1, GPU: -1, Expert: -1}, substr: "plan has 3 experts per layer, the model has 4"},
+		{name: "experts mismatch", edit: func(*Plan) {}, opts: ValidateOptions{Experts: 4}, want: &ValidationError{Layer: -1, Slot: -1, GPU: -1, Expert: -1}, substr: "plan has 3 experts per layer but ValidateOptions.Experts is 4"},
 		{name: "layers mismatch", edit: func(*Plan) {}, opts: ValidateOptions{Layers: 3}, want: &ValidationError{Layer: -1, Slot: -1, GPU: -1, Expert: -1}, substr: "plan has 2 layers"},
 		{name: "length mismatch", edit: func(p *Plan) { p.Layers[1].SlotGPU = p.Layers[1].SlotGPU[:3] }, want: &ValidationError{Layer: 1, Slot: -1, GPU: -1, Expert: -1}, substr: "slot_expert has 4 slots but slot_gpu has 3"},
 		{name: "expert out of range", edit: func(p *Plan) { p.Layers[0].SlotExpert[2] = 3 }, want: &ValidationError{Layer: 0, Slot: 2, GPU: 1, Expert: 3}, substr: "slot 2: expert 3 out of range [0,3)"},

@@ -149,9 +149,9 @@ func (b *tokenBuilder) add(T int, src, step int32, hasStep bool, id func(l, t, j
 				if e < 0 || e >= limit {
 					b.ids = b.ids[:base]
 					if b.experts > 0 {
-						return fmt.Errorf("%s: expert %d out of range [0,%d): set LoadOptions.Experts (--experts) or fix the id", field(l, t), e, limit)
+						return fmt.Errorf("%s: expert %d out of range [0,%d): fix the id, or set LoadOptions.Experts to the model's experts per layer", field(l, t), e, limit)
 					}
-					return fmt.Errorf("%s: expert %d out of range [0,%d)", field(l, t), e, limit)
+					return fmt.Errorf("%s: expert %d out of range [0,%d): ids must be non-negative int16", field(l, t), e, limit)
 				}
 				if slices.Contains(row[:j], int16(e)) {
 					b.ids = b.ids[:base]

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 )
 
 // maxJSONBytes caps the count formats (one JSON document per file).
@@ -53,6 +54,11 @@ func ReadOLMoE(r io.Reader) (*OLMoEFile, error) {
 }
 
 func parseOLMoE(data []byte, file string) (*OLMoEFile, error) {
+	v, err := parseOLMoELines(data, file)
+	return v, atLine(data, err)
+}
+
+func parseOLMoELines(data []byte, file string) (*OLMoEFile, error) {
 	var f OLMoEFile
 	if err := decodeJSON(data, file, &f); err != nil {
 		return nil, err
@@ -139,6 +145,11 @@ func ReadFiddler(r io.Reader, topK int) (*Stats, error) {
 }
 
 func parseFiddler(data []byte, file string, topK int) (*Stats, error) {
+	v, err := parseFiddlerLines(data, file, topK)
+	return v, atLine(data, err)
+}
+
+func parseFiddlerLines(data []byte, file string, topK int) (*Stats, error) {
 	var f struct {
 		Popularity [][]float64 `json:"expert_popularity"`
 	}
@@ -163,7 +174,7 @@ func parseFiddler(data []byte, file string, topK int) (*Stats, error) {
 // ReadLogicalCount reads EPLB/SGLang expert-distribution counts: a JSON
 // object {"logical_count": counts} or a bare JSON array counts, where counts
 // is [L][E] or [S][L][E] (then StepLoad holds the steps and Load their sum).
-// Values must be non-negative integers written as numbers (123.0 is fine).
+// Values must be integers in [0, 2^53] written as numbers (123.0 is fine).
 // Layers that are zero in every step (dense layers) are dropped unless
 // opts.KeepZeroLayers, and LayerNames keeps the original row indices.
 // opts.TopK sets TopK and Tokens (0 = unknown); other options are ignored.
@@ -176,6 +187,11 @@ func ReadLogicalCount(r io.Reader, opts LoadOptions) (*Stats, error) {
 }
 
 func parseLogicalCount(data []byte, file string, topK int, keepZero bool) (*Stats, error) {
+	v, err := parseLogicalCountLines(data, file, topK, keepZero)
+	return v, atLine(data, err)
+}
+
+func parseLogicalCountLines(data []byte, file string, topK int, keepZero bool) (*Stats, error) {
 	raw := bytes.TrimSpace(data)
 	field := ""
 	if len(raw) > 0 && raw[0] == '{' {
@@ -201,6 +217,9 @@ func parseLogicalCount(data []byte, file string, topK int, keepZero bool) (*Stat
 		if err3 := json.Unmarshal(raw, &m3); err3 != nil {
 			if len(raw) == 0 {
 				return nil, perr(file, 0, "", "empty file: want {\"logical_count\": [layers][experts]}")
+			}
+			if at, num, ok := hugeNumber(raw); ok {
+				return nil, perr(file, 1, field+at, "count %s does not fit a float64: the file is corrupt or does not hold token counts", num)
 			}
 			return nil, perr(file, 1, field, "want a [layers][experts] or [steps][layers][experts] array of numbers: %v", jsonMsg(err3))
 		}
@@ -269,6 +288,39 @@ func parseLogicalCount(data []byte, file string, topK int, keepZero bool) (*Stat
 	return s, nil
 }
 
+// hugeNumber finds a number in raw, a [L][E] or [S][L][E] array, too large
+// for a float64 (json.Unmarshal refuses those), and returns its indices
+// ("[1][2]") and text.
+func hugeNumber(raw []byte) (string, string, bool) {
+	huge := func(n json.Number) bool {
+		_, err := strconv.ParseFloat(string(n), 64)
+		return err != nil
+	}
+	var m2 [][]json.Number
+	if json.Unmarshal(raw, &m2) == nil {
+		for l, row := range m2 {
+			for e, n := range row {
+				if huge(n) {
+					return fmt.Sprintf("[%d][%d]", l, e), string(n), true
+				}
+			}
+		}
+	}
+	var m3 [][][]json.Number
+	if json.Unmarshal(raw, &m3) == nil {
+		for st, m := range m3 {
+			for l, row := range m {
+				for e, n := range row {
+					if huge(n) {
+						return fmt.Sprintf("[%d][%d][%d]", st, l, e), string(n), true
+					}
+				}
+			}
+		}
+	}
+	return "", "", false
+}
+
 // checkCounts checks that m has rows of E finite non-negative counts.
 func checkCounts(file, name string, m [][]float64, E int) error {
 	if len(m)*E > maxCountEntries {
@@ -279,12 +331,41 @@ func checkCounts(file, name string, m [][]float64, E int) error {
 			return perr(file, 1, fmt.Sprintf("%s[%d]", name, i), "%d entries, want %d experts like the first row", len(row), E)
 		}
 		for j, v := range row {
-			if v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
-				return perr(file, 1, fmt.Sprintf("%s[%d][%d]", name, i, j), "count %v is negative: counts must be ≥ 0", v)
+			if msg := badCount(v); msg != "" {
+				return perr(file, 1, fmt.Sprintf("%s[%d][%d]", name, i, j), "%s", msg)
 			}
 		}
 	}
 	return nil
+}
+
+// maxCount bounds a single count: 2^53, the largest integer up to which
+// float64 holds every integer exactly. A larger count is no token count
+// (2^53 tokens at a million tokens a second take 285 years); it comes from a
+// corrupt file, and would make sums and ratios meaningless or infinite.
+const maxCount = 1 << 53
+
+// badCount says what is wrong with count v (negative, not finite, or above
+// maxCount), or returns "" for a good count. Fractions are the caller's to
+// judge.
+func badCount(v float64) string {
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0):
+		return fmt.Sprintf("count %v is not a finite number: counts are token tallies ≥ 0", v)
+	case v < 0:
+		return fmt.Sprintf("count %v is negative: counts must be ≥ 0", v)
+	case v > maxCount:
+		return fmt.Sprintf("count %v exceeds 2^53 = %d, the largest exact count: the file is corrupt or does not hold token counts", v, int64(maxCount))
+	}
+	return ""
+}
+
+// badIntCount is badCount for the integer counts of tensors.
+func badIntCount(x int64) string {
+	if x < 0 || x > maxCount {
+		return badCount(float64(x))
+	}
+	return ""
 }
 
 // readCapped reads all of r, refusing more than maxJSONBytes.
@@ -320,9 +401,9 @@ func decodeJSON(data []byte, file string, v any) error {
 		case errors.As(err, &te):
 			line = lineAt(data, te.Offset)
 		case errors.Is(err, io.ErrUnexpectedEOF):
-			return perr(file, lineAt(data, int64(len(data))), "", "truncated JSON: the file is cut short")
+			return perr(file, lineAt(data, int64(len(data))), "", "truncated JSON: %s", cutShort)
 		}
-		return perr(file, line, jsonField(err), "malformed JSON: %s", jsonMsg(err))
+		return perr(file, line, jsonField(err), "malformed JSON: %s", jsonMsgIn(data, err))
 	}
 	if dec.More() {
 		return perr(file, 0, "", "more than one JSON value: a counts file holds one object")

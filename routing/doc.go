@@ -150,7 +150,8 @@
 // FormatLogicalCount (.json with "logical_count", or a bare JSON array):
 // EPLB / SGLang expert-distribution counts, [L][E] or [S][L][E] (then
 // StepLoad is set and Load is the sum over steps). Values must be
-// non-negative integers (123.0 is fine). Layers that are zero in every step,
+// integers in [0, 2^53] (123.0 is fine; NaN and Infinity, which Python's
+// json.dump writes, are errors). Layers that are zero in every step,
 // such as DeepSeek-V3's 3 dense layers, are dropped unless
 // LoadOptions.KeepZeroLayers, and LayerNames keeps the original row indices.
 // TopK and Tokens come from LoadOptions.TopK (0 = unknown).

@@ -112,7 +112,10 @@ func readJSONLTrace(r io.Reader, file string, size int64, opts LoadOptions, keep
 				rec = jsonlLine{}
 				dec := json.NewDecoder(bytes.NewReader(trimmed))
 				if derr := dec.Decode(&rec); derr != nil {
-					return fail(perr(file, lineNo, jsonField(derr), "malformed JSON (%v): each line must be one JSON object", jsonMsg(derr)))
+					if errors.Is(derr, io.ErrUnexpectedEOF) {
+						return fail(perr(file, lineNo, "", "truncated record: %s", cutShort))
+					}
+					return fail(lineJSONError(file, lineNo, trimmed, derr, "each line must be one JSON object"))
 				}
 				if dec.More() {
 					return fail(perr(file, lineNo, "", "more than one JSON value on the line: put one record per line"))
@@ -137,7 +140,7 @@ func readJSONLTrace(r io.Reader, file string, size int64, opts LoadOptions, keep
 	if t.Source != nil && !jr.hasSource {
 		t.Source = nil
 	}
-	t.Experts = jr.headerExperts
+	t.Experts = jr.experts()
 	if t.Experts == 0 {
 		t.Experts = jr.maxID + 1
 	}
@@ -158,6 +161,15 @@ func readJSONLTrace(r io.Reader, file string, size int64, opts LoadOptions, keep
 	return t, nil, nil
 }
 
+// experts is the number of experts per layer the header or LoadOptions
+// gives, 0 when neither does.
+func (jr *jsonlReader) experts() int {
+	if jr.headerExperts > 0 {
+		return jr.headerExperts
+	}
+	return jr.opts.Experts
+}
+
 // record adds one parsed line: the header or a token.
 func (jr *jsonlReader) record(rec *jsonlLine, lineNo int) error {
 	file, t := jr.file, jr.t
@@ -172,6 +184,9 @@ func (jr *jsonlReader) record(rec *jsonlLine, lineNo int) error {
 		if rec.Experts != nil {
 			if *rec.Experts <= 0 || *rec.Experts > math.MaxInt16+1 {
 				return perr(file, lineNo, "experts", "%d out of range [1,%d]: give the number of experts per layer", *rec.Experts, math.MaxInt16+1)
+			}
+			if jr.opts.Experts > 0 && *rec.Experts != jr.opts.Experts {
+				return perr(file, lineNo, "experts", "the header says %d experts, but LoadOptions.Experts is %d: set LoadOptions.Experts to the model's experts per layer, or fix the header", *rec.Experts, jr.opts.Experts)
 			}
 			jr.headerExperts = *rec.Experts
 		}
@@ -194,7 +209,7 @@ func (jr *jsonlReader) record(rec *jsonlLine, lineNo int) error {
 		}
 		if !jr.keep {
 			jr.per = chunkTokens(t.Layers, t.TopK)
-			jr.b = newStatsBuilder(t.Layers, t.TopK, jr.headerExperts, 0, 0, jr.opts.statsOptions())
+			jr.b = newStatsBuilder(t.Layers, t.TopK, jr.experts(), 0, 0, jr.opts.statsOptions())
 		}
 	}
 	if (rec.Weights != nil) != jr.hasWeights {
@@ -291,8 +306,8 @@ func (jr *jsonlReader) addIDs(rec *jsonlLine, lineNo int) error {
 		return perr(file, lineNo, "", "trace larger than %d ids: split it into several files", limitIDs)
 	}
 	limit := math.MaxInt16 + 1
-	if jr.headerExperts > 0 {
-		limit = jr.headerExperts
+	if e := jr.experts(); e > 0 {
+		limit = e
 	}
 	ids := &jr.ids
 	if jr.keep {
@@ -305,8 +320,11 @@ func (jr *jsonlReader) addIDs(rec *jsonlLine, lineNo int) error {
 		for j, e := range set {
 			field := func() string { return fmt.Sprintf("layers[%d][%d]", l, j) }
 			if e < 0 || e >= limit {
-				if jr.headerExperts > 0 {
+				switch {
+				case jr.headerExperts > 0:
 					return perr(file, lineNo, field(), "expert %d out of range [0,%d): set \"experts\" in the header or fix the id", e, limit)
+				case jr.opts.Experts > 0:
+					return perr(file, lineNo, field(), "expert %d out of range [0,%d): fix the id, or set LoadOptions.Experts to the model's experts per layer", e, limit)
 				}
 				return perr(file, lineNo, field(), "expert %d out of range [0,%d): ids must be non-negative int16", e, limit)
 			}
@@ -383,6 +401,49 @@ func jsonMsg(err error) string {
 		return "got JSON " + te.Value + ", want " + te.Type.String()
 	}
 	return err.Error()
+}
+
+// nonFinite names the NaN or Infinity literal that made err, a syntax
+// error in data, or returns "". Python's json.dump writes them for
+// float('nan') and float('inf'), but they are not JSON.
+func nonFinite(data []byte, err error) string {
+	var se *json.SyntaxError
+	if !errors.As(err, &se) || se.Offset < 1 || se.Offset > int64(len(data)) {
+		return ""
+	}
+	at := data[se.Offset-1:]
+	for _, lit := range []string{"NaN", "Infinity"} {
+		if bytes.HasPrefix(at, []byte(lit)) {
+			if lit == "Infinity" && se.Offset >= 2 && data[se.Offset-2] == '-' {
+				lit = "-Infinity"
+			}
+			return lit
+		}
+	}
+	return ""
+}
+
+// jsonMsgIn is jsonMsg for an error in data, naming NaN and Infinity.
+func jsonMsgIn(data []byte, err error) string {
+	if lit := nonFinite(data, err); lit != "" {
+		return nonFiniteMsg(lit)
+	}
+	return jsonMsg(err)
+}
+
+// nonFiniteMsg says what is wrong with a NaN or Infinity literal.
+func nonFiniteMsg(lit string) string {
+	return lit + " is not a JSON number (Python's json.dump writes it for a float nan or inf): replace it with a finite number"
+}
+
+// lineJSONError is the error for a line of a JSON-lines file that does not
+// decode: a NaN or Infinity literal, or else malformed JSON (say is what
+// each line must be).
+func lineJSONError(file string, lineNo int, line []byte, err error, say string) *ParseError {
+	if lit := nonFinite(line, err); lit != "" {
+		return perr(file, lineNo, "", "%s", nonFiniteMsg(lit))
+	}
+	return perr(file, lineNo, jsonField(err), "malformed JSON (%v): %s", jsonMsg(err), say)
 }
 
 // WriteJSONL writes t in the canonical JSONL format: a header line with

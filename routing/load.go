@@ -46,11 +46,14 @@ type LoadOptions struct {
 	// TopK is the routing top-k for count formats that do not state it
 	// (logical_count, SGLang stat and per_pass, vLLM; Fiddler defaults to 2)
 	// and for SGLang routed_experts, which needs it. 0 = infer or unknown.
+	// A file that records another top-k (a per-token trace, OLMoE) is an
+	// error.
 	TopK int
 	// Experts sets the number of (logical) experts per layer for the formats
-	// that do not state it (NPY, SGLang dumps, Megatron, vLLM, routed
-	// experts), whose ids may not reach the last expert; 0 = max id + 1.
-	// Ids at or above it are errors.
+	// that do not state it (NPY, JSONL without "experts" in its header,
+	// SGLang dumps, Megatron, vLLM, routed experts), whose ids may not
+	// reach the last expert; 0 = max id + 1. Ids at or above it are
+	// errors, and so is a file that states another count.
 	Experts int
 	// Transitions is the transition convention for per-token traces;
 	// default TransitionAllPairs.
@@ -119,13 +122,24 @@ func Load(path string, opts LoadOptions) (*Source, error) {
 	if err != nil {
 		return nil, &ParseError{File: path, Err: err}
 	}
-	if !fi.IsDir() {
-		src, err := loadFile(path, opts)
-		if err != nil {
-			return nil, withFile(err, path)
-		}
-		return src, nil
+	var src *Source
+	if fi.IsDir() {
+		src, err = loadDir(path, opts)
+	} else {
+		src, err = loadFile(path, opts)
+		err = withFile(err, path)
 	}
+	if err != nil {
+		return nil, err
+	}
+	if err := checkAgainstOptions(src, opts); err != nil {
+		return nil, err
+	}
+	return src, nil
+}
+
+// loadDir is Load of a directory.
+func loadDir(path string, opts LoadOptions) (*Source, error) {
 	entries, err := os.ReadDir(path)
 	if err != nil {
 		return nil, &ParseError{File: path, Err: err}
@@ -201,15 +215,19 @@ func Load(path string, opts LoadOptions) (*Source, error) {
 		return Load(others[0], opts)
 	}
 	out := &Source{Path: path, Stats: &Stats{}}
+	var first *Source
 	for i, p := range others {
 		src, err := Load(p, opts)
 		if err != nil {
 			return nil, err
 		}
 		if i == 0 {
-			out.Format = src.Format
+			out.Format, first = src.Format, src
 		} else if src.Format != out.Format {
 			out.Format = FormatAuto
+		}
+		if err := sameShape(first, src); err != nil {
+			return nil, err
 		}
 		if err := out.Stats.Merge(src.Stats); err != nil {
 			return nil, fmt.Errorf("routing: %s: merging into the files before it: %w", p, err)
@@ -232,12 +250,60 @@ func LoadAll(paths []string, opts LoadOptions) (*Stats, []*Source, error) {
 		if err != nil {
 			return nil, nil, err
 		}
+		if len(srcs) > 0 {
+			if err := sameShape(srcs[0], src); err != nil {
+				return nil, nil, err
+			}
+		}
 		if err := total.Merge(src.Stats); err != nil {
 			return nil, nil, fmt.Errorf("routing: %s: merging into the paths before it: %w", p, err)
 		}
 		srcs = append(srcs, src)
 	}
 	return total, srcs, nil
+}
+
+// sameShape reports, naming both paths, a source whose layers, experts or
+// top-k differ from the first's: traces added up must come from one model.
+func sameShape(first, src *Source) error {
+	a, b := first.Stats, src.Stats
+	fix := "traces added up must come from one model; load the others separately"
+	switch {
+	case a.Layers != b.Layers:
+		return perr(src.Path, 0, "", "%d MoE layers, but %s has %d: %s", b.Layers, first.Path, a.Layers, fix)
+	case a.Experts != b.Experts:
+		return perr(src.Path, 0, "", "%d experts per layer, but %s has %d: %s (a per-token trace that does not state its experts counts the largest id + 1: set LoadOptions.Experts to the model's experts per layer)", b.Experts, first.Path, a.Experts, fix)
+	case a.TopK != 0 && b.TopK != 0 && a.TopK != b.TopK:
+		return perr(src.Path, 0, "", "top-k %d, but %s has top-k %d: %s", b.TopK, first.Path, a.TopK, fix)
+	case a.LayerNames != nil && b.LayerNames != nil && !slices.Equal(a.LayerNames, b.LayerNames):
+		return perr(src.Path, 0, "", "MoE layers at decoder layers %v, but %s has them at %v: %s", clipInts(b.LayerNames), first.Path, clipInts(a.LayerNames), fix)
+	case a.ModelLayers != 0 && b.ModelLayers != 0 && a.ModelLayers != b.ModelLayers:
+		return perr(src.Path, 0, "", "a model of %d decoder layers, but %s is of one of %d: %s", b.ModelLayers, first.Path, a.ModelLayers, fix)
+	}
+	return nil
+}
+
+// clipInts shortens a long list of layer ids for a message.
+func clipInts(v []int) string {
+	if len(v) <= 8 {
+		return fmt.Sprint(v)
+	}
+	return fmt.Sprintf("%v … (%d)", v[:8], len(v))
+}
+
+// checkAgainstOptions reports a file whose top-k or expert count differs
+// from the one LoadOptions gives: TopK is for the formats that do not
+// state it, and Experts checks the ids, so a file that states another is
+// for another model.
+func checkAgainstOptions(src *Source, opts LoadOptions) error {
+	s := src.Stats
+	switch {
+	case opts.TopK > 0 && s.TopK > 0 && s.TopK != opts.TopK:
+		return perr(src.Path, 0, "", "the file routes each token to %d experts per layer, but LoadOptions.TopK is %d: leave LoadOptions.TopK 0 for a file that records its top-k, or give the model's", s.TopK, opts.TopK)
+	case opts.Experts > 0 && s.Experts != opts.Experts:
+		return perr(src.Path, 0, "", "the file has %d experts per layer, but LoadOptions.Experts is %d: set LoadOptions.Experts to the model's experts per layer", s.Experts, opts.Experts)
+	}
+	return nil
 }
 
 func loadFile(path string, opts LoadOptions) (*Source, error) {
@@ -289,7 +355,14 @@ func fileDone(opts LoadOptions, path string, size int64, tokens float64) {
 // looked for. Formats that need random access (.pt, .safetensors) are read
 // into memory, up to 4 GiB.
 func Read(r io.Reader, name string, opts LoadOptions) (*Source, error) {
-	return read(r, name, -1, opts)
+	src, err := read(r, name, -1, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkAgainstOptions(src, opts); err != nil {
+		return nil, err
+	}
+	return src, nil
 }
 
 // read reads r, of size bytes (-1: unknown), and tells LoadOptions.Progress

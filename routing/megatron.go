@@ -56,7 +56,7 @@ func readMegatron(r io.Reader, file string, rank int64, b *tokenBuilder) error {
 		if trimmed := bytes.TrimSpace(line); len(trimmed) > 0 {
 			var rec megatronRecord
 			if derr := json.Unmarshal(trimmed, &rec); derr != nil {
-				return perr(file, lineNo, jsonField(derr), "malformed JSON (%v): each line must be one router-trace record", jsonMsg(derr))
+				return lineJSONError(file, lineNo, trimmed, derr, "each line must be one router-trace record")
 			}
 			if rec.Block == "mtp" {
 				// Multi-token-prediction layers are not the model's layers.

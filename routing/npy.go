@@ -42,7 +42,7 @@ func readNPYHeader(br *bufio.Reader, file string) (h npyHeader, size int, order 
 		if errors.Is(err, io.EOF) {
 			return h, 0, nil, perr(file, 0, "", "empty file: want a .npy array")
 		}
-		return h, 0, nil, perr(file, 0, "", "truncated NPY preamble: the file is cut short")
+		return h, 0, nil, perr(file, 0, "", "truncated NPY preamble: %s", cutShort)
 	}
 	if string(pre[:6]) != npyMagic {
 		return h, 0, nil, perr(file, 0, "", "not an NPY file (bad magic): save the array with numpy.save")
@@ -52,13 +52,13 @@ func readNPYHeader(br *bufio.Reader, file string) (h npyHeader, size int, order 
 	case 1:
 		var b [2]byte
 		if _, err := io.ReadFull(br, b[:]); err != nil {
-			return h, 0, nil, perr(file, 0, "", "truncated NPY header length")
+			return h, 0, nil, perr(file, 0, "", "truncated NPY header length: %s", cutShort)
 		}
 		hlen = int(binary.LittleEndian.Uint16(b[:]))
 	case 2, 3:
 		var b [4]byte
 		if _, err := io.ReadFull(br, b[:]); err != nil {
-			return h, 0, nil, perr(file, 0, "", "truncated NPY header length")
+			return h, 0, nil, perr(file, 0, "", "truncated NPY header length: %s", cutShort)
 		}
 		hlen = int(binary.LittleEndian.Uint32(b[:]))
 	default:
@@ -69,7 +69,7 @@ func readNPYHeader(br *bufio.Reader, file string) (h npyHeader, size int, order 
 	}
 	hb := make([]byte, hlen)
 	if _, err := io.ReadFull(br, hb); err != nil {
-		return h, 0, nil, perr(file, 0, "", "truncated NPY header: the file is cut short")
+		return h, 0, nil, perr(file, 0, "", "truncated NPY header: %s", cutShort)
 	}
 	h, err = parseNPYHeader(string(hb))
 	if err != nil {
@@ -217,7 +217,7 @@ func parseNPYHeader(s string) (npyHeader, error) {
 				tok = strings.TrimSuffix(tok, "L")
 				v, err := strconv.Atoi(tok)
 				if err != nil || v < 0 || v > maxTraceIDs {
-					return h, perr("", 0, key, "bad dimension %q: want an integer in [0,%d]", clip(tok), uint64(maxTraceIDs))
+					return h, perr("", 0, key, "bad dimension %q: want an integer in [0,%d]; the header is corrupt, or the array too large for one file: save it again with numpy.save, split into several files", clip(tok), uint64(maxTraceIDs))
 				}
 				h.shape = append(h.shape, v)
 			}
@@ -289,3 +289,6 @@ func WriteNPY(w io.Writer, t *Trace) error {
 	}
 	return bw.Flush()
 }
+
+// cutShort says what to do about a file that ends too early.
+const cutShort = "the file is cut short (an interrupted write or copy); write or copy it again"

@@ -341,8 +341,9 @@ func TestReaderErrors(t *testing.T) {
 		field   string
 		message string
 	}{
-		{"jsonl malformed", "t.jsonl", LoadOptions{}, hdr + `{"layers":[[0,1]]` + "\n", 2, "", "malformed JSON"},
-		{"jsonl truncated", "t.jsonl", LoadOptions{}, `{"layers":[[0,1]]}` + "\n" + `{"layers":[[0,`, 2, "", "malformed JSON"},
+		{"jsonl malformed", "t.jsonl", LoadOptions{}, hdr + `{"layers":[[0,1]],}` + "\n", 2, "", "malformed JSON"},
+		{"jsonl unclosed", "t.jsonl", LoadOptions{}, hdr + `{"layers":[[0,1]]` + "\n", 2, "", "truncated record: the file is cut short"},
+		{"jsonl truncated", "t.jsonl", LoadOptions{}, `{"layers":[[0,1]]}` + "\n" + `{"layers":[[0,`, 2, "", "truncated record: the file is cut short"},
 		{"jsonl out of range", "t.jsonl", LoadOptions{}, hdr + `{"layers":[[0,1]]}` + "\n" + `{"layers":[[0,7]]}`, 3, "layers[0][1]", `expert 7 out of range [0,4): set "experts" in the header or fix the id`},
 		{"jsonl negative id", "t.jsonl", LoadOptions{}, `{"layers":[[-1,1]]}`, 1, "layers[0][0]", "out of range"},
 		{"jsonl duplicate", "t.jsonl", LoadOptions{}, hdr + `{"layers":[[2,2]]}`, 2, "layers[0][1]", "appears twice"},
@@ -488,7 +489,7 @@ func TestLoadAll(t *testing.T) {
 
 	_, _, err = LoadAll([]string{p, testdataPath(t, "mixtral-8x7b", "fiddler")}, LoadOptions{})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "8 layers vs 32 layers")
+	assert.Contains(t, err.Error(), "fiddler: 32 MoE layers, but "+p+" has 8: traces added up must come from one model")
 }
 
 func TestSharedTraces(t *testing.T) {

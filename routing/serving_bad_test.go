@@ -332,7 +332,7 @@ func TestVLLMBadInput(t *testing.T) {
 	}{
 		{"no records", `{"record_type": "eplb_initial_mapping"}` + "\n", LoadOptions{}, "s.jsonl: no \"eplb_load_stats\" records"},
 		{"p2l out of range", vllmLine(0, [][]float64{{1, 2}}, [][]int{{0, 5}}), LoadOptions{Experts: 2}, "s.jsonl:1: p2l_map[0][1]: logical expert 5 out of range [0,2)"},
-		{"fractional load", vllmLine(0, [][]float64{{1.5, 2}}, [][]int{{0, 1}}), LoadOptions{}, "s.jsonl:1: expert_load[0][0]: 1.5 is not a non-negative integer count"},
+		{"fractional load", vllmLine(0, [][]float64{{1.5, 2}}, [][]int{{0, 1}}), LoadOptions{}, "s.jsonl:1: expert_load[0][0]: 1.5 is not an integer count"},
 		{"layers change", ok + vllmLine(1, [][]float64{{1, 2, 3}, {1, 1, 1}}, [][]int{{0, 1, 0}, {0, 1, 0}}), LoadOptions{}, "s.jsonl:2: 2 layers of expert_load and 2 of p2l_map, want 1 like the first record"},
 		{"step twice", ok + ok, LoadOptions{}, "s.jsonl:2: step: step 0 already recorded on line 1"},
 		{"experts change", ok + vllmLine(1, [][]float64{{1, 2, 3}}, [][]int{{0, 1, 2}}), LoadOptions{}, "s.jsonl:2: p2l_map: maps to 3 logical experts, earlier records to 2: set LoadOptions.Experts"},

@@ -248,7 +248,7 @@ func TestVendoredRoutedExperts(t *testing.T) {
 	sets := flameSets(t)
 	path := testdataPath(t, "serving-stacks", "sglang_routed_experts.json")
 	_, err := Load(path, LoadOptions{})
-	require.ErrorContains(t, err, "routed_experts does not say its top-k: set LoadOptions.TopK (--top-k)")
+	require.ErrorContains(t, err, "routed_experts does not say its top-k: set LoadOptions.TopK to the model's num_experts_per_tok")
 	src, err := Load(path, LoadOptions{TopK: 6})
 	require.NoError(t, err)
 	assert.Equal(t, FormatSGLangRoutedExperts, src.Format)

@@ -206,7 +206,7 @@ func (f *sglangFile) readStat(opts LoadOptions) (*Stats, error) {
 		return nil, perr(f.name, 0, "logical_count", "%d experts exceed the int16 id range", E)
 	}
 	if opts.Experts > 0 && opts.Experts != E {
-		return nil, perr(f.name, 0, "logical_count", "%d experts, but LoadOptions.Experts is %d", E, opts.Experts)
+		return nil, perr(f.name, 0, "logical_count", "%d experts, but LoadOptions.Experts is %d: set LoadOptions.Experts to the model's experts per layer", E, opts.Experts)
 	}
 	v, err := readInts(t, f.name, "logical_count")
 	if err != nil {
@@ -217,8 +217,8 @@ func (f *sglangFile) readStat(opts LoadOptions) (*Stats, error) {
 	for b := range B {
 		for i := range L * E {
 			x := v.at(b*L*E + i)
-			if x < 0 {
-				return nil, perr(f.name, 0, fmt.Sprintf("logical_count[%d][%d][%d]", b, i/E, i%E), "count %d is negative", x)
+			if msg := badIntCount(x); msg != "" {
+				return nil, perr(f.name, 0, fmt.Sprintf("logical_count[%d][%d][%d]", b, i/E, i%E), "%s", msg)
 			}
 			if x != 0 {
 				c.add(int64(b), -1, i/E, i%E, float64(x))
@@ -269,8 +269,8 @@ func (f *sglangFile) addPerPass(c **countBuilder, opts LoadOptions) error {
 		for l := range L {
 			for p := range P {
 				x := v.at(l*P + p)
-				if x < 0 {
-					return perr(f.name, 0, fmt.Sprintf("%s[%d][%d]", field, l, p), "count %d is negative", x)
+				if msg := badIntCount(x); msg != "" {
+					return perr(f.name, 0, fmt.Sprintf("%s[%d][%d]", field, l, p), "%s", msg)
 				}
 				if x != 0 {
 					(*c).add(pass, int(rank), l, m[l*P+p], float64(x))
@@ -309,7 +309,7 @@ func (f *sglangFile) addPerToken(b *tokenBuilder, opts LoadOptions) error {
 	if b.experts == 0 {
 		b.experts = E
 	} else if b.experts != E {
-		return perr(f.name, 0, "last_physical_to_logical_map", "maps to %d logical experts, but the files before map to %d: give all files of one run (or set LoadOptions.Experts)", E, b.experts)
+		return perr(f.name, 0, "last_physical_to_logical_map", "maps to %d logical experts, but the files before map to %d: give all files of one run, or set LoadOptions.Experts to the model's experts per layer", E, b.experts)
 	}
 	recs, err := f.records()
 	if err != nil {

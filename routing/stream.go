@@ -93,9 +93,9 @@ func (in *npyInput) expect(n uint64) error {
 	}
 	switch have := in.size - in.h.bytes; {
 	case have < in.want:
-		return perr(in.file, 0, "", "truncated data: %d bytes, shape %v of %s needs %d", max(have, 0), in.h.shape, in.h.descr, in.want)
+		return perr(in.file, 0, "", "truncated data: %d bytes, shape %v of %s needs %d: %s", max(have, 0), in.h.shape, in.h.descr, in.want, cutShort)
 	case have > in.want:
-		return perr(in.file, 0, "", "trailing bytes after the %v array: the header shape does not match the data", in.h.shape)
+		return perr(in.file, 0, "", "trailing bytes after the %v array: the header shape does not match the data; save the array again with numpy.save", in.h.shape)
 	}
 	return nil
 }
@@ -106,7 +106,7 @@ func (in *npyInput) fill(raw []byte) error {
 	in.read += int64(n)
 	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return perr(in.file, 0, "", "truncated data: %d bytes, shape %v of %s needs %d", in.read, in.h.shape, in.h.descr, in.want)
+			return perr(in.file, 0, "", "truncated data: %d bytes, shape %v of %s needs %d: %s", in.read, in.h.shape, in.h.descr, in.want, cutShort)
 		}
 		return perr(in.file, 0, "", "read: %v", err)
 	}
@@ -119,7 +119,7 @@ func (in *npyInput) end() error {
 		return nil
 	}
 	if _, err := in.br.ReadByte(); err == nil {
-		return perr(in.file, 0, "", "trailing bytes after the %v array: the header shape does not match the data", in.h.shape)
+		return perr(in.file, 0, "", "trailing bytes after the %v array: the header shape does not match the data; save the array again with numpy.save", in.h.shape)
 	}
 	return nil
 }
@@ -324,7 +324,7 @@ func readNPYTrace(in, side *npyInput, opts LoadOptions, keep bool) (*Trace, *Sta
 			case repeat:
 				return fail(perr(in.file, 0, field, "expert %d appears twice in the token's top-k at that layer: list each selected expert once", v))
 			case opts.Experts > 0:
-				return fail(perr(in.file, 0, field, "expert %d out of range [0,%d): set LoadOptions.Experts or fix the id", v, limit))
+				return fail(perr(in.file, 0, field, "expert %d out of range [0,%d): fix the id, or set LoadOptions.Experts to the model's experts per layer", v, limit))
 			}
 			return fail(perr(in.file, 0, field, "expert %d out of range [0,%d): ids must be non-negative int16", v, limit))
 		}

@@ -263,7 +263,7 @@ func readTRTLLM(name string, meta *trtMeta, files []randomFile, opts LoadOptions
 	E, topK := opts.Experts, opts.TopK
 	if meta != nil {
 		if E != 0 && E != meta.Experts {
-			return nil, perr(name, 0, "num_experts", "meta_info.json says %d experts, LoadOptions.Experts %d", meta.Experts, E)
+			return nil, perr(name, 0, "num_experts", "meta_info.json says %d experts, but LoadOptions.Experts is %d: set LoadOptions.Experts to the model's experts per layer", meta.Experts, E)
 		}
 		E = meta.Experts
 		if topK == 0 {
@@ -291,8 +291,8 @@ func readTRTLLM(name string, meta *trtMeta, files []randomFile, opts LoadOptions
 				return nil, err
 			}
 			for e, x := range v {
-				if x < 0 {
-					return nil, perr(rf.f.name, 0, fmt.Sprintf("%s[%d]", clip(t.key), e), "count %d is negative", x)
+				if msg := badIntCount(x); msg != "" {
+					return nil, perr(rf.f.name, 0, fmt.Sprintf("%s[%d]", clip(t.key), e), "%s", msg)
 				}
 				if x != 0 {
 					c.add(iter, rf.rank, row[l], e, float64(x))
@@ -320,8 +320,8 @@ func readTRTLLM(name string, meta *trtMeta, files []randomFile, opts LoadOptions
 					return nil, err
 				}
 				for i, x := range v {
-					if x < 0 {
-						return nil, perr(rf.f.name, 0, fmt.Sprintf("%s[%d][%d]", clip(t.key), i/E, i%E), "count %d is negative", x)
+					if msg := badIntCount(x); msg != "" {
+						return nil, perr(rf.f.name, 0, fmt.Sprintf("%s[%d][%d]", clip(t.key), i/E, i%E), "%s", msg)
 					}
 					if i/E != i%E { // the diagonal repeats the load
 						co[row[l]][i] += float64(x)

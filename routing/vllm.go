@@ -41,7 +41,7 @@ func readVLLMLoadStats(r io.Reader, file string, opts LoadOptions) (*Stats, erro
 		if trimmed := bytes.TrimSpace(line); len(trimmed) > 0 {
 			var rec vllmRecord
 			if derr := json.Unmarshal(trimmed, &rec); derr != nil {
-				return nil, perr(file, lineNo, jsonField(derr), "malformed JSON (%v): each line must be one record", jsonMsg(derr))
+				return nil, lineJSONError(file, lineNo, trimmed, derr, "each line must be one record")
 			}
 			if rec.RecordType == "eplb_load_stats" {
 				if rec.Version != nil && *rec.Version != 1 {
@@ -73,7 +73,7 @@ func readVLLMLoadStats(r io.Reader, file string, opts LoadOptions) (*Stats, erro
 					}
 					for p, e := range rec.P2L[l] {
 						if limit := cmp.Or(opts.Experts, math.MaxInt16+1); e < 0 || e >= limit {
-							return nil, perr(file, lineNo, fmt.Sprintf("p2l_map[%d][%d]", l, p), "logical expert %d out of range [0,%d)", e, limit)
+							return nil, perr(file, lineNo, fmt.Sprintf("p2l_map[%d][%d]", l, p), "logical expert %d out of range [0,%d): fix the id, or set LoadOptions.Experts to the model's experts per layer", e, limit)
 						}
 						maxID = max(maxID, e)
 					}
@@ -85,12 +85,15 @@ func readVLLMLoadStats(r io.Reader, file string, opts LoadOptions) (*Stats, erro
 					c = newCountBuilder(L, E, 0, nil)
 					c.sources = nil
 				} else if opts.Experts == 0 && maxID+1 != E {
-					return nil, perr(file, lineNo, "p2l_map", "maps to %d logical experts, earlier records to %d: set LoadOptions.Experts", maxID+1, E)
+					return nil, perr(file, lineNo, "p2l_map", "maps to %d logical experts, earlier records to %d: set LoadOptions.Experts to the model's experts per layer", maxID+1, E)
 				}
 				for l := range L {
 					for p, v := range rec.Load[l] {
-						if v < 0 || v != math.Trunc(v) || math.IsInf(v, 0) {
-							return nil, perr(file, lineNo, fmt.Sprintf("expert_load[%d][%d]", l, p), "%v is not a non-negative integer count", v)
+						if msg := badCount(v); msg != "" {
+							return nil, perr(file, lineNo, fmt.Sprintf("expert_load[%d][%d]", l, p), "%s", msg)
+						}
+						if v != math.Trunc(v) {
+							return nil, perr(file, lineNo, fmt.Sprintf("expert_load[%d][%d]", l, p), "%v is not an integer count", v)
 						}
 						if v != 0 {
 							c.add(*rec.Step, -1, l, rec.P2L[l][p], v)
@@ -152,7 +155,7 @@ func parseRoutedExperts(data []byte, file string, opts LoadOptions, b *tokenBuil
 	}
 	k := opts.TopK
 	if k <= 0 {
-		return perr(file, 0, "", "routed_experts does not say its top-k: set LoadOptions.TopK (--top-k) to the model's num_experts_per_tok")
+		return perr(file, 0, "", "routed_experts does not say its top-k: set LoadOptions.TopK to the model's num_experts_per_tok")
 	}
 	for i, r := range resps {
 		field := fmt.Sprintf("[%d].meta_info.routed_experts", i)

@@ -167,14 +167,18 @@ func cmdBacktest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 // their merged statistics (for the model and the layout).
 func (f *backtestFlags) load(pr *progress, stderr io.Writer) ([][][]float64, *routing.Stats, error) {
 	rd := pr.reading(f.traces)
-	lo := rd.options(routing.LoadOptions{Format: routing.Format(f.format), TopK: f.topK, NoPatterns: true})
+	lo := routing.LoadOptions{Format: routing.Format(f.format), TopK: f.topK, NoPatterns: true}
+	if err := (&common{model: f.model}).modelLoadOptions(&lo); err != nil {
+		return nil, nil, err
+	}
+	lo = rd.options(lo)
 	var steps [][][]float64
 	merged := &routing.Stats{}
 	for _, path := range f.traces {
 		src, err := routing.Load(path, lo)
 		if err != nil {
 			rd.end(nil, err)
-			return nil, nil, err
+			return nil, nil, routingError(err)
 		}
 		st := src.Stats
 		var got [][][]float64

@@ -137,9 +137,6 @@ func (c *common) scoreFile(p solver.Problem, path string) (*solver.Result, error
 	if err != nil {
 		return nil, err
 	}
-	if err := plan.Validate(placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
 	rep, err := p.Scenario().Evaluate(plan)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)

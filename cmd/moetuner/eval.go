@@ -6,7 +6,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/moetuner/moetuner/costmodel"
-	"github.com/moetuner/moetuner/placement"
 )
 
 func cmdEval(args []string, stdout, stderr io.Writer) error {
@@ -29,9 +28,6 @@ func cmdEval(args []string, stdout, stderr io.Writer) error {
 	plan, err := c.readPlan(*planPath, p.Cluster)
 	if err != nil {
 		return err
-	}
-	if err := plan.Validate(placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}); err != nil {
-		return fmt.Errorf("%s: %w", *planPath, err)
 	}
 	rep, err := costmodel.Evaluate(plan, p.Stats, p.Cluster, p.Model, costmodel.Options{Flow: p.Flow, Mode: p.Mode, Dispatch: p.Dispatch})
 	if err != nil {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -64,6 +63,9 @@ type common struct {
 	layout placement.Layout
 	// modelName is the model setup chose, for error messages.
 	modelName string
+	// decoderFromTrace says the layout's decoder-layer count is the
+	// trace's (else the model's), for error messages.
+	decoderFromTrace bool
 }
 
 func (c *common) register(fs *flag.FlagSet, solve bool) {
@@ -127,11 +129,14 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	default:
 		return p, nil, fmt.Errorf("--transitions %q: want all-pairs or top1", c.transitions)
 	}
+	if err := c.modelLoadOptions(&lo); err != nil {
+		return p, nil, err
+	}
 	rd := c.progress.reading(traces)
 	stats, sources, err := routing.LoadAll(traces, rd.options(lo))
 	rd.end(stats, err)
 	if err != nil {
-		return p, nil, err
+		return p, nil, routingError(err)
 	}
 	if !c.quiet {
 		printNotes(c.stderr, stats.Notes)
@@ -217,6 +222,7 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		return p, nil, err
 	}
 	c.layout, c.modelName = planLayout(stats, model, cluster), model.Name
+	c.decoderFromTrace = stats.ModelLayers != 0
 	if c.from != "" {
 		if p.Current, err = c.readPlan(c.from, cluster); err != nil {
 			return p, nil, err
@@ -233,6 +239,21 @@ func (c *common) startProgress(stdout, stderr io.Writer) (*progress, io.Writer, 
 	return pr, stdout, stderr
 }
 
+// modelLoadOptions sets what a --model says about the trace in lo: its
+// experts per layer (the readers then check every id against them) and
+// its decoder layers.
+func (c *common) modelLoadOptions(lo *routing.LoadOptions) error {
+	if c.model == "" {
+		return nil
+	}
+	m, err := costmodel.LoadModel(c.model)
+	if err != nil {
+		return err
+	}
+	lo.Experts, lo.ModelLayers = m.Experts, m.DecoderLayers
+	return nil
+}
+
 func (c *common) loadModel(stats *routing.Stats) (costmodel.Model, error) {
 	if c.model != "" {
 		m, err := costmodel.LoadModel(c.model)
@@ -240,7 +261,12 @@ func (c *common) loadModel(stats *routing.Stats) (costmodel.Model, error) {
 			return m, err
 		}
 		if m.Experts != stats.Experts {
-			return m, fmt.Errorf("model %q has %d experts per layer but the trace has %d; pick the matching --model", m.Name, m.Experts, stats.Experts)
+			return m, fmt.Errorf("model %q has %d experts per layer but the trace (%s) has %d; pick the matching --model", m.Name, m.Experts, c.traceNames(), stats.Experts)
+		}
+		// A trace may record fewer choices than the model makes (only the
+		// first, as ExFlow's top-1 traces do), never more.
+		if stats.TopK > m.TopK {
+			return m, fmt.Errorf("model %q routes each token to %d experts per layer (top_k) but the trace (%s) routes each to %d; pick the matching --model, or a model YAML file with top_k: %d", m.Name, m.TopK, c.traceNames(), stats.TopK, stats.TopK)
 		}
 		return m, nil
 	}
@@ -290,50 +316,6 @@ func (c *common) solveLimit(shares int, reserve time.Duration) time.Duration {
 func planLayout(s *routing.Stats, m costmodel.Model, cluster costmodel.Cluster) placement.Layout {
 	return solver.Problem{Stats: s, Model: m, Cluster: cluster}.Layout()
 }
-
-// readPlan reads a placement file in any format with the command's layout
-// (the cluster's GPU count where the file does not record it) and says
-// what went wrong in the command line's words.
-func (c *common) readPlan(path string, cluster costmodel.Cluster) (*placement.Plan, error) {
-	p, err := placement.ReadFileWith(path, c.layout)
-	if err != nil {
-		return nil, c.layoutError(err, path, cluster)
-	}
-	return p, nil
-}
-
-// layoutError rewords the placement package's layout errors for the
-// command line: what the library calls Layout fields are the cluster
-// flags, the trace and the model here.
-func (c *common) layoutError(err error, file string, cluster costmodel.Cluster) error {
-	var ge *placement.GPUCountError
-	switch {
-	case errors.As(err, &ge):
-		return fmt.Errorf("%s records %d GPUs (%s) but the cluster has %d (%d nodes × %d GPUs); set --nodes and --gpus-per-node (or --cluster) to the file's expert-parallel size", file, ge.File, ge.Field, ge.Given, cluster.Nodes, cluster.GPUsPerNode)
-	case errors.Is(err, placement.ErrNeedLayers):
-		return fmt.Errorf("%s: the file's layers are indexed by decoder layer, and neither the trace nor model %q says which of the model's decoder layers are its %d MoE layers: use a trace that records them (SGLang dumps do), or pass --model with a preset or YAML file that sets decoder_layers (num_hidden_layers) and, when the MoE layers are not the last ones, moe_layer_ids", file, c.modelName, c.layout.Layers)
-	}
-	return &cliError{err: err, msg: layoutWords.Replace(err.Error())}
-}
-
-// layoutWords names the Layout fields as a command-line user sets them.
-var layoutWords = strings.NewReplacer(
-	"Layout.ModelLayers", "the model's decoder-layer count",
-	"Layout.LayerIDs", "the MoE layer ids (the trace's, else the model's moe_layer_ids)",
-	"Layout.Layers", "the trace's MoE layers",
-	"Layout.Experts", "the trace's experts",
-	"Layout.GPUs", "the cluster's GPUs (--nodes × --gpus-per-node)",
-)
-
-// cliError is an error reworded for the command line; errors.Is and As
-// still see the original.
-type cliError struct {
-	err error
-	msg string
-}
-
-func (e *cliError) Error() string { return e.msg }
-func (e *cliError) Unwrap() error { return e.err }
 
 // traceFormats are the values of --trace-format ("" detects the format).
 var traceFormats = []string{"", "jsonl", "npy", "flame-csv", "olmoe-json", "fiddler-json", "logical-count",

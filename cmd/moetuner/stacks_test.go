@@ -187,9 +187,9 @@ func TestStackErrors(t *testing.T) {
 		{"layers unknown", []string{"plan", "--trace", "testdata/mixtral-8x7b/fiddler", "--model", model, "--format", "sglang", "--out", filepath.Join(dir, "x.sglang.json")},
 			"moetuner: " + filepath.Join(dir, "x.sglang.json") + ": the file's layers are indexed by decoder layer, and neither the trace nor model \"mix\" says which of the model's decoder layers are its 32 MoE layers: use a trace that records them (SGLang dumps do), or pass --model with a preset or YAML file that sets decoder_layers (num_hidden_layers) and, when the MoE layers are not the last ones, moe_layer_ids\n"},
 		{"one row per MoE layer", []string{"eval", "--trace", flameTrace, "--plan", old},
-			"moetuner: placement: sglang: physical_to_logical_map has 2 rows but the model has 10 decoder layers (the model's decoder-layer count); SGLang needs one row per decoder layer, dense ones included (file " + old + ")\n"},
+			"moetuner: " + old + ": physical_to_logical_map has 2 rows (SGLang needs one per decoder layer, dense ones included) but model \"flame-moe-290m\" has 10 decoder layers (decoder_layers); the file is for another model: give the --trace and --model it was made for, or make a plan for this model with moetuner plan\n"},
 		{"wrong GPU count for a map", []string{"eval", "--trace", flameTrace, "--plan", "testdata/plans/stacks/flame.sglang.json", "--gpus-per-node", "4"},
-			"moetuner: placement: sglang: physical_to_logical_map[2]: expert 38 is on rank 0 twice (slots 8 and 15 of 18 per rank); SGLang needs the copies of an expert on different ranks, so the file is wrong or for another GPU count than 4 (file testdata/plans/stacks/flame.sglang.json)\n"},
+			"moetuner: placement: sglang: physical_to_logical_map[2]: expert 38 is on rank 0 twice (slots 8 and 15 of 18 per rank); SGLang needs the copies of an expert on different ranks, so the file is wrong or for another GPU count than the 4 of --nodes × --gpus-per-node (file testdata/plans/stacks/flame.sglang.json)\n"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -23,7 +23,7 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	var outFormat string
 	choiceVar(fs, &outFormat, "format", "moetuner", []string{"moetuner", "logical-count"},
 		"format of --out: moetuner (moetuner.stats/v1, read back by every command; files add up) or logical-count ({\"logical_count\": [decoder layers][experts]}, dense layers zero, for SGLang's --init-expert-location and EPLB)")
-	model := fs.String("model", "", "with --format logical-count: model preset or YAML file that says the decoder layers when the trace does not (default: the preset matching the trace's shape)")
+	model := fs.String("model", "", "model preset or YAML file: the trace's expert ids are checked against its experts, and with --format logical-count it says the decoder layers when the trace does not (default: the preset matching the trace's shape)")
 	pathError := fs.Float64("path-error", routing.DefaultPathError, "per-token traces: target relative standard error of the per-token means estimated from the sample of token paths kept for long traces (0: keep every path)")
 	quiet := fs.Bool("quiet", false, "print only errors (no notes on what the statistics left out, no progress)")
 	// Flags may follow the traces (moetuner stats a.pt b.pt --out s.json).
@@ -58,13 +58,16 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	} else if transitions != "all-pairs" {
 		return fmt.Errorf("--transitions %q: want all-pairs or top1", transitions)
 	}
+	if err := (&common{model: *model}).modelLoadOptions(&lo); err != nil {
+		return err
+	}
 	pr, stdout, stderr := startProgress(stdout, stderr, *quiet)
 	defer pr.close()
 	rd := pr.reading(traces)
 	stats, sources, err := routing.LoadAll(traces, rd.options(lo))
 	rd.end(stats, err)
 	if err != nil {
-		return err
+		return routingError(err)
 	}
 	if !*quiet {
 		printNotes(stderr, stats.Notes)
