@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/internal/assign"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
@@ -354,57 +355,9 @@ func commonSorted(a, b []routing.Expert) int {
 
 // hungarian solves the square assignment problem min Σ_a cost[a][to⁻¹(a)]
 // exactly (Kuhn–Munkres with potentials, O(n³)) and returns, for every
-// column b, the row it is assigned to. Ties go the same way every time.
+// column b, the row it is assigned to (assign.Min). Ties go the same way every time.
 func hungarian(cost [][]float64) []int {
 	n := len(cost)
-	inf := math.Inf(1)
-	u, v := make([]float64, n+1), make([]float64, n+1)
-	p, way := make([]int, n+1), make([]int, n+1) // p[col] = row (1-based)
-	for i := 1; i <= n; i++ {
-		p[0] = i
-		j0 := 0
-		minv := make([]float64, n+1)
-		used := make([]bool, n+1)
-		for j := range minv {
-			minv[j] = inf
-		}
-		for {
-			used[j0] = true
-			i0, delta, j1 := p[j0], inf, 0
-			for j := 1; j <= n; j++ {
-				if used[j] {
-					continue
-				}
-				cur := cost[i0-1][j-1] - u[i0] - v[j]
-				if cur < minv[j] {
-					minv[j], way[j] = cur, j0
-				}
-				if minv[j] < delta {
-					delta, j1 = minv[j], j
-				}
-			}
-			for j := 0; j <= n; j++ {
-				if used[j] {
-					u[p[j]] += delta
-					v[j] -= delta
-				} else {
-					minv[j] -= delta
-				}
-			}
-			j0 = j1
-			if p[j0] == 0 {
-				break
-			}
-		}
-		for j0 != 0 {
-			j1 := way[j0]
-			p[j0] = p[j1]
-			j0 = j1
-		}
-	}
-	to := make([]int, n)
-	for j := 1; j <= n; j++ {
-		to[j-1] = p[j] - 1
-	}
+	to, _ := assign.Min(n, n, func(i, j int) float64 { return cost[i][j] })
 	return to
 }

@@ -3,6 +3,8 @@ package trafficbound
 import (
 	"math"
 	"slices"
+
+	"github.com/moetuner/moetuner/internal/assign"
 )
 
 // maxAssign bounds from above max Σ_e val[e][x_e] over assignments x of
@@ -28,59 +30,14 @@ func maxAssign(val [][]float64, caps []int) (bound float64, steps int) {
 		}
 	}
 	m := len(slotBin)
-	// Hungarian (rows = items, columns = slots, 1-based), min cost −val.
-	inf := math.Inf(1)
-	u, v := make([]float64, n+1), make([]float64, m+1)
-	p, way := make([]int, m+1), make([]int, m+1)
-	minv := make([]float64, m+1)
-	used := make([]bool, m+1)
-	for i := 1; i <= n; i++ {
-		p[0] = i
-		j0 := 0
-		for j := range minv {
-			minv[j], used[j] = inf, false
-		}
-		for {
-			used[j0] = true
-			i0, delta, j1 := p[j0], inf, 0
-			for j := 1; j <= m; j++ {
-				if used[j] {
-					continue
-				}
-				steps++
-				cur := -val[i0-1][slotBin[j-1]] - u[i0] - v[j]
-				if cur < minv[j] {
-					minv[j], way[j] = cur, j0
-				}
-				if minv[j] < delta {
-					delta, j1 = minv[j], j
-				}
-			}
-			for j := 0; j <= m; j++ {
-				if used[j] {
-					u[p[j]] += delta
-					v[j] -= delta
-				} else {
-					minv[j] -= delta
-				}
-			}
-			j0 = j1
-			if p[j0] == 0 {
-				break
-			}
-		}
-		for j0 != 0 {
-			j1 := way[j0]
-			p[j0] = p[j1]
-			j0 = j1
-		}
-	}
+	// Rows = items, columns = slots, min cost −val.
+	rowOf, steps := assign.Min(n, m, func(i, j int) float64 { return -val[i][slotBin[j]] })
 	members := make([][]int, N)
 	usedCap := make([]int, N)
-	for j := 1; j <= m; j++ {
-		if p[j] != 0 {
-			B := slotBin[j-1]
-			members[B] = append(members[B], p[j]-1)
+	for j, i := range rowOf {
+		if i >= 0 {
+			B := slotBin[j]
+			members[B] = append(members[B], i)
 			usedCap[B]++
 		}
 	}
