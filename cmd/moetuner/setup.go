@@ -302,6 +302,9 @@ const minSolve = time.Millisecond
 // of --time-limit since the command began, less reserve (the scoring and
 // writing after the solves), split evenly.
 func (c *common) solveLimit(shares int, reserve time.Duration) time.Duration {
+	if c.timeLimit <= 0 {
+		return 0 // the solver's own default
+	}
 	left := c.timeLimit - time.Since(c.started) - reserve
 	return max(left/time.Duration(max(shares, 1)), minSolve)
 }
