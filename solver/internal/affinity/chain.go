@@ -30,6 +30,8 @@ type chainProxy struct {
 	of         [][][]int   // [l][e] vertices
 	c          [][]float64 // [l][x·N+B]
 	nload      [][]float64 // [l][B]
+	gload      [][]float64 // [l][g]: tokens over the GPU's speed
+	speed      []float64   // [g]
 	w          [][]float32 // [l] for l ≥ 1: E×E, e at l−1, f at l
 	term       [][]float64 // [l] for l = 0 and L−1: E×N
 }
@@ -81,13 +83,19 @@ func transitionWeights(st *routing.Stats) ([][]float32, error) {
 func newChainProxy(p Problem, copies [][][]int32, w [][]float32) *chainProxy {
 	st, c := p.Stats, p.Cluster
 	L, E, N, P, K := st.Layers, st.Experts, c.Nodes, c.GPUsPerNode, st.TopK
+	G := c.GPUs()
 	cp := &chainProxy{L: L, N: N, E: E, P: P, w: w,
 		exp: make([][]int16, L), gpu: make([][]int, L), node: make([][]int, L), load: make([][]float64, L),
-		cnt: make([][]int, L), of: make([][][]int, L), c: make([][]float64, L), nload: make([][]float64, L), term: make([][]float64, L)}
+		cnt: make([][]int, L), of: make([][][]int, L), c: make([][]float64, L), nload: make([][]float64, L),
+		gload: make([][]float64, L), speed: make([]float64, G), term: make([][]float64, L)}
+	for g := range cp.speed {
+		cp.speed[g] = c.SpeedOf(g)
+	}
 	for l := 0; l < L; l++ {
 		cp.cnt[l] = make([]int, E)
 		cp.of[l] = make([][]int, E)
 		cp.nload[l] = make([]float64, N)
+		cp.gload[l] = make([]float64, G)
 		for e, gs := range copies[l] {
 			cp.cnt[l][e] = len(gs)
 			for _, g := range gs {
@@ -99,6 +107,7 @@ func newChainProxy(p Problem, copies [][][]int32, w [][]float32) *chainProxy {
 				ld := st.Load[l][e] / float64(len(gs))
 				cp.load[l] = append(cp.load[l], ld)
 				cp.nload[l][int(g)/P] += ld
+				cp.gload[l][g] += ld / cp.speed[g]
 			}
 		}
 	}
@@ -206,6 +215,9 @@ func (cp *chainProxy) swap(l, x, y int) {
 	}
 	cp.nload[l][a] += cp.load[l][y] - cp.load[l][x]
 	cp.nload[l][b] += cp.load[l][x] - cp.load[l][y]
+	gx, gy := cp.gpu[l][x], cp.gpu[l][y]
+	cp.gload[l][gx] += (cp.load[l][y] - cp.load[l][x]) / cp.speed[gx]
+	cp.gload[l][gy] += (cp.load[l][x] - cp.load[l][y]) / cp.speed[gy]
 	cp.node[l][x], cp.node[l][y] = b, a
 	cp.gpu[l][x], cp.gpu[l][y] = cp.gpu[l][y], cp.gpu[l][x]
 }
@@ -219,11 +231,15 @@ func (cp *chainProxy) holds(l, g, e int) bool {
 	return false
 }
 
-// anneal is proxy.anneal for the chain: swaps of copies between nodes
+// anneal is proxy.anneal for the chain: swaps of copies between GPUs
 // within a layer, scored by the cut (scale copies per unit, copySec each)
-// and the layer's busiest node (perNodeTok per token).
-func (cp *chainProxy) anneal(rng *rand.Rand, sc *schedule, scale, perNodeTok, copySec float64) {
-	L, N := cp.L, cp.N
+// and the layer's busiest GPU (perTok per token over the GPU's speed).
+// Swaps within a node leave the cut as it is and move load between its
+// GPUs: the busiest GPU, not the busiest node, sets the compute tail, and
+// with few slots per GPU a node's experts can be balanced over the nodes
+// and still not pack evenly over its GPUs.
+func (cp *chainProxy) anneal(rng *rand.Rand, sc *schedule, scale, perTok, copySec float64) {
+	L, N, P := cp.L, cp.N, cp.P
 	if N < 2 {
 		return
 	}
@@ -237,20 +253,38 @@ func (cp *chainProxy) anneal(rng *rand.Rand, sc *schedule, scale, perNodeTok, co
 			byNode[l][b] = append(byNode[l][b], x)
 		}
 	}
-	nl := make([]float64, N)
 	delta := func(l, a, b, x, y int) float64 {
-		copy(nl, cp.nload[l])
-		before := slices.Max(nl)
-		nl[a] += cp.load[l][y] - cp.load[l][x]
-		nl[b] += cp.load[l][x] - cp.load[l][y]
-		return cp.swapDelta(l, x, y)*scale*copySec + (slices.Max(nl)-before)*perNodeTok
+		gl := cp.gload[l]
+		gx, gy := cp.gpu[l][x], cp.gpu[l][y]
+		d := cp.load[l][y] - cp.load[l][x]
+		before, after := 0.0, 0.0
+		for g, v := range gl {
+			before = max(before, v)
+			switch g {
+			case gx:
+				v += d / cp.speed[gx]
+			case gy:
+				v -= d / cp.speed[gy]
+			}
+			after = max(after, v)
+		}
+		cut := 0.0
+		if a != b {
+			cut = cp.swapDelta(l, x, y) * scale * copySec
+		}
+		return cut + (after-before)*perTok
 	}
+	// One move in P stays within a node (P−1 GPUs of the N·P−1 others
+	// would be fewer when nodes are many).
 	pick := func() (l, a, b, x, y int, ok bool) {
 		l = rng.IntN(L)
 		a = rng.IntN(N)
-		b = rng.IntN(N - 1)
-		if b >= a {
-			b++
+		b = a
+		if P < 2 || rng.IntN(P) != 0 {
+			b = rng.IntN(N - 1)
+			if b >= a {
+				b++
+			}
 		}
 		if len(byNode[l][a]) == 0 || len(byNode[l][b]) == 0 {
 			return
@@ -258,7 +292,7 @@ func (cp *chainProxy) anneal(rng *rand.Rand, sc *schedule, scale, perNodeTok, co
 		x = byNode[l][a][rng.IntN(len(byNode[l][a]))]
 		y = byNode[l][b][rng.IntN(len(byNode[l][b]))]
 		ex, ey := int(cp.exp[l][x]), int(cp.exp[l][y])
-		ok = ex != ey && !cp.holds(l, cp.gpu[l][y], ex) && !cp.holds(l, cp.gpu[l][x], ey)
+		ok = ex != ey && cp.gpu[l][x] != cp.gpu[l][y] && !cp.holds(l, cp.gpu[l][y], ex) && !cp.holds(l, cp.gpu[l][x], ey)
 		return
 	}
 	t0, n0 := 0.0, 0
@@ -290,6 +324,64 @@ func (cp *chainProxy) anneal(rng *rand.Rand, sc *schedule, scale, perNodeTok, co
 	}
 }
 
+// peak is layer l's busiest GPU load (tokens over speed).
+func (cp *chainProxy) peak(l int) float64 {
+	return slices.Max(cp.gload[l])
+}
+
+// capPeak lowers layer l's busiest GPU to at most limit, each step taking
+// the swap of a copy on the busiest GPU with a lighter one elsewhere that
+// lowers the busiest GPU at the least increase of the cut (scale copies
+// per unit, copySec each; swaps within a node cost nothing), until the
+// peak is within limit or no swap lowers it. It returns the swaps made.
+func (cp *chainProxy) capPeak(l int, limit, scale, copySec float64) int {
+	gl := cp.gload[l]
+	V := len(cp.exp[l])
+	n := 0
+	for iter := 0; iter < V*len(gl); iter++ {
+		top := 0
+		for g, v := range gl {
+			if v > gl[top] {
+				top = g
+			}
+		}
+		if gl[top] <= limit*(1+1e-12) {
+			break
+		}
+		bx, by, bc := -1, -1, math.Inf(1)
+		for x := 0; x < V; x++ {
+			if cp.gpu[l][x] != top {
+				continue
+			}
+			ex := int(cp.exp[l][x])
+			for y := 0; y < V; y++ {
+				h := cp.gpu[l][y]
+				d := cp.load[l][x] - cp.load[l][y]
+				if h == top || d <= 0 {
+					continue
+				}
+				ey := int(cp.exp[l][y])
+				if ex == ey || gl[h]+d/cp.speed[h] >= gl[top]*(1-1e-12) || cp.holds(l, h, ex) || cp.holds(l, top, ey) {
+					continue
+				}
+				c := 0.0
+				if cp.node[l][x] != cp.node[l][y] {
+					c = cp.swapDelta(l, x, y) * scale * copySec
+				}
+				if c < bc {
+					bx, by, bc = x, y, c
+				}
+			}
+		}
+		if bx < 0 {
+			break
+		}
+		cp.swap(l, bx, by)
+		n++
+	}
+	return n
+}
+
 // copies returns layer l's copies per expert.
 func (cp *chainProxy) copies(l int) [][]int32 {
 	out := make([][]int32, cp.E)
@@ -299,21 +391,23 @@ func (cp *chainProxy) copies(l int) [][]int32 {
 	return out
 }
 
-// balanceNodes packs every node's copies over its GPUs largest first and
-// then swaps copies between a node's busiest GPU and its others while that
-// lowers the pair's larger load (tokens over speed); copies keep their
-// node, and no GPU gets two copies of one expert.
+// balanceNodes balances every node's copies over its GPUs: from the copies'
+// own arrangement and from a largest-first packing, it swaps copies
+// between the node's busiest GPU and its others while that lowers the
+// pair's larger load (tokens over speed), and keeps the arrangement with
+// the lower peak, so no node ends busier than it came in. Copies keep
+// their node, and no GPU gets two copies of one expert.
 func balanceNodes(copies [][]int32, load []float64, slots []int, speed []float64, P int) [][]int32 {
 	G := len(slots)
 	N := G / P
 	type cpy struct {
-		e int
-		x float64
+		e, g int
+		x    float64
 	}
 	byNode := make([][]cpy, N)
 	for e, gs := range copies {
 		for _, g := range gs {
-			byNode[int(g)/P] = append(byNode[int(g)/P], cpy{e, load[e] / float64(len(gs))})
+			byNode[int(g)/P] = append(byNode[int(g)/P], cpy{e, int(g), load[e] / float64(len(gs))})
 		}
 	}
 	out := make([][]int32, len(copies))
@@ -327,14 +421,70 @@ func balanceNodes(copies [][]int32, load []float64, slots []int, speed []float64
 			}
 			return u.e - v.e
 		})
-		held := make([][]int, P) // indices into list
+		has := func(held []int, e, except int) bool {
+			return slices.ContainsFunc(held, func(q int) bool { return q != except && list[q].e == e })
+		}
+		// improve swaps copies between the busiest GPU and the others
+		// and returns the peak.
+		improve := func(held [][]int, gl []float64) float64 {
+			for iter := 0; iter < len(list)*P; iter++ {
+				top := 0
+				for j := range gl {
+					if gl[j]/speed[b*P+j] > gl[top]/speed[b*P+top] {
+						top = j
+					}
+				}
+				peak := gl[top] / speed[b*P+top]
+				bi, bj, bo, bk := -1, -1, -1, -1
+				best := peak
+				for ii, i := range held[top] {
+					for j := range held {
+						if j == top {
+							continue
+						}
+						for kk, k := range held[j] {
+							ci, ck := list[i], list[k]
+							if ci.e == ck.e || has(held[j], ci.e, k) || has(held[top], ck.e, i) {
+								continue
+							}
+							m := math.Max((gl[top]-ci.x+ck.x)/speed[b*P+top], (gl[j]-ck.x+ci.x)/speed[b*P+j])
+							if m < best*(1-1e-12) {
+								best, bi, bj, bo, bk = m, ii, j, i, kk
+							}
+						}
+					}
+				}
+				if bi < 0 {
+					break
+				}
+				k := held[bj][bk]
+				held[top][bi], held[bj][bk] = k, bo
+				gl[top] += list[k].x - list[bo].x
+				gl[bj] += list[bo].x - list[k].x
+			}
+			peak := 0.0
+			for j := range gl {
+				peak = max(peak, gl[j]/speed[b*P+j])
+			}
+			return peak
+		}
+		// The copies' own arrangement.
+		own := make([][]int, P)
+		ownLoad := make([]float64, P)
+		for i, c := range list {
+			own[c.g-b*P] = append(own[c.g-b*P], i)
+			ownLoad[c.g-b*P] += c.x
+		}
+		bestHeld, bestPeak := own, improve(own, ownLoad)
+		// Largest first.
+		held := make([][]int, P)
 		gl := make([]float64, P)
 		ok := true
 		for i, c := range list {
 			best := -1
 			for j := 0; j < P; j++ {
 				g := b*P + j
-				if len(held[j]) >= slots[g] || slices.ContainsFunc(held[j], func(k int) bool { return list[k].e == c.e }) {
+				if len(held[j]) >= slots[g] || has(held[j], c.e, -1) {
 					continue
 				}
 				if best < 0 || gl[j]/speed[g] < gl[best]/speed[b*P+best] {
@@ -348,54 +498,12 @@ func balanceNodes(copies [][]int32, load []float64, slots []int, speed []float64
 			held[best] = append(held[best], i)
 			gl[best] += c.x
 		}
-		if !ok {
-			for e, gs := range copies {
-				for _, g := range gs {
-					if int(g)/P == b {
-						out[e] = append(out[e], g)
-					}
-				}
+		if ok {
+			if pk := improve(held, gl); pk < bestPeak {
+				bestHeld = held
 			}
-			continue
 		}
-		// Swaps between the busiest GPU and the others.
-		for iter := 0; iter < len(list)*P; iter++ {
-			top := 0
-			for j := range gl {
-				if gl[j]/speed[b*P+j] > gl[top]/speed[b*P+top] {
-					top = j
-				}
-			}
-			peak := gl[top] / speed[b*P+top]
-			bi, bj, bo, bk := -1, -1, -1, -1
-			best := peak
-			for ii, i := range held[top] {
-				for j := range held {
-					if j == top {
-						continue
-					}
-					for kk, k := range held[j] {
-						ci, ck := list[i], list[k]
-						if ci.e == ck.e || slices.ContainsFunc(held[j], func(q int) bool { return q != k && list[q].e == ci.e }) ||
-							slices.ContainsFunc(held[top], func(q int) bool { return q != i && list[q].e == ck.e }) {
-							continue
-						}
-						m := math.Max((gl[top]-ci.x+ck.x)/speed[b*P+top], (gl[j]-ck.x+ci.x)/speed[b*P+j])
-						if m < best*(1-1e-12) {
-							best, bi, bj, bo, bk = m, ii, j, i, kk
-						}
-					}
-				}
-			}
-			if bi < 0 {
-				break
-			}
-			k := held[bj][bk]
-			held[top][bi], held[bj][bk] = k, bo
-			gl[top] += list[k].x - list[bo].x
-			gl[bj] += list[bo].x - list[k].x
-		}
-		for j, idx := range held {
+		for j, idx := range bestHeld {
 			for _, i := range idx {
 				out[list[i].e] = append(out[list[i].e], int32(b*P+j))
 			}
@@ -438,6 +546,10 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		}
 	}
 	cp := newChainProxy(p, copies, w)
+	startPeak := make([]float64, L)
+	for l := range startPeak {
+		startPeak[l] = cp.peak(l)
+	}
 	rep, err := p.Evaluate(p.Start)
 	if err != nil {
 		return nil, err
@@ -455,8 +567,16 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			lim.Deadline = time.Now().Add(time.Duration(0.9 * float64(time.Until(lim.Deadline))))
 		}
 		sc := newSchedule(ctx, lim, proxyPerUnit)
-		cp.anneal(rand.New(rand.NewPCG(uint64(L), 0x636861)), sc, exact/cut, perTok/float64(c.GPUsPerNode), tb/c.NICBytesPerSec()/float64(G))
+		cp.anneal(rand.New(rand.NewPCG(uint64(L), 0x636861)), sc, exact/cut, perTok, tb/c.NICBytesPerSec()/float64(G))
 		res.Tries = sc.done / proxyPerUnit
+		// No layer ends less balanced than it started (the start is the
+		// balancer's plan): the proxy prices the cut as an average over
+		// the NIC ports, which the busiest port exceeds, so its trades of
+		// balance for transitions are dearer on the exact cost than it
+		// sees.
+		for l := 0; l < L; l++ {
+			res.Tries += int64(cp.capPeak(l, startPeak[l], exact/cut, tb/c.NICBytesPerSec()/float64(G)))
+		}
 	}
 	speed := make([]float64, G)
 	for g := range speed {

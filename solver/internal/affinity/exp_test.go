@@ -120,9 +120,12 @@ func TestExperimentChain(t *testing.T) {
 	require.NoError(t, err)
 	st := src.Stats
 	c, _ := costmodel.ClusterPreset("h100x8")
-	c.Nodes = 4
+	c.Nodes, _ = strconv.Atoi(os.Getenv("NODES"))
+	if c.Nodes == 0 {
+		c.Nodes = 4
+	}
 	m, _ := costmodel.ModelPreset("deepseek-v3")
-	plan, err := baseline.EPLB(st, c.GPUs(), baseline.EPLBOptions{Nodes: 4})
+	plan, err := baseline.EPLB(st, c.GPUs(), baseline.EPLBOptions{Nodes: c.Nodes})
 	require.NoError(t, err)
 	sc := costmodel.Scenario{Stats: st, Cluster: c, Model: m, Flow: costmodel.FlowChain}
 	rep0, err := sc.Evaluate(plan)
@@ -137,5 +140,12 @@ func TestExperimentChain(t *testing.T) {
 	out := placement.FromReplicas(c.GPUs(), res.Copies, "affinity")
 	rep1, err := sc.Evaluate(out)
 	require.NoError(t, err)
-	t.Logf("cross-node %.4g → %.4g (%.2f%%), time %.4g → %.4g (%.2f%%), imbalance %.4f → %.4f", rep0.CrossNodeBytes, rep1.CrossNodeBytes, (rep1.CrossNodeBytes/rep0.CrossNodeBytes-1)*100, rep0.TimeSec, rep1.TimeSec, (rep1.TimeSec/rep0.TimeSec-1)*100, rep0.MeanImbalance, rep1.MeanImbalance)
+	worst := func(r *costmodel.Report) float64 {
+		w := 0.0
+		for _, lr := range r.Layers {
+			w = max(w, lr.Imbalance)
+		}
+		return w
+	}
+	t.Logf("cross-node %.4g → %.4g (%.2f%%), time %.4g → %.4g (%.2f%%), imbalance %.4f → %.4f, worst %.4f → %.4f", rep0.CrossNodeBytes, rep1.CrossNodeBytes, (rep1.CrossNodeBytes/rep0.CrossNodeBytes-1)*100, rep0.TimeSec, rep1.TimeSec, (rep1.TimeSec/rep0.TimeSec-1)*100, rep0.MeanImbalance, rep1.MeanImbalance, worst(rep0), worst(rep1))
 }
