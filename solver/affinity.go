@@ -48,6 +48,8 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	limit := opts.TimeLimit
 	res := &Result{Status: StatusFeasible}
 	var first *placement.Plan
+	var firstRep *costmodel.Report
+	var evalTime time.Duration
 	if p.replicated() {
 		ro := b.Replica
 		ro.Start = start
@@ -64,22 +66,30 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		first = rr.Plan
 		res.Baseline = "packing"
 	} else {
-		st, plan, obj, err := bestBaseline(p)
+		var dl time.Time
+		if W == 0 {
+			dl = at(start, limit, b.AffinityStart)
+		}
+		bb, err := bestBaseline(p, dl)
 		if err != nil {
 			return nil, err
 		}
-		first = plan
-		res.Baseline, res.BaselineObjective = st, obj
+		first, firstRep, evalTime = bb.plan, bb.rep, bb.eval
+		res.Baseline, res.BaselineObjective = bb.st, bb.obj
 	}
-	t0 := time.Now()
-	firstRep, err := sc.Evaluate(first)
-	if err != nil {
-		return nil, err
+	if firstRep == nil {
+		t0 := time.Now()
+		var err error
+		if firstRep, err = sc.Evaluate(first); err != nil {
+			return nil, err
+		}
+		evalTime = time.Since(t0)
+		res.BaselineObjective = firstRep.TimeSec
 	}
 	// What follows the search: evaluating its plan (the facade reuses
-	// that report), about as long as this evaluation, and as much again
+	// that report), about as long as one evaluation, and as much again
 	// for the layers' last moves and the certificate.
-	reserve := 2 * time.Since(t0)
+	reserve := 2 * evalTime
 	if p.replicated() {
 		res.BaselineObjective = firstRep.TimeSec
 	}
@@ -117,7 +127,7 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	if p.Flow == costmodel.FlowChain {
 		solve = affinity.SolveChain
 	}
-	ar, err := solve(ctx, affinity.Problem{Scenario: sc, Slots: slots, Start: first}, ao)
+	ar, err := solve(ctx, affinity.Problem{Scenario: sc, Slots: slots, Start: first, StartReport: firstRep}, ao)
 	if err != nil {
 		return nil, err
 	}

@@ -65,10 +65,11 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 	if err != nil {
 		return nil, err
 	}
-	baseSt, basePlan, baseObj, err := bestBaseline(p)
+	bb, err := bestBaseline(p, time.Time{})
 	if err != nil {
 		return nil, err
 	}
+	baseSt, basePlan, baseObj := bb.st, bb.plan, bb.obj
 	report := reporter(opts, start)
 	report("baseline "+string(baseSt), baseObj, math.NaN())
 	warm := jm.Canonical(jointilp.PlanAssign(basePlan))

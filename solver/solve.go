@@ -352,8 +352,10 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 }
 
 // stoppedBaseline is the result of a solve cut short before its strategy
-// had a plan: the best baseline, which takes milliseconds. cause is the
-// strategy's error, kept when no baseline works either.
+// had a plan: EPLB with replicas, else the first baseline that builds
+// (greedy), taken without an evaluation, which at production scale would
+// outlast the context. cause is the strategy's error, kept when no
+// baseline works either.
 func stoppedBaseline(p Problem, cause error) (*Result, error) {
 	var st Strategy
 	var plan *placement.Plan
@@ -362,7 +364,9 @@ func stoppedBaseline(p Problem, cause error) (*Result, error) {
 		st = StrategyEPLB
 		plan, err = Baseline(p, st)
 	} else {
-		st, plan, _, err = bestBaseline(p)
+		var b baselinePick
+		b, err = bestBaseline(p, time.Now())
+		st, plan = b.st, b.plan
 	}
 	if err != nil {
 		return nil, cause
@@ -414,14 +418,32 @@ func Baseline(p Problem, st Strategy) (*placement.Plan, error) {
 	return nil, fmt.Errorf("solver: %q is not a baseline", st)
 }
 
-// bestBaseline returns the baseline with the lowest modeled time.
-func bestBaseline(p Problem) (Strategy, *placement.Plan, float64, error) {
-	var best *placement.Plan
-	var bestSt Strategy
-	bestObj := math.Inf(1)
+// baselinePick is the baseline bestBaseline chose, with its report (nil
+// when it was taken without an evaluation) and how long one evaluation
+// took (zero if none ran).
+type baselinePick struct {
+	st   Strategy
+	plan *placement.Plan
+	obj  float64
+	rep  *costmodel.Report
+	eval time.Duration
+}
+
+// bestBaseline returns the baseline with the lowest modeled time among
+// greedy, EPLB, contiguous and round-robin, in that order. With a
+// deadline it evaluates the next candidate only while the time one
+// evaluation took still fits before it, and once the deadline has passed
+// with none evaluated it takes the first that builds unevaluated (obj
+// NaN): at production scale an evaluation walks every token path, and
+// four of them can outlast a short limit.
+func bestBaseline(p Problem, deadline time.Time) (baselinePick, error) {
+	best := baselinePick{obj: math.Inf(1)}
 	var firstErr error
 	sc := p.Scenario()
 	for _, st := range []Strategy{StrategyGreedy, StrategyEPLB, StrategyContiguous, StrategyRoundRobin} {
+		if !deadline.IsZero() && best.plan != nil && time.Now().Add(best.eval).After(deadline) {
+			break
+		}
 		plan, err := Baseline(p, st)
 		if err != nil {
 			if firstErr == nil {
@@ -429,18 +451,23 @@ func bestBaseline(p Problem) (Strategy, *placement.Plan, float64, error) {
 			}
 			continue
 		}
+		if !deadline.IsZero() && best.plan == nil && !time.Now().Before(deadline) {
+			return baselinePick{st: st, plan: plan, obj: math.NaN()}, nil
+		}
+		t0 := time.Now()
 		rep, err := sc.Evaluate(plan)
 		if err != nil {
-			return "", nil, 0, err
+			return baselinePick{}, err
 		}
-		if rep.TimeSec < bestObj {
-			best, bestSt, bestObj = plan, st, rep.TimeSec
+		best.eval = max(best.eval, time.Since(t0))
+		if rep.TimeSec < best.obj {
+			best.st, best.plan, best.obj, best.rep = st, plan, rep.TimeSec, rep
 		}
 	}
-	if best == nil {
-		return "", nil, 0, firstErr
+	if best.plan == nil {
+		return baselinePick{}, firstErr
 	}
-	return bestSt, best, bestObj, nil
+	return best, nil
 }
 
 // applyOptimalSplit keeps every copy where it is and splits each expert's

@@ -16,7 +16,8 @@ import (
 
 // Every command given --time-limit ends within it plus 10 %, reading the
 // traces included, on every solve path: one node (the ILP and its
-// polish), several nodes with the chain flow, replicas under static
+// polish), several nodes with the chain flow (at toy and production
+// scale), replicas under static
 // dispatch (the affinity search), the paper's method, and, where the
 // shared traces are present, DeepSeek-V3's counts and a 32k-token
 // per-token trace whose reading takes a good part of the limit. Each limit
@@ -50,6 +51,7 @@ func TestTimeLimitHolds(t *testing.T) {
 		{"plan/deepseek-counts", 2 * time.Second, []string{"plan", "--trace", counts, "--nodes", "4", "--redundant-slots", "32"}, counts},
 		{"compare/deepseek-counts", 3 * time.Second, []string{"compare", "--trace", counts, "--nodes", "4", "--redundant-slots", "32"}, counts},
 		{"plan/deepseek-32k", 8 * time.Second, []string{"plan", "--trace", npy, "--model", "deepseek-v3", "--nodes", "4", "--redundant-slots", "32", "--dispatch", "static"}, npy},
+		{"plan/deepseek-32k-chain", 8 * time.Second, []string{"plan", "--trace", npy, "--model", "deepseek-v3", "--nodes", "4", "--flow", "chain"}, npy},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -532,10 +532,6 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	if p.Start == nil || len(p.Start.Layers) != L {
 		return nil, errors.New("affinity: no start plan for every layer")
 	}
-	w, err := transitionWeights(st)
-	if err != nil {
-		return nil, err
-	}
 	copies := make([][][]int32, L)
 	for l := range copies {
 		copies[l] = make([][]int32, st.Experts)
@@ -545,21 +541,35 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			}
 		}
 	}
+	res := &Result{Copies: make([][][]placement.GPU, L)}
+	if !opts.Limit.ByWork() && !time.Now().Before(opts.Limit.Deadline) || ctx.Err() != nil {
+		// No time left: the start, without building the proxy (a pass
+		// over every token path) to search for nothing.
+		for l := range res.Copies {
+			res.Copies[l] = p.Start.ExpertGPUs(l)
+		}
+		return res, nil
+	}
+	w, err := transitionWeights(st)
+	if err != nil {
+		return nil, err
+	}
 	cp := newChainProxy(p, copies, w)
 	startPeak := make([]float64, L)
 	for l := range startPeak {
 		startPeak[l] = cp.peak(l)
 	}
-	rep, err := p.Evaluate(p.Start)
-	if err != nil {
-		return nil, err
+	rep := p.StartReport
+	if rep == nil {
+		if rep, err = p.Evaluate(p.Start); err != nil {
+			return nil, err
+		}
 	}
 	tb := p.Model.TokenBytes()
 	exact := 0.0
 	for _, lr := range rep.Layers {
 		exact += lr.CrossNodeBytes / tb
 	}
-	res := &Result{Copies: make([][][]placement.GPU, L)}
 	if cut := cp.cost(); cut > 0 && c.Nodes > 1 {
 		perTok, _ := c.Coefficients(p.Model)
 		lim := opts.Limit

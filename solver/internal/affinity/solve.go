@@ -22,6 +22,9 @@ type Problem struct {
 	// Start is the plan the search starts from (one layer per MoE layer,
 	// Slots[g] slots on GPU g, copies of an expert on distinct GPUs).
 	Start *placement.Plan
+	// StartReport, when set, is the cost model's report of Start, which
+	// the chain flow's search then need not evaluate again.
+	StartReport *costmodel.Report
 }
 
 // Options bound a solve.

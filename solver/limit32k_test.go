@@ -1,0 +1,57 @@
+package solver_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+	. "github.com/moetuner/moetuner/solver"
+)
+
+// A solve given a 2 s limit on the 32,768-token DeepSeek-V3-shaped trace
+// (58 layers × 256 experts, top-8, per-token with source ranks; 4 nodes ×
+// 8 GPUs) returns within 2.2 s of its call, the trace already read, on the
+// affinity search's two paths: the home flow with 32 redundant slots under
+// static dispatch, and the chain flow without copies. Its plan is valid
+// and its cost recomputes. A search that counted its limit per layer or
+// per phase, or scored its plan after the limit, ends past it.
+func TestSynthetic32kTwoSecondLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("reads a 30 MB trace")
+	}
+	path := filepath.Join(sharedTraces(t), "synthetic-deepseek-v3", "ds3-prefill4096-32k.npy")
+	if _, err := os.Stat(path); err != nil {
+		t.Skip("the synthetic trace is absent")
+	}
+	src, err := routing.Load(path, routing.LoadOptions{})
+	require.NoError(t, err)
+	m, err := costmodel.ModelPreset("deepseek-v3")
+	require.NoError(t, err)
+	c, err := costmodel.ClusterPreset("4xh100x8")
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		p    Problem
+	}{
+		{"home-32-slots-static", Problem{Stats: src.Stats, Cluster: c, Model: m, RedundantSlots: 32, Dispatch: placement.DispatchStatic}},
+		{"chain", Problem{Stats: src.Stats, Cluster: c, Model: m, Flow: costmodel.FlowChain}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			res, err := Solve(context.Background(), tc.p, Options{Strategy: StrategyJoint, TimeLimit: 2 * time.Second})
+			took := time.Since(start)
+			require.NoError(t, err)
+			t.Logf("%s: %v, %s, layer time %.4g s", tc.name, took.Round(time.Millisecond), res.Status, res.Report.TimeSec)
+			assert.LessOrEqual(t, took, 2200*time.Millisecond)
+			verify(t, tc.p, res)
+		})
+	}
+}
