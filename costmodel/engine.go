@@ -151,14 +151,23 @@ func newEngine(stats *routing.Stats, c Cluster, m Model, opts Options) (*engine,
 	if ev.perSource && ev.usePatterns {
 		ev.srcFrac = sourceFractions(stats, c.GPUs())
 	}
-	G, N := ev.g, ev.n
+	G := ev.g
 	ev.speed = make([]float64, G)
 	for g := range ev.speed {
 		ev.speed[g] = c.SpeedOf(g)
 	}
+	ev.initScratch()
+	return ev, nil
+}
+
+// initScratch gives ev its own scratch buffers.
+func (ev *engine) initScratch() {
+	G, N := ev.g, ev.n
+	ev.pa, ev.pb = probBuf{}, probBuf{}
 	ev.pa.init(G, N)
 	ev.pb.init(G, N)
-	if opts.Flow == FlowChain && !ev.usePatterns {
+	ev.tmat = nil
+	if ev.opts.Flow == FlowChain && !ev.usePatterns {
 		ev.tmat = make([]float64, ev.e*G)
 	}
 	ev.disp = make([]float64, G*G)
@@ -168,7 +177,15 @@ func newEngine(stats *routing.Stats, c Cluster, m Model, opts Options) (*engine,
 	for i := range ev.ports {
 		ev.ports[i] = make([]float64, G)
 	}
-	return ev, nil
+}
+
+// scratchCopy returns an engine that shares ev's read-only state (stats,
+// coefficients, source fractions) and has scratch buffers of its own, for
+// costing layers on another goroutine.
+func (ev *engine) scratchCopy() *engine {
+	w := *ev
+	w.initScratch()
+	return &w
 }
 
 func checkStats(s *routing.Stats, G int, flow Flow) error {

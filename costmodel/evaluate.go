@@ -2,6 +2,9 @@ package costmodel
 
 import (
 	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/moetuner/moetuner/placement"
@@ -94,17 +97,10 @@ func Evaluate(plan *placement.Plan, stats *routing.Stats, c Cluster, m Model, op
 		return nil, err
 	}
 	rep := &Report{Flow: opts.Flow, Mode: opts.Mode, Sigma: ev.sigma, Layers: make([]LayerReport, ev.l), Tokens: stats.Tokens}
-	var st layerState
-	st.init(ev.g, ev.n)
+	times := ev.layerReports(sh, rep.Layers, ev.workers())
 	var tail, comm, seq, ideal, over, tm float64
 	for l := range sh {
-		var prev *shares
-		if l > 0 {
-			prev = &sh[l-1]
-		}
-		lr := &rep.Layers[l]
-		ev.layerMasses(l, &sh[l], prev, &st)
-		r := ev.finish(l, &sh[l], &st, lr)
+		lr, r := &rep.Layers[l], times[l]
 		tail += r.tail
 		comm += r.disp + r.comb
 		seq += r.seq
@@ -125,6 +121,99 @@ func Evaluate(plan *placement.Plan, stats *routing.Stats, c Cluster, m Model, op
 	rep.Sequential, rep.Ideal, rep.Overlapped, rep.Time = dur(seq), dur(ideal), dur(over), dur(tm)
 	rep.TimeSec = tm
 	return rep, nil
+}
+
+// parallelWork is the least work (layers × token paths, or layers ×
+// experts without paths) an evaluation spreads over the cores: below it
+// an evaluation takes well under a millisecond and starting the workers
+// would cost a visible share of it.
+const parallelWork = 1 << 16
+
+// layerReports costs every layer under shares sh into out and returns its
+// times. Layers are independent given the shares (the chain flow's
+// transition into layer l reads layer l−1's shares, not its result), so
+// large evaluations cost them on every core, each worker with its own
+// scratch; every layer's sums run in the same order as on one core, so the
+// report is the same bit for bit.
+func (ev *engine) layerReports(sh []shares, out []LayerReport, workers int) []layerTimes {
+	times := make([]layerTimes, len(sh))
+	one := func(w *engine, st *layerState, l int) {
+		var prev *shares
+		if l > 0 {
+			prev = &sh[l-1]
+		}
+		w.layerMasses(l, &sh[l], prev, st)
+		times[l] = w.finish(l, &sh[l], st, &out[l])
+	}
+	workers = min(workers, len(sh))
+	if workers < 2 {
+		var st layerState
+		st.init(ev.g, ev.n)
+		for l := range sh {
+			one(ev, &st, l)
+		}
+		return times
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		w := ev.scratchCopy()
+		wg.Go(func() {
+			var st layerState
+			st.init(ev.g, ev.n)
+			for {
+				l := int(next.Add(1)) - 1
+				if l >= len(sh) {
+					return
+				}
+				one(w, &st, l)
+			}
+		})
+	}
+	wg.Wait()
+	return times
+}
+
+// workers is how many goroutines an evaluation of ev's statistics uses:
+// every core once the work reaches parallelWork, else one.
+func (ev *engine) workers() int {
+	work := ev.e
+	if ev.usePatterns {
+		work = len(ev.stats.Patterns)
+	}
+	if work*ev.l < parallelWork {
+		return 1
+	}
+	return runtime.GOMAXPROCS(0)
+}
+
+// forLayers calls fn for every layer l < L, on every core when work
+// reaches parallelWork, each goroutine with a scratch slice of n floats
+// of its own (zeroed once, fn clears what it needs).
+func forLayers(L, work int, fn func(l int, scratch []float64), n int) {
+	workers := min(runtime.GOMAXPROCS(0), L)
+	if workers < 2 || work < parallelWork {
+		scratch := make([]float64, n)
+		for l := range L {
+			fn(l, scratch)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			scratch := make([]float64, n)
+			for {
+				l := int(next.Add(1)) - 1
+				if l >= L {
+					return
+				}
+				fn(l, scratch)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // addMatrix returns sum + m, allocating sum on first use.

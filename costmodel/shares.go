@@ -153,8 +153,7 @@ func sourceFractions(st *routing.Stats, G int) [][]float64 {
 	}
 	L, E, k := st.Layers, st.Experts, st.TopK
 	out := make([][]float64, L)
-	tot := make([]float64, E)
-	for l := range out {
+	forLayers(L, len(st.Patterns)*L, func(l int, tot []float64) {
 		f := make([]float64, G*E)
 		clear(tot)
 		for i := range st.Patterns {
@@ -180,7 +179,7 @@ func sourceFractions(st *routing.Stats, G int) [][]float64 {
 			}
 		}
 		out[l] = f
-	}
+	}, E)
 	return out
 }
 
