@@ -333,8 +333,9 @@ func (cp *chainProxy) peak(l int) float64 {
 // the swap of a copy on the busiest GPU with a lighter one elsewhere that
 // lowers the busiest GPU at the least increase of the cut (scale copies
 // per unit, copySec each; swaps within a node cost nothing), until the
-// peak is within limit or no swap lowers it. It returns the swaps made.
-func (cp *chainProxy) capPeak(l int, limit, scale, copySec float64) int {
+// peak is within limit, no swap lowers it or the deadline (if not zero)
+// passes. It returns the swaps made and whether the peak is within limit.
+func (cp *chainProxy) capPeak(l int, limit, scale, copySec float64, deadline time.Time) (int, bool) {
 	gl := cp.gload[l]
 	V := len(cp.exp[l])
 	n := 0
@@ -346,7 +347,10 @@ func (cp *chainProxy) capPeak(l int, limit, scale, copySec float64) int {
 			}
 		}
 		if gl[top] <= limit*(1+1e-12) {
-			break
+			return n, true
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return n, false
 		}
 		bx, by, bc := -1, -1, math.Inf(1)
 		for x := 0; x < V; x++ {
@@ -379,7 +383,7 @@ func (cp *chainProxy) capPeak(l int, limit, scale, copySec float64) int {
 		cp.swap(l, bx, by)
 		n++
 	}
-	return n
+	return n, cp.peak(l) <= limit*(1+1e-12)
 }
 
 // copies returns layer l's copies per expert.
@@ -555,6 +559,7 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		return nil, err
 	}
 	cp := newChainProxy(p, copies, w)
+	keep := make([]bool, L) // layers that keep their start
 	startPeak := make([]float64, L)
 	for l := range startPeak {
 		startPeak[l] = cp.peak(l)
@@ -583,9 +588,20 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		// balancer's plan): the proxy prices the cut as an average over
 		// the NIC ports, which the busiest port exceeds, so its trades of
 		// balance for transitions are dearer on the exact cost than it
-		// sees.
+		// sees. A layer whose busiest GPU the time left did not bring
+		// back keeps its start; one where no swap lowers it further keeps
+		// what the swaps reached (reverting it would give back all of its
+		// gain for the little its balance lacks).
+		var dl time.Time
+		if !opts.Limit.ByWork() {
+			dl = opts.Limit.Deadline
+		}
 		for l := 0; l < L; l++ {
-			res.Tries += int64(cp.capPeak(l, startPeak[l], exact/cut, tb/c.NICBytesPerSec()/float64(G)))
+			n, ok := cp.capPeak(l, startPeak[l], exact/cut, tb/c.NICBytesPerSec()/float64(G), dl)
+			res.Tries += int64(n)
+			if !ok && !dl.IsZero() && !time.Now().Before(dl) {
+				keep[l] = true
+			}
 		}
 	}
 	speed := make([]float64, G)
@@ -593,7 +609,11 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		speed[g] = c.SpeedOf(g)
 	}
 	for l := 0; l < L; l++ {
-		bal := balanceNodes(cp.copies(l), st.Load[l], p.Slots, speed, c.GPUsPerNode)
+		from := cp.copies(l)
+		if keep[l] {
+			from = copies[l]
+		}
+		bal := balanceNodes(from, st.Load[l], p.Slots, speed, c.GPUsPerNode)
 		res.Copies[l] = make([][]placement.GPU, st.Experts)
 		for e, gs := range bal {
 			for _, g := range gs {

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -160,7 +161,8 @@ func TestCapPeak(t *testing.T) {
 		for l := range copies {
 			load := sc.Stats.Load[l]
 			limit := slices.Max(gpuLoads(balanceNodes(copies[l], load, slots, speed, G), load, speed))
-			cp.capPeak(l, limit, 1, 1)
+			_, ok := cp.capPeak(l, limit, 1, 1, time.Time{})
+			require.Equal(t, slices.Max(cp.gload[l]) <= limit*(1+1e-12), ok, "it %d layer %d: reported within the limit", it, l)
 			out := cp.copies(l)
 			checkPlan(t, [][][]placement.GPU{toGPU(out)}, E, slots)
 			gl := gpuLoads(out, load, speed)
