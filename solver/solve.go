@@ -276,8 +276,14 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	opts = opts.withDefaults()
 	st := opts.Strategy
 	start := time.Now()
+	// byContext: the context's deadline, not TimeLimit, is the budget, so
+	// a strategy that runs out of it without a plan was cut short by the
+	// deadline.
+	byContext := false
 	if dl, ok := ctx.Deadline(); ok {
-		opts.TimeLimit = max(min(opts.TimeLimit, time.Until(dl)), 0)
+		left := time.Until(dl)
+		byContext = left < opts.TimeLimit
+		opts.TimeLimit = max(min(opts.TimeLimit, left), 0)
 	}
 	b := defaultBudget
 	ctx, cancel := context.WithTimeout(ctx, opts.TimeLimit+of(opts.TimeLimit, b.Watchdog)+b.WatchdogFixed)
@@ -308,7 +314,8 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	default:
 		return nil, fmt.Errorf("solver: unknown strategy %q", st)
 	}
-	if err != nil && res == nil && (ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+	if err != nil && res == nil && (ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		(byContext && errors.Is(err, ErrNoSolution))) {
 		// Cut short before the strategy had a plan: the best baseline is
 		// the best plan found so far.
 		res, err = stoppedBaseline(p, err)
