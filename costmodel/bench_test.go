@@ -16,17 +16,7 @@ func flameLike() (*placement.Plan, *routing.Stats, Model) {
 	const L, E, K, G = 8, 64, 6, 8
 	var pats []pat
 	for i := 0; i < 1024; i++ {
-		p := pat{src: -1, count: 1}
-		for l := 0; l < L; l++ {
-			perm := rng.Perm(E)[:K]
-			set := make([]int16, K)
-			for j := range set {
-				set[j] = int16(perm[j])
-			}
-			slicesSort(set)
-			p.sets = append(p.sets, set)
-		}
-		pats = append(pats, p)
+		pats = append(pats, pat{src: -1, count: 1, sets: randomSets(rng, L, E, K)})
 	}
 	gpu := make([][]int, L)
 	for l := range gpu {

@@ -517,19 +517,25 @@ func randomInstance(rng *rand.Rand, nodes, gpn int, replicate bool) (*placement.
 	}
 	var pats []pat
 	for i := 1 + rng.IntN(6); i > 0; i-- {
-		p := pat{src: int32(rng.IntN(G+1) - 1), count: float64(1 + rng.IntN(3))}
-		for l := 0; l < L; l++ {
-			perm := rng.Perm(E)[:K]
-			set := make([]int16, K)
-			for j := range set {
-				set[j] = int16(perm[j])
-			}
-			slicesSort(set)
-			p.sets = append(p.sets, set)
-		}
-		pats = append(pats, p)
+		pats = append(pats, pat{src: int32(rng.IntN(G+1) - 1), count: float64(1 + rng.IntN(3)), sets: randomSets(rng, L, E, K)})
 	}
 	return plan, patternStats(L, E, K, pats), tinyModel(L, E, K)
+}
+
+// randomSets is a token's experts in each of L layers: K distinct of E,
+// sorted, drawn uniformly.
+func randomSets(rng *rand.Rand, L, E, K int) [][]int16 {
+	sets := make([][]int16, L)
+	for l := range sets {
+		perm := rng.Perm(E)[:K]
+		set := make([]int16, K)
+		for j := range set {
+			set[j] = int16(perm[j])
+		}
+		slicesSort(set)
+		sets[l] = set
+	}
+	return sets
 }
 
 func slicesSort(s []int16) {

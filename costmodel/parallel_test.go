@@ -25,17 +25,7 @@ func TestParallelLayersSameReport(t *testing.T) {
 	const L, E, K = 6, 12, 3
 	var pats []pat
 	for i := 0; i < 300; i++ {
-		p := pat{src: int32(rng.IntN(G+1)) - 1, count: float64(1 + rng.IntN(3))}
-		for l := 0; l < L; l++ {
-			perm := rng.Perm(E)[:K]
-			set := make([]int16, K)
-			for j := range set {
-				set[j] = int16(perm[j])
-			}
-			slicesSort(set)
-			p.sets = append(p.sets, set)
-		}
-		pats = append(pats, p)
+		pats = append(pats, pat{src: int32(rng.IntN(G+1)) - 1, count: float64(1 + rng.IntN(3)), sets: randomSets(rng, L, E, K)})
 	}
 	st := patternStats(L, E, K, pats)
 	m, err := ModelPreset("flame-moe-290m")

@@ -128,6 +128,34 @@ func bestShuffle(rng *rand.Rand, in [][]int32, load []float64, slots []int, spee
 	return best
 }
 
+// requireNoLoweringSwap fails if layer copies has its busiest GPU above
+// limit while a swap of a copy there with a lighter copy on another GPU
+// (no expert twice on a GPU) would lower it: every swap is tried.
+func requireNoLoweringSwap(t *testing.T, cp [][]int32, load, speed []float64, limit float64, what string) {
+	t.Helper()
+	gl := gpuLoads(cp, load, speed)
+	peak := slices.Max(gl)
+	if peak <= limit*(1+1e-9) {
+		return
+	}
+	top := slices.Index(gl, peak)
+	for e, gs := range cp {
+		if !slices.Contains(gs, int32(top)) {
+			continue
+		}
+		for f, hs := range cp {
+			for _, h := range hs {
+				if f == e || int(h) == top || slices.Contains(gs, h) || slices.Contains(hs, int32(top)) {
+					continue
+				}
+				x, y := load[e]/float64(len(gs)), load[f]/float64(len(hs))
+				require.False(t, x > y && gl[h]+(x-y)/speed[h] < peak*(1-1e-9),
+					"%s: busiest GPU %d at %.4g above %.4g, and swapping expert %d with %d on GPU %d lowers it", what, top, peak, limit, e, f, h)
+			}
+		}
+	}
+}
+
 // TestCapPeak: from random layers with random copies, capPeak leaves the
 // layer's busiest GPU within the limit (the peak of a balanced packing of
 // the same copies) or no swap of a copy on it with one elsewhere would
@@ -165,28 +193,8 @@ func TestCapPeak(t *testing.T) {
 			require.Equal(t, slices.Max(cp.gload[l]) <= limit*(1+1e-12), ok, "it %d layer %d: reported within the limit", it, l)
 			out := cp.copies(l)
 			checkPlan(t, [][][]placement.GPU{toGPU(out)}, E, slots)
-			gl := gpuLoads(out, load, speed)
-			require.InDeltaSlice(t, gl, cp.gload[l], 1e-6, "it %d layer %d loads", it, l)
-			peak := slices.Max(gl)
-			if peak <= limit*(1+1e-9) {
-				continue
-			}
-			top := slices.Index(gl, peak)
-			for e, gs := range out {
-				if !slices.Contains(gs, int32(top)) {
-					continue
-				}
-				for f, hs := range out {
-					for _, h := range hs {
-						if f == e || int(h) == top || slices.Contains(gs, h) || slices.Contains(hs, int32(top)) {
-							continue
-						}
-						x, y := load[e]/float64(len(gs)), load[f]/float64(len(hs))
-						require.False(t, x > y && gl[h]+(x-y)/speed[h] < peak*(1-1e-9),
-							"it %d layer %d: busiest GPU %d at %.4g above %.4g, and swapping expert %d with %d on GPU %d lowers it", it, l, top, peak, limit, e, f, h)
-					}
-				}
-			}
+			require.InDeltaSlice(t, gpuLoads(out, load, speed), cp.gload[l], 1e-6, "it %d layer %d loads", it, l)
+			requireNoLoweringSwap(t, out, load, speed, limit, fmt.Sprintf("it %d layer %d", it, l))
 		}
 		fresh := newChainProxy(p, func() [][][]int32 {
 			c := make([][][]int32, len(copies))
@@ -247,40 +255,10 @@ func TestSolveChainNoLessBalanced(t *testing.T) {
 			for g := range speed {
 				speed[g] = sc.Cluster.SpeedOf(g)
 			}
-			conv := func(c [][]placement.GPU) [][]int32 {
-				out := make([][]int32, len(c))
-				for e, gs := range c {
-					for _, g := range gs {
-						out[e] = append(out[e], int32(g))
-					}
-				}
-				return out
-			}
 			for l := range res.Copies {
 				load := sc.Stats.Load[l]
-				before := slices.Max(gpuLoads(conv(plan.ExpertGPUs(l)), load, speed))
-				cp := conv(res.Copies[l])
-				gl := gpuLoads(cp, load, speed)
-				peak := slices.Max(gl)
-				if peak <= before*(1+1e-9) {
-					continue
-				}
-				top := slices.Index(gl, peak)
-				for e, gs := range cp {
-					if !slices.Contains(gs, int32(top)) {
-						continue
-					}
-					for f, hs := range cp {
-						for _, h := range hs {
-							if f == e || int(h) == top || slices.Contains(gs, h) || slices.Contains(hs, int32(top)) {
-								continue
-							}
-							x, y := load[e]/float64(len(gs)), load[f]/float64(len(hs))
-							require.False(t, x > y && gl[h]+(x-y)/speed[h] < peak*(1-1e-9),
-								"layer %d: busiest GPU %d at %.4g above the start's %.4g, and swapping expert %d with %d on GPU %d lowers it", l, top, peak, before, e, f, h)
-						}
-					}
-				}
+				before := slices.Max(gpuLoads(toInt32(plan.ExpertGPUs(l)), load, speed))
+				requireNoLoweringSwap(t, toInt32(res.Copies[l]), load, speed, before, fmt.Sprintf("layer %d (start's busiest %.4g)", l, before))
 			}
 		})
 	}
