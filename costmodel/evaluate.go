@@ -137,40 +137,22 @@ const parallelWork = 1 << 16
 // report is the same bit for bit.
 func (ev *engine) layerReports(sh []shares, out []LayerReport, workers int) []layerTimes {
 	times := make([]layerTimes, len(sh))
-	one := func(w *engine, st *layerState, l int) {
-		var prev *shares
-		if l > 0 {
-			prev = &sh[l-1]
+	forLayers(len(sh), workers, func() func(l int) {
+		w := ev
+		if workers > 1 {
+			w = ev.scratchCopy()
 		}
-		w.layerMasses(l, &sh[l], prev, st)
-		times[l] = w.finish(l, &sh[l], st, &out[l])
-	}
-	workers = min(workers, len(sh))
-	if workers < 2 {
 		var st layerState
 		st.init(ev.g, ev.n)
-		for l := range sh {
-			one(ev, &st, l)
-		}
-		return times
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range workers {
-		w := ev.scratchCopy()
-		wg.Go(func() {
-			var st layerState
-			st.init(ev.g, ev.n)
-			for {
-				l := int(next.Add(1)) - 1
-				if l >= len(sh) {
-					return
-				}
-				one(w, &st, l)
+		return func(l int) {
+			var prev *shares
+			if l > 0 {
+				prev = &sh[l-1]
 			}
-		})
-	}
-	wg.Wait()
+			w.layerMasses(l, &sh[l], prev, &st)
+			times[l] = w.finish(l, &sh[l], &st, &out[l])
+		}
+	})
 	return times
 }
 
@@ -181,35 +163,40 @@ func (ev *engine) workers() int {
 	if ev.usePatterns {
 		work = len(ev.stats.Patterns)
 	}
-	if work*ev.l < parallelWork {
+	return workersFor(work * ev.l)
+}
+
+// workersFor is every core for work of at least parallelWork, else one.
+func workersFor(work int) int {
+	if work < parallelWork {
 		return 1
 	}
 	return runtime.GOMAXPROCS(0)
 }
 
-// forLayers calls fn for every layer l < L, on every core when work
-// reaches parallelWork, each goroutine with a scratch slice of n floats
-// of its own (zeroed once, fn clears what it needs).
-func forLayers(L, work int, fn func(l int, scratch []float64), n int) {
-	workers := min(runtime.GOMAXPROCS(0), L)
-	if workers < 2 || work < parallelWork {
-		scratch := make([]float64, n)
+// forLayers runs every layer l < L on up to workers goroutines (one: on
+// this one); each goroutine calls worker once for its own function (its
+// scratch), which it then calls for the layers it takes.
+func forLayers(L, workers int, worker func() func(l int)) {
+	workers = min(workers, L)
+	if workers < 2 {
+		fn := worker()
 		for l := range L {
-			fn(l, scratch)
+			fn(l)
 		}
 		return
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
+		fn := worker()
 		wg.Go(func() {
-			scratch := make([]float64, n)
 			for {
 				l := int(next.Add(1)) - 1
 				if l >= L {
 					return
 				}
-				fn(l, scratch)
+				fn(l)
 			}
 		})
 	}

@@ -153,33 +153,36 @@ func sourceFractions(st *routing.Stats, G int) [][]float64 {
 	}
 	L, E, k := st.Layers, st.Experts, st.TopK
 	out := make([][]float64, L)
-	forLayers(L, len(st.Patterns)*L, func(l int, tot []float64) {
-		f := make([]float64, G*E)
-		clear(tot)
-		for i := range st.Patterns {
-			pt := &st.Patterns[i]
-			for _, e := range pt.Experts[l*k : (l+1)*k] {
-				tot[e] += pt.Count
-				if pt.Source >= 0 {
-					f[int(pt.Source)*E+int(e)] += pt.Count
-				} else {
-					for h := 0; h < G; h++ {
-						f[h*E+int(e)] += pt.Count / float64(G)
+	forLayers(L, workersFor(len(st.Patterns)*L), func() func(l int) {
+		tot := make([]float64, E)
+		return func(l int) {
+			f := make([]float64, G*E)
+			clear(tot)
+			for i := range st.Patterns {
+				pt := &st.Patterns[i]
+				for _, e := range pt.Experts[l*k : (l+1)*k] {
+					tot[e] += pt.Count
+					if pt.Source >= 0 {
+						f[int(pt.Source)*E+int(e)] += pt.Count
+					} else {
+						for h := 0; h < G; h++ {
+							f[h*E+int(e)] += pt.Count / float64(G)
+						}
 					}
 				}
 			}
-		}
-		for h := 0; h < G; h++ {
-			for e := 0; e < E; e++ {
-				if tot[e] > 0 {
-					f[h*E+e] /= tot[e]
-				} else {
-					f[h*E+e] = 1 / float64(G)
+			for h := 0; h < G; h++ {
+				for e := 0; e < E; e++ {
+					if tot[e] > 0 {
+						f[h*E+e] /= tot[e]
+					} else {
+						f[h*E+e] = 1 / float64(G)
+					}
 				}
 			}
+			out[l] = f
 		}
-		out[l] = f
-	}, E)
+	})
 	return out
 }
 

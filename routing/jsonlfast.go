@@ -215,45 +215,41 @@ func (p *fastParser) list(item func() bool) bool {
 	}
 }
 
-// intRows reads [[int...]...] into rows (reused), nil on failure.
+// intRows reads [[int...]...] into rows (reused), nil on failure; a value
+// past int's range is left out of its row (the caller's row checks catch
+// the short row).
 func (p *fastParser) intRows(rows [][]int) [][]int {
-	ok := p.list(func() bool {
-		var row []int
-		if len(rows) < cap(rows) {
-			row = rows[:len(rows)+1][len(rows)][:0]
+	return readRows(p, rows, func(row []int) ([]int, bool) {
+		v, ok := p.int()
+		if ok && int64(int(v)) == v {
+			row = append(row, int(v))
 		}
-		if row == nil {
-			row = make([]int, 0, 8)
-		}
-		good := p.list(func() bool {
-			v, ok := p.int()
-			if ok && int64(int(v)) == v {
-				row = append(row, int(v))
-			}
-			return ok
-		})
-		rows = append(rows, row)
-		return good
+		return row, ok
 	})
-	if !ok {
-		return nil
-	}
-	return rows
 }
 
 // floatRows reads [[number...]...] into rows (reused), nil on failure.
 func (p *fastParser) floatRows(rows [][]float64) [][]float64 {
+	return readRows(p, rows, func(row []float64) ([]float64, bool) {
+		v, ok := p.number()
+		return append(row, v), ok
+	})
+}
+
+// readRows reads a list of lists into rows, reusing their backing arrays,
+// each element through item (which appends it to the row); nil on failure.
+func readRows[T any](p *fastParser, rows [][]T, item func(row []T) ([]T, bool)) [][]T {
 	ok := p.list(func() bool {
-		var row []float64
+		var row []T
 		if len(rows) < cap(rows) {
 			row = rows[:len(rows)+1][len(rows)][:0]
 		}
 		if row == nil {
-			row = make([]float64, 0, 8)
+			row = make([]T, 0, 8)
 		}
 		good := p.list(func() bool {
-			v, ok := p.number()
-			row = append(row, v)
+			var ok bool
+			row, ok = item(row)
 			return ok
 		})
 		rows = append(rows, row)

@@ -90,9 +90,6 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	// that report), about as long as one evaluation, and as much again
 	// for the layers' last moves and the certificate.
 	reserve := 2 * evalTime
-	if p.replicated() {
-		res.BaselineObjective = firstRep.TimeSec
-	}
 	report := reporter(opts, start)
 	stage := "baseline " + string(res.Baseline)
 	if p.replicated() {
