@@ -16,24 +16,26 @@ import (
 // at most those and replay (it shows what the solver made but must not
 // import it), the rebalancer the solver and what it uses, internal/assign
 // (the Hungarian method the solver's methods and the rebalancer share)
-// nothing of ours, and only mip/highs imports HiGHS.
+// nothing of ours, internal/sharedfiles (tests' lookup of the data beside
+// the repository) nothing of ours, and only mip/highs imports HiGHS.
 func TestImportDirection(t *testing.T) {
 	allowed := map[string][]string{
-		"internal/torchpt":    {},
-		"routing":             {"internal/torchpt"},
-		"placement":           {"routing", "internal/torchpt"},
-		"baseline":            {"routing", "placement"},
-		"costmodel":           {"routing", "placement"},
-		"mip":                 {},
-		"mip/highs":           {"mip"},
-		"solver":              {"routing", "placement", "baseline", "costmodel", "mip", "mip/highs", "solver/internal/"},
-		"solver/internal/...": {"routing", "placement", "costmodel", "mip", "solver/internal/", "internal/assign"},
-		"replay":              {"routing", "placement", "costmodel"},
-		"solvertest":          {"routing", "placement", "costmodel", "solver"},
-		"report":              {"routing", "placement", "costmodel", "replay"},
-		"rebalance":           {"routing", "placement", "costmodel", "baseline", "solver", "internal/assign"},
-		"internal/series":     {"routing", "placement"},
-		"internal/assign":     {},
+		"internal/torchpt":     {},
+		"routing":              {"internal/torchpt"},
+		"placement":            {"routing", "internal/torchpt"},
+		"baseline":             {"routing", "placement"},
+		"costmodel":            {"routing", "placement"},
+		"mip":                  {},
+		"mip/highs":            {"mip"},
+		"solver":               {"routing", "placement", "baseline", "costmodel", "mip", "mip/highs", "solver/internal/"},
+		"solver/internal/...":  {"routing", "placement", "costmodel", "mip", "solver/internal/", "internal/assign"},
+		"replay":               {"routing", "placement", "costmodel"},
+		"solvertest":           {"routing", "placement", "costmodel", "solver"},
+		"report":               {"routing", "placement", "costmodel", "replay"},
+		"rebalance":            {"routing", "placement", "costmodel", "baseline", "solver", "internal/assign"},
+		"internal/series":      {"routing", "placement"},
+		"internal/assign":      {},
+		"internal/sharedfiles": {},
 	}
 	const mod = "github.com/moetuner/moetuner/"
 	for pkg, ok := range allowed {

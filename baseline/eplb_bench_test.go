@@ -3,10 +3,9 @@ package baseline
 import (
 	"math"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"testing"
 
+	"github.com/moetuner/moetuner/internal/sharedfiles"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
@@ -14,26 +13,6 @@ import (
 // deepSeekPrefill is the SGLang DeepSeek-V3 prefill statistics file in the
 // shared data next to the repository, which stays out of the repository.
 const deepSeekPrefill = "shared/traces/sglang-deepseek-v3-expert-counts/prefill_in4096.json"
-
-// findShared walks up from the working directory to the first directory
-// holding rel and returns the joined path, or "" when there is none.
-func findShared(rel string) string {
-	dir, err := os.Getwd()
-	if err != nil {
-		return ""
-	}
-	for {
-		p := filepath.Join(dir, rel)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return ""
-		}
-		dir = parent
-	}
-}
 
 // syntheticSkewed is a DeepSeek-V3-shaped load (58 layers × 256 experts)
 // with log-normal expert popularity, from a fixed seed.
@@ -92,7 +71,7 @@ func BenchmarkEPLB(b *testing.B) {
 	}{
 		{"synthetic", func(*testing.B) *routing.Stats { return syntheticSkewed() }},
 		{"deepseek-prefill4096", func(b *testing.B) *routing.Stats {
-			path := findShared(deepSeekPrefill)
+			path := sharedfiles.Find(deepSeekPrefill)
 			if path == "" {
 				b.Skip("shared DeepSeek statistics not found; skipping")
 			}

@@ -1,14 +1,13 @@
 package costmodel_test
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/internal/sharedfiles"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
@@ -17,8 +16,8 @@ import (
 // skips when it is absent.
 func synth32k(b *testing.B) *routing.Stats {
 	b.Helper()
-	path := filepath.Join("..", "..", "shared", "traces", "synthetic-deepseek-v3", "ds3-prefill4096-32k.npy")
-	if _, err := os.Stat(path); err != nil {
+	path := sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+	if path == "" {
 		b.Skip("the shared synthetic trace is absent")
 	}
 	src, err := routing.Load(path, routing.LoadOptions{})

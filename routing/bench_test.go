@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/internal/sharedfiles"
 )
 
 func BenchmarkTraceStats(b *testing.B) {
@@ -31,26 +33,6 @@ func BenchmarkReadJSONL(b *testing.B) {
 	}
 }
 
-// findShared walks up from the working directory to the first directory
-// holding rel and returns that path, or "" when there is none.
-func findShared(rel string) string {
-	dir, err := os.Getwd()
-	if err != nil {
-		return ""
-	}
-	for {
-		p := filepath.Join(dir, rel)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return ""
-		}
-		dir = parent
-	}
-}
-
 // cpuTime is the process's user + system CPU time.
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
@@ -69,7 +51,7 @@ func cpuTime() time.Duration {
 func BenchmarkIngestNPY(b *testing.B) {
 	path := os.Getenv("MOETUNER_INGEST_NPY")
 	if path == "" {
-		path = findShared(filepath.Join("shared", "traces", "synthetic-deepseek-v3", "ds3-prefill4096-32k.npy"))
+		path = sharedfiles.Find(filepath.Join("shared", "traces", "synthetic-deepseek-v3", "ds3-prefill4096-32k.npy"))
 	}
 	if path == "" {
 		b.Skip("shared/traces/synthetic-deepseek-v3 is absent")

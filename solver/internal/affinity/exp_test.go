@@ -3,7 +3,6 @@ package affinity
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -12,28 +11,11 @@ import (
 
 	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/internal/sharedfiles"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	"github.com/moetuner/moetuner/solver/internal/task"
 )
-
-func findShared(rel string) string {
-	dir, err := os.Getwd()
-	if err != nil {
-		return ""
-	}
-	for {
-		p := filepath.Join(dir, rel)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return ""
-		}
-		dir = parent
-	}
-}
 
 func remotePerTokenLayer(t *testing.T, sc costmodel.Scenario, plan *placement.Plan) (float64, *costmodel.Report) {
 	rep, err := sc.Evaluate(plan)
@@ -49,7 +31,7 @@ func TestExperiment(t *testing.T) {
 	if os.Getenv("MOETUNER_EXP") == "" {
 		t.Skip("experiment")
 	}
-	path := findShared("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+	path := sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
 	src, err := routing.Load(path, routing.LoadOptions{})
 	require.NoError(t, err)
 	st := src.Stats
@@ -115,7 +97,7 @@ func TestExperimentChain(t *testing.T) {
 	if os.Getenv("MOETUNER_EXP") == "" {
 		t.Skip("experiment")
 	}
-	path := findShared("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+	path := sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
 	src, err := routing.Load(path, routing.LoadOptions{})
 	require.NoError(t, err)
 	st := src.Stats

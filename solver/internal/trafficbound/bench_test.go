@@ -4,36 +4,15 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/internal/sharedfiles"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
-
-// findShared walks up from the working directory to the first directory
-// holding rel and returns the joined path, or "" when there is none.
-func findShared(rel string) string {
-	dir, err := os.Getwd()
-	if err != nil {
-		return ""
-	}
-	for {
-		p := filepath.Join(dir, rel)
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return ""
-		}
-		dir = parent
-	}
-}
 
 // remoteByLayer is Σ_t Count·R_t per layer for plan, from costmodel (a
 // layer's CrossNodeBytes are both phases of token bytes).
@@ -210,7 +189,7 @@ func BenchmarkHomeRemote(b *testing.B) {
 		{"flame/even-r0", "testdata/flame-moe-290m", 2, 4, 8, placement.DispatchEven},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			path := findShared(tc.path)
+			path := sharedfiles.Find(tc.path)
 			if path == "" {
 				b.Skipf("%s not found; skipping", tc.path)
 			}
