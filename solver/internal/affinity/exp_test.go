@@ -2,8 +2,12 @@ package affinity
 
 import (
 	"context"
+	"math"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,11 +31,19 @@ func remotePerTokenLayer(t *testing.T, sc costmodel.Scenario, plan *placement.Pl
 	return nic / 2 / sc.Model.TokenBytes() / sc.Stats.Tokens / float64(sc.Stats.Layers), rep
 }
 
+// expTrace is the experiments' trace: $TRACE, else the shared 32k trace.
+func expTrace() string {
+	if p := os.Getenv("TRACE"); p != "" {
+		return p
+	}
+	return sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+}
+
 func TestExperiment(t *testing.T) {
 	if os.Getenv("MOETUNER_EXP") == "" {
 		t.Skip("experiment")
 	}
-	path := sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+	path := expTrace()
 	src, err := routing.Load(path, routing.LoadOptions{})
 	require.NoError(t, err)
 	st := src.Stats
@@ -97,7 +109,7 @@ func TestExperimentChain(t *testing.T) {
 	if os.Getenv("MOETUNER_EXP") == "" {
 		t.Skip("experiment")
 	}
-	path := sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+	path := expTrace()
 	src, err := routing.Load(path, routing.LoadOptions{})
 	require.NoError(t, err)
 	st := src.Stats
@@ -130,4 +142,172 @@ func TestExperimentChain(t *testing.T) {
 		return w
 	}
 	t.Logf("cross-node %.4g → %.4g (%.2f%%), time %.4g → %.4g (%.2f%%), imbalance %.4f → %.4f, worst %.4f → %.4f", rep0.CrossNodeBytes, rep1.CrossNodeBytes, (rep1.CrossNodeBytes/rep0.CrossNodeBytes-1)*100, rep0.TimeSec, rep1.TimeSec, (rep1.TimeSec/rep0.TimeSec-1)*100, rep0.MeanImbalance, rep1.MeanImbalance, worst(rep0), worst(rep1))
+}
+
+// TestExperimentNodeCeiling asks how far any placement could go on a
+// trace: a plain simulated annealing on the exact count (distinct remote
+// nodes per token, homes from the sources), one copy per expert, swaps of
+// two experts between nodes, every node's tokens held under a hard cap of
+// cap × the mean. Loose caps show what balance costs. It starts from
+// EPLB's nodes (first copies) and reports the change against EPLB's count
+// with the same copies; NODES, LIMIT (per run) and TRACE as the other
+// experiments, LAYERS the layers (default 0,1,2).
+func TestExperimentNodeCeiling(t *testing.T) {
+	if os.Getenv("MOETUNER_EXP") == "" {
+		t.Skip("experiment")
+	}
+	src, err := routing.Load(expTrace(), routing.LoadOptions{})
+	require.NoError(t, err)
+	st := src.Stats
+	N, _ := strconv.Atoi(os.Getenv("NODES"))
+	if N == 0 {
+		N = 4
+	}
+	const P = 8
+	G := N * P
+	lim, _ := time.ParseDuration(os.Getenv("LIMIT"))
+	if lim == 0 {
+		lim = 20 * time.Second
+	}
+	layers := []int{0, 1, 2}
+	if v := os.Getenv("LAYERS"); v != "" {
+		layers = layers[:0]
+		for _, f := range strings.Split(v, ",") {
+			l, err := strconv.Atoi(f)
+			require.NoError(t, err)
+			layers = append(layers, l)
+		}
+	}
+	plan, err := baseline.EPLB(st, G, baseline.EPLBOptions{Nodes: N})
+	require.NoError(t, err)
+	E, K, T := st.Experts, st.TopK, len(st.Patterns)
+	home := make([]int, T)
+	w := make([]float64, T)
+	for i, pt := range st.Patterns {
+		w[i] = pt.Count
+		home[i] = i % G / P
+		if pt.Source >= 0 {
+			home[i] = int(pt.Source) % G / P
+		}
+	}
+	for _, l := range layers {
+		tok := make([][]int32, E)
+		load := make([]float64, E)
+		for i, pt := range st.Patterns {
+			for _, e := range pt.Experts[l*K : (l+1)*K] {
+				tok[e] = append(tok[e], int32(i))
+				load[e] += pt.Count
+			}
+		}
+		start := make([]int, E)
+		for e, gs := range plan.ExpertGPUs(l) {
+			start[e] = int(gs[0]) / P
+		}
+		mean := 0.0
+		for _, v := range load {
+			mean += v / float64(N)
+		}
+		for _, capf := range []float64{1.01, 1.02, 1.10, math.Inf(1)} {
+			node := slices.Clone(start)
+			nl := make([]float64, N)
+			cnt := make([]uint8, T*N)
+			for e, b := range node {
+				nl[b] += load[e]
+				for _, i := range tok[e] {
+					cnt[int(i)*N+b]++
+				}
+			}
+			remote := 0.0
+			for i := 0; i < T; i++ {
+				for b := 0; b < N; b++ {
+					if cnt[i*N+b] > 0 && b != home[i] {
+						remote += w[i]
+					}
+				}
+			}
+			r0 := remote
+			// mv moves e to node b and returns the change of the count.
+			mv := func(e, b int) float64 {
+				a, d := node[e], 0.0
+				for _, i32 := range tok[e] {
+					i := int(i32)
+					cnt[i*N+a]--
+					if cnt[i*N+a] == 0 && a != home[i] {
+						d -= w[i]
+					}
+					if cnt[i*N+b] == 0 && b != home[i] {
+						d += w[i]
+					}
+					cnt[i*N+b]++
+				}
+				node[e] = b
+				return d
+			}
+			over := func() float64 {
+				o := 0.0
+				for _, v := range nl {
+					o += max(0, v-capf*mean)
+				}
+				return o
+			}
+			rng := rand.New(rand.NewPCG(uint64(l), 7))
+			// Hot temperature: the mean |Δ| of random swaps; cooled over
+			// three decades.
+			t0, n0 := 0.0, 0
+			for range 4 * E {
+				e, f := rng.IntN(E), rng.IntN(E)
+				a, b := node[e], node[f]
+				if a == b {
+					continue
+				}
+				d := mv(e, b) + mv(f, a)
+				mv(e, a)
+				mv(f, b)
+				t0 += math.Abs(d)
+				n0++
+			}
+			t0 /= float64(max(n0, 1))
+			best := math.Inf(1)
+			if over() == 0 {
+				best = remote
+			}
+			begin := time.Now()
+			for time.Since(begin) < lim {
+				p := time.Since(begin).Seconds() / lim.Seconds()
+				temp := t0 * math.Pow(1e-3, p)
+				for range 256 {
+					e, f := rng.IntN(E), rng.IntN(E)
+					a, b := node[e], node[f]
+					if a == b {
+						continue
+					}
+					o0 := over()
+					nl[a] += load[f] - load[e]
+					nl[b] += load[e] - load[f]
+					if o1 := over(); o1 > 0 && o1 >= o0 {
+						nl[a] -= load[f] - load[e]
+						nl[b] -= load[e] - load[f]
+						continue
+					}
+					d := mv(e, b) + mv(f, a)
+					if d <= 0 || rng.Float64() < math.Exp(-d/temp) {
+						remote += d
+						if remote < best && over() == 0 {
+							best = remote
+						}
+						continue
+					}
+					mv(e, a)
+					mv(f, b)
+					nl[a] -= load[f] - load[e]
+					nl[b] -= load[e] - load[f]
+				}
+			}
+			imb := 0.0
+			for _, v := range nl {
+				imb = max(imb, v/mean)
+			}
+			t.Logf("layer %d cap %.2f: EPLB %.4f → %.4f remote nodes per token (%+.2f%%), node busiest/mean %.4f", l, capf, r0/st.Tokens, best/st.Tokens, (best/r0-1)*100, imb)
+		}
+	}
 }

@@ -261,6 +261,7 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	// over; below that it starts cold, refining what the phases before
 	// found instead of undoing it.
 	s.kappa = 0
+	c2 := s.costNow(levelGPU)
 	startCost := newStateKappa(ly, start, 0).costNow(levelGPU)
 	last := phase(c, 1)
 	expect := float64(last.Work)
@@ -280,7 +281,7 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	s.resync()
 	tries += se.tries
 	if debugf != nil {
-		debugf("layer %d: %v: remote start %.0f proxy %.0f nodes %.0f (imb %.4f) gpus %.0f (imb %.4f) end %.0f (imb %.4f); cost %.4g → %.4g", ly.l, time.Since(t0), newState(ly, start).remote(), r0, r1, i1, r2, i2, s.remote(), s.imbalance(levelGPU), startCost, s.costNow(levelGPU))
+		debugf("layer %d: %v: remote start %.0f proxy %.0f nodes %.0f (imb %.4f) gpus %.0f (imb %.4f) end %.0f (imb %.4f); cost %.4g → %.4g (after gpus %.4g, port imb %.4f)", ly.l, time.Since(t0), newState(ly, start).remote(), r0, r1, i1, r2, i2, s.remote(), s.imbalance(levelGPU), startCost, s.costNow(levelGPU), c2, s.portImbalance())
 	}
 	if s.costNow(levelGPU) > startCost {
 		return newStateKappa(ly, start, 0), tries
