@@ -18,8 +18,11 @@ import (
 // expansion over adjacent layers: a token's partial results move from the
 // GPUs of its layer-(l−1) experts to the nodes of its layer-l experts, so
 // every pair (e at l−1, f at l) the token uses is an edge, weighted 1/k
-// per token; the first layer's dispatch and the last layer's combine tie
-// experts to the tokens' homes. Vertices are each layer's copies.
+// per token; a token reaches a node once however many of its layer-l
+// experts the node holds, so the pairs within a layer are edges too
+// (weighted intraWeight/k); the first layer's dispatch and the last
+// layer's combine tie experts to the tokens' homes. Vertices are each
+// layer's copies.
 type chainProxy struct {
 	L, N, E, P int
 	exp        [][]int16   // [l][x]
@@ -33,6 +36,7 @@ type chainProxy struct {
 	gload      [][]float64 // [l][g]: tokens over the GPU's speed
 	speed      []float64   // [g]
 	w          [][]float32 // [l] for l ≥ 1: E×E, e at l−1, f at l
+	win        [][]float32 // [l]: E×E, pairs within layer l (nil: none)
 	term       [][]float64 // [l] for l = 0 and L−1: E×N
 }
 
@@ -130,10 +134,36 @@ func newChainProxy(p Problem, copies [][][]int32, w [][]float32) *chainProxy {
 			}
 		}
 	}
+	if beta := intraWeight(K, N); beta > 0 && st.Patterns != nil {
+		cp.win = make([][]float32, L)
+		for l := range cp.win {
+			cp.win[l] = make([]float32, E*E)
+		}
+		for _, pt := range st.Patterns {
+			x := float32(beta * pt.Count / float64(K))
+			for l := 0; l < L; l++ {
+				ex := pt.Experts[l*K : (l+1)*K]
+				row := cp.win[l]
+				for i, e := range ex {
+					for _, f := range ex[i+1:] {
+						row[int(e)*E+int(f)] += x
+						row[int(f)*E+int(e)] += x
+					}
+				}
+			}
+		}
+	}
 	for l := 0; l < L; l++ {
 		V := len(cp.exp[l])
 		cp.c[l] = make([]float64, V*N)
 		for x := 0; x < V; x++ {
+			if cp.win != nil {
+				for y := 0; y < V; y++ {
+					if y != x {
+						cp.c[l][x*N+cp.node[l][y]] += cp.pwIn(l, x, y)
+					}
+				}
+			}
 			for _, nl := range []int{l - 1, l + 1} {
 				if nl < 0 || nl >= L {
 					continue
@@ -158,6 +188,33 @@ func (cp *chainProxy) pw(l, x, m, y int) float64 {
 		v = cp.w[l][f*cp.E+e]
 	}
 	return float64(v) / float64(cp.cnt[l][e]*cp.cnt[m][f])
+}
+
+// intraWeight is the weight of a pair of a token's experts in one layer,
+// relative to the 1/k of a pair across adjacent layers. A token reaches
+// each node B of its layer-l experts once, at cost 1 − f(B) (f: the share
+// of its previous experts on B), while the cross-layer pairs count B
+// n(B) times; the excess n − 1 = 2·C(n, 2)/n is the same-node pairs of the
+// layer times 2/n. With n the mean experts per reached node of k experts
+// spread over N nodes, n = k/(N·(1 − (1 − 1/N)^k)), and 1 − f its mean
+// 1 − 1/N, every pair cut between nodes weighs k·(2/n)·(1 − 1/N) in units
+// of 1/k (a constant apart).
+func intraWeight(k, N int) float64 {
+	if k < 2 || N < 2 {
+		return 0
+	}
+	reached := float64(N) * (1 - math.Pow(1-1/float64(N), float64(k)))
+	n := float64(k) / reached
+	return float64(k) * 2 / n * (1 - 1/float64(N))
+}
+
+// pwIn is the edge weight of vertices x and y of layer l.
+func (cp *chainProxy) pwIn(l, x, y int) float64 {
+	e, f := int(cp.exp[l][x]), int(cp.exp[l][y])
+	if cp.win == nil || e == f {
+		return 0
+	}
+	return float64(cp.win[l][e*cp.E+f]) / float64(cp.cnt[l][e]*cp.cnt[l][f])
 }
 
 func (cp *chainProxy) tw(l, x, b int) float64 {
@@ -187,6 +244,13 @@ func (cp *chainProxy) cost() float64 {
 				}
 				c += cp.tw(l, x, b)
 			}
+			if cp.win != nil {
+				for y := x + 1; y < len(cp.exp[l]); y++ {
+					if cp.node[l][y] != cp.node[l][x] {
+						c += cp.pwIn(l, x, y)
+					}
+				}
+			}
 		}
 	}
 	return c
@@ -197,7 +261,7 @@ func (cp *chainProxy) swapDelta(l, x, y int) float64 {
 	a, b := cp.node[l][x], cp.node[l][y]
 	c := cp.c[l]
 	return c[x*N+a] - c[x*N+b] + cp.tw(l, x, a) - cp.tw(l, x, b) +
-		c[y*N+b] - c[y*N+a] + cp.tw(l, y, b) - cp.tw(l, y, a)
+		c[y*N+b] - c[y*N+a] + cp.tw(l, y, b) - cp.tw(l, y, a) + 2*cp.pwIn(l, x, y)
 }
 
 func (cp *chainProxy) swap(l, x, y int) {
@@ -211,6 +275,19 @@ func (cp *chainProxy) swap(l, x, y int) {
 			wx, wy := cp.pw(m, z, l, x), cp.pw(m, z, l, y)
 			cp.c[m][z*N+a] += wy - wx
 			cp.c[m][z*N+b] += wx - wy
+		}
+	}
+	if cp.win != nil && a != b {
+		for z := range cp.exp[l] {
+			wx, wy := cp.pwIn(l, z, x), cp.pwIn(l, z, y)
+			if z != x {
+				cp.c[l][z*N+a] -= wx
+				cp.c[l][z*N+b] += wx
+			}
+			if z != y {
+				cp.c[l][z*N+b] -= wy
+				cp.c[l][z*N+a] += wy
+			}
 		}
 	}
 	cp.nload[l][a] += cp.load[l][y] - cp.load[l][x]

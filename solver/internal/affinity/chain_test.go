@@ -263,3 +263,43 @@ func TestSolveChainNoLessBalanced(t *testing.T) {
 		})
 	}
 }
+
+// TestChainProxySwapDelta: every swap's predicted change of the chain
+// proxy's cut equals the change of the cut recomputed from scratch, on
+// random instances with and without copies. A delta that misses an edge
+// (within a layer, to an adjacent one, or to a home) fails it.
+func TestChainProxySwapDelta(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 4))
+	for it := range 6 {
+		N, P := 2+rng.IntN(2), 1+rng.IntN(3)
+		E, K := 6+rng.IntN(8), 1+rng.IntN(3)
+		red := 0
+		if it%2 == 1 {
+			red = N * P
+		}
+		for (E+red)%(N*P) != 0 || E+red < N*P {
+			red++
+		}
+		sc, plan, _ := randomInstance(t, rng, N, P, E, K, 3, 60, red, placement.DispatchEven, false)
+		sc.Flow = costmodel.FlowChain
+		w, err := transitionWeights(sc.Stats)
+		require.NoError(t, err)
+		copies := make([][][]int32, sc.Stats.Layers)
+		for l := range copies {
+			copies[l] = int32Copies(plan.ExpertGPUs(l))
+		}
+		cp := newChainProxy(Problem{Scenario: sc}, copies, w)
+		cut := cp.cost()
+		for range 200 {
+			l := rng.IntN(cp.L)
+			x, y := rng.IntN(len(cp.exp[l])), rng.IntN(len(cp.exp[l]))
+			if cp.node[l][x] == cp.node[l][y] || cp.exp[l][x] == cp.exp[l][y] {
+				continue
+			}
+			d := cp.swapDelta(l, x, y)
+			cp.swap(l, x, y)
+			cut += d
+			require.InDelta(t, cp.cost(), cut, 1e-9*max(1, cut), "instance %d", it)
+		}
+	}
+}
