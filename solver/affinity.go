@@ -2,6 +2,7 @@ package solver
 
 import (
 	"context"
+	"errors"
 	"math"
 	"slices"
 	"time"
@@ -97,21 +98,37 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	}
 	report(stage, firstRep.TimeSec, math.NaN())
 	slots := p.slotCounts()
-	if p.Flow == costmodel.FlowHome {
-		// The bound on remote-node copies first, within its share.
+	// The bound on remote-node copies first, within its share: the home
+	// flow's for any plan with these slots, the chain flow's for any plan
+	// with one copy of every expert (its bound knows no copies).
+	if p.Flow == costmodel.FlowHome || !p.replicated() {
 		bctx, cancel := ctx, func() {}
 		if W == 0 {
 			bctx, cancel = context.WithDeadline(ctx, at(start, limit, b.AffinityStart+b.AffinityBound))
 		}
 		sh := trafficbound.Shape{Nodes: p.Cluster.Nodes, GPUsPerNode: p.Cluster.GPUsPerNode, SlotsPerGPU: slots}
-		bs, err := trafficbound.HomeRemoteLayers(bctx, p.Stats, sh, p.Dispatch, trafficbound.Options{Parallel: opts.Parallel, ShiftSteps: -1})
+		bo := trafficbound.Options{Parallel: opts.Parallel, ShiftSteps: -1}
+		var bs []trafficbound.Bound
+		var err error
+		if p.Flow == costmodel.FlowHome {
+			bs, err = trafficbound.HomeRemoteLayers(bctx, p.Stats, sh, p.Dispatch, bo)
+		} else {
+			bs, err = trafficbound.ChainLayers(bctx, p.Stats, sh, bo)
+		}
 		cancel()
-		if err == nil && p.Stats.Tokens > 0 {
-			v := 0.0
+		// Out of its share (not cancelled): the layers bounded by then
+		// still bound the plan, the others counting 0.
+		if (err == nil || ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded)) && p.Stats.Tokens > 0 {
+			v, n := 0.0, 0
 			for _, bd := range bs {
-				v += bd.Value
+				if bd.Method != "" {
+					v, n = v+bd.Value, n+1
+				}
 			}
-			res.RemoteBound, res.remoteBound = v/(p.Stats.Tokens*float64(p.Stats.Layers)), true
+			if n > 0 {
+				res.RemoteBound, res.remoteBound = v/(p.Stats.Tokens*float64(p.Stats.Layers)), true
+				res.RemoteBoundLayers = n
+			}
 		}
 	}
 	ao := affinity.Options{

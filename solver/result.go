@@ -166,9 +166,14 @@ type Result struct {
 	Balance *BalanceReport
 	// RemoteBound is a certified lower bound on the remote-node copies
 	// per token and layer (Report.RemoteCopies over Tokens·layers) of any
-	// plan with the problem's slots, home flow; NaN when not computed (the
-	// affinity search computes it).
+	// plan with the problem's slots (home flow) or with one copy of every
+	// expert (chain flow: cross-node transitions); NaN when not computed
+	// (the affinity search computes it).
 	RemoteBound float64
+	// RemoteBoundLayers is how many layers RemoteBound bounds: fewer than
+	// the layers when its share of the time ran out first (the others
+	// count 0, so it is still a bound, only a weaker one).
+	RemoteBoundLayers int
 	// Note qualifies the result, e.g. "equal cluster sizes" when the
 	// moetuner strategy ran with Options.MoETunerEqualSizes.
 	Note string

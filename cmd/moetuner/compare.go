@@ -237,7 +237,16 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 			if r.RemoteBound > 0 {
 				above = fmt.Sprintf("%.1f%%", 100*(rt/r.RemoteBound-1))
 			}
-			fmt.Fprintf(w, "%s: %.4f remote-node copies per token-layer, %s above a certified lower bound of %.4f for any plan with these slots\n", r.Strategy, rt, above, r.RemoteBound)
+			what := "remote-node copies"
+			plans := "any plan with these slots"
+			if p.Flow == costmodel.FlowChain {
+				what, plans = "cross-node transitions", "any plan with one copy of every expert"
+			}
+			part := ""
+			if n := r.RemoteBoundLayers; n > 0 && n < p.Stats.Layers {
+				part = fmt.Sprintf(" (%d of %d layers bounded in the time, the others counted as 0)", n, p.Stats.Layers)
+			}
+			fmt.Fprintf(w, "%s: %.4f %s per token-layer, %s above a certified lower bound of %.4f for %s%s\n", r.Strategy, rt, what, above, r.RemoteBound, plans, part)
 		}
 		if p.Dispatch == placement.DispatchLocal && r.Balance != nil && p.Stats.Patterns == nil {
 			fmt.Fprintf(w, "%s: cross-node traffic %.2f%% above its lower bound for plans at least as balanced in every layer (local dispatch)\n", r.Strategy, 100*r.Balance.TrafficGap)
@@ -280,6 +289,7 @@ type jsonResult struct {
 	RemotePerToken  float64  `json:"remote_per_token_layer"`
 	BusiestNIC      float64  `json:"busiest_nic_per_token_layer"`
 	RemoteBound     *float64 `json:"remote_bound_per_token_layer,omitempty"`
+	RemoteBoundOf   int      `json:"remote_bound_layers,omitempty"`
 	ModelObjective  float64  `json:"model_objective_sec,omitempty"`
 	Bound           float64  `json:"bound_sec,omitempty"`
 	Gap             float64  `json:"gap,omitempty"`
@@ -315,7 +325,7 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 			rb = &r.RemoteBound
 		}
 		out = append(out, jsonResult{
-			RemotePerToken: rt, BusiestNIC: bn, RemoteBound: rb,
+			RemotePerToken: rt, BusiestNIC: bn, RemoteBound: rb, RemoteBoundOf: r.RemoteBoundLayers,
 			TrafficGap: tg, CostBound: clean(r.CostBound), CostGap: clean(r.CostGap),
 			Strategy: string(r.Strategy), Status: status, TimeSec: r.Objective,
 			MaxTokensSum: r.Report.MaxTokensSum, MeanImbalance: r.Report.MeanImbalance,

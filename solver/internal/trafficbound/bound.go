@@ -364,26 +364,57 @@ func pairBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch, steps 
 }
 
 // HomeRemoteLayers is HomeRemote for every layer, opts.Parallel at a
-// time; it stops at the first error or when ctx ends.
+// time; it stops at the first error or when ctx ends (then with the
+// layers bounded so far, as eachLayer).
 func HomeRemoteLayers(ctx context.Context, stats *routing.Stats, c Shape, d placement.Dispatch, opts Options) ([]Bound, error) {
 	if stats == nil {
 		return nil, errors.New("trafficbound: nil stats")
 	}
-	out := make([]Bound, stats.Layers)
-	errs := make([]error, stats.Layers)
-	workers := max(opts.Parallel, 1)
+	return eachLayer(ctx, stats.Layers, opts.Parallel, func(l int) (Bound, error) {
+		return HomeRemote(ctx, stats, l, c, d, opts)
+	})
+}
+
+// ChainLayers bounds the chain flow's dispatch copies that cross nodes,
+// layer by layer, over every single-copy placement: layer 0 is
+// dispatched from the homes (HomeRemote), every later layer from the
+// GPUs of the layer before (ChainCrossNode). opts.Parallel layers at a
+// time; it stops at the first error or when ctx ends (then with the
+// layers bounded so far, as eachLayer). Each layer's bound
+// holds whatever the other layers' placement, so their sum bounds the
+// whole plan.
+func ChainLayers(ctx context.Context, stats *routing.Stats, c Shape, opts Options) ([]Bound, error) {
+	if stats == nil {
+		return nil, errors.New("trafficbound: nil stats")
+	}
+	return eachLayer(ctx, stats.Layers, opts.Parallel, func(l int) (Bound, error) {
+		if l == 0 {
+			return HomeRemote(ctx, stats, 0, c, placement.DispatchEven, opts)
+		}
+		return ChainCrossNode(ctx, stats, l, c, opts)
+	})
+}
+
+// eachLayer runs f for layers 0..L−1, workers at a time, and returns
+// their bounds; it stops at the first error or when ctx ends. When ctx
+// ends first it returns ctx's error with the layers bounded by then; the
+// others have an empty Method (every layer's bound holds on its own, so
+// what was bounded still bounds the plan, the rest counting 0).
+func eachLayer(ctx context.Context, L, workers int, f func(l int) (Bound, error)) ([]Bound, error) {
+	out := make([]Bound, L)
+	errs := make([]error, L)
 	next := make(chan int)
 	var wg sync.WaitGroup
-	for range workers {
+	for range max(workers, 1) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for l := range next {
-				out[l], errs[l] = HomeRemote(ctx, stats, l, c, d, opts)
+				out[l], errs[l] = f(l)
 			}
 		}()
 	}
-	for l := range stats.Layers {
+	for l := range L {
 		if ctx.Err() != nil {
 			break
 		}
@@ -392,7 +423,12 @@ func HomeRemoteLayers(ctx context.Context, stats *routing.Stats, c Shape, d plac
 	close(next)
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		for l := range out {
+			if errs[l] != nil {
+				out[l] = Bound{}
+			}
+		}
+		return out, err
 	}
 	for _, err := range errs {
 		if err != nil {
