@@ -141,7 +141,7 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	if p.Flow == costmodel.FlowChain {
 		solve = affinity.SolveChain
 	}
-	ar, err := solve(ctx, affinity.Problem{Scenario: sc, Slots: slots, Start: first, StartReport: firstRep}, ao)
+	ar, err := solve(ctx, affinity.Problem{Scenario: sc, Slots: slots, Start: first, StartReport: firstRep, EvalTime: evalTime}, ao)
 	if err != nil {
 		return nil, err
 	}

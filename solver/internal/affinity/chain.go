@@ -12,6 +12,7 @@ import (
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
+	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
 // chainProxy is the chain flow's placement problem in its clique
@@ -641,11 +642,13 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	for l := range startPeak {
 		startPeak[l] = cp.peak(l)
 	}
-	rep := p.StartReport
+	rep, evalTime := p.StartReport, p.EvalTime
 	if rep == nil {
+		t0 := time.Now()
 		if rep, err = p.Evaluate(p.Start); err != nil {
 			return nil, err
 		}
+		evalTime = time.Since(t0)
 	}
 	tb := p.Model.TokenBytes()
 	exact := 0.0
@@ -698,5 +701,135 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			}
 		}
 	}
+	polishChain(ctx, p, opts, res, evalTime)
 	return res, nil
+}
+
+// polishChain refines res on the exact cost model, which the proxy only
+// approximates (a clique expansion of each token's nodes): a simulated
+// annealing of slot swaps scored by the incremental evaluator. By work it
+// gets a tenth of the budget on top; by time, what is left of the limit,
+// when that covers building the evaluator (one evaluation) with one
+// evaluation to spare, since the caller scores the result. It starts hot
+// only when it can try every swap of the neighbourhood many times over,
+// as the home flow's last annealing; else it refines what it was given.
+// The best plan it visits is kept; one no better leaves res as it is.
+func polishChain(ctx context.Context, p Problem, opts Options, res *Result, evalTime time.Duration) {
+	lim := task.Limit{Work: opts.Limit.Work / 10}
+	if !opts.Limit.ByWork() {
+		if evalTime <= 0 || time.Until(opts.Limit.Deadline) < 3*evalTime {
+			return
+		}
+		lim = task.Limit{Deadline: opts.Limit.Deadline.Add(-evalTime)}
+	} else if lim.Work == 0 {
+		return
+	}
+	G := p.Cluster.GPUs()
+	ev, err := p.NewEvaluator(placement.FromReplicas(G, res.Copies, "affinity"))
+	if err != nil {
+		return
+	}
+	L := ev.Layers()
+	rng := rand.New(rand.NewPCG(uint64(L), 0x706f6c))
+	// pick draws a swap of two slots of one layer that keeps the plan
+	// valid (different GPUs, different experts, neither already on the
+	// other's GPU).
+	pick := func() (costmodel.Move, bool) {
+		for range 64 {
+			l := rng.IntN(L)
+			lp := ev.Layer(l)
+			n := len(lp.SlotGPU)
+			if n < 2 {
+				continue
+			}
+			a, b := rng.IntN(n), rng.IntN(n)
+			ga, gb, ea, eb := lp.SlotGPU[a], lp.SlotGPU[b], lp.SlotExpert[a], lp.SlotExpert[b]
+			if ga == gb || ea == eb {
+				continue
+			}
+			clash := false
+			for s := range lp.SlotGPU {
+				if (lp.SlotGPU[s] == gb && lp.SlotExpert[s] == ea) || (lp.SlotGPU[s] == ga && lp.SlotExpert[s] == eb) {
+					clash = true
+					break
+				}
+			}
+			if !clash {
+				return costmodel.Move{Kind: costmodel.MoveSwap, Layer: l, Slot: a, Other: b}, true
+			}
+		}
+		return costmodel.Move{}, false
+	}
+	t0, n0 := 0.0, 0
+	for range 4 * L {
+		if m, ok := pick(); ok {
+			if d, err := ev.Delta(m); err == nil {
+				t0 += math.Abs(d)
+				n0++
+			}
+		}
+	}
+	if n0 == 0 || t0 == 0 {
+		return
+	}
+	t0 /= float64(n0)
+	slots := 0
+	for _, v := range p.Slots {
+		slots += v
+	}
+	sc := newSchedule(ctx, lim, 1)
+	if lim.ByWork() {
+		if float64(lim.Work) < annealSweeps*float64(L*slots*G) {
+			t0 *= coolTo
+		}
+	} else {
+		// Swaps per second, from the sample just scored.
+		t1 := time.Now()
+		for range 4 * L {
+			if m, ok := pick(); ok {
+				_, _ = ev.Delta(m)
+			}
+		}
+		rate := float64(4*L) / max(time.Since(t1).Seconds(), 1e-9)
+		if rate*time.Until(lim.Deadline).Seconds() < annealSweeps*float64(L*slots*G) {
+			t0 *= coolTo
+		}
+	}
+	cur := ev.Cost()
+	best, bestPlan := cur, (*placement.Plan)(nil)
+	atBest := true
+	for {
+		prog, ok := sc.next()
+		if !ok {
+			break
+		}
+		m, ok := pick()
+		if !ok {
+			break
+		}
+		d, err := ev.Delta(m)
+		if err != nil {
+			return
+		}
+		if d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, prog))) {
+			if atBest && d > 0 {
+				bestPlan, atBest = ev.Plan(), false
+			}
+			if err := ev.Apply(m); err != nil {
+				return
+			}
+			cur += d
+			if cur < best*(1-1e-12) || (atBest && cur <= best) {
+				best, atBest, bestPlan = cur, true, nil
+			}
+		}
+	}
+	res.Tries += sc.done
+	out := bestPlan
+	if atBest || out == nil {
+		out = ev.Plan()
+	}
+	for l := range res.Copies {
+		res.Copies[l] = out.ExpertGPUs(l)
+	}
 }

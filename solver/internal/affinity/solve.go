@@ -25,6 +25,10 @@ type Problem struct {
 	// StartReport, when set, is the cost model's report of Start, which
 	// the chain flow's search then need not evaluate again.
 	StartReport *costmodel.Report
+	// EvalTime is how long one evaluation of the cost model takes on this
+	// scenario (0: unknown, the chain flow then times its own evaluation
+	// of Start, or skips its exact polish when it has none to time).
+	EvalTime time.Duration
 }
 
 // Options bound a solve.
