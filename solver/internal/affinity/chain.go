@@ -701,7 +701,7 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			}
 		}
 	}
-	polishChain(ctx, p, opts, res, evalTime)
+	polishChain(ctx, p, opts, res, rep, evalTime)
 	return res, nil
 }
 
@@ -713,8 +713,9 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 // evaluation to spare, since the caller scores the result. It starts hot
 // only when it can try every swap of the neighbourhood many times over,
 // as the home flow's last annealing; else it refines what it was given.
+// No layer's busiest GPU ends above the start's (the proxy's promise).
 // The best plan it visits is kept; one no better leaves res as it is.
-func polishChain(ctx context.Context, p Problem, opts Options, res *Result, evalTime time.Duration) {
+func polishChain(ctx context.Context, p Problem, opts Options, res *Result, start *costmodel.Report, evalTime time.Duration) {
 	lim := task.Limit{Work: opts.Limit.Work / 10}
 	if !opts.Limit.ByWork() {
 		if evalTime <= 0 || time.Until(opts.Limit.Deadline) < 3*evalTime {
@@ -730,6 +731,12 @@ func polishChain(ctx context.Context, p Problem, opts Options, res *Result, eval
 		return
 	}
 	L := ev.Layers()
+	// No layer's compute tail goes above the start's (or, where the
+	// search could not bring it back, above where it is now).
+	tailCap := make([]float64, L)
+	for l := range tailCap {
+		tailCap[l] = max(start.Layers[l].ComputeTail.Seconds()+1e-9, ev.LayerTail(l)) * (1 + 1e-12)
+	}
 	rng := rand.New(rand.NewPCG(uint64(L), 0x706f6c))
 	// pick draws a swap of two slots of one layer that keeps the plan
 	// valid (different GPUs, different experts, neither already on the
@@ -795,7 +802,12 @@ func polishChain(ctx context.Context, p Problem, opts Options, res *Result, eval
 			t0 *= coolTo
 		}
 	}
+	// The walk may pass through plans with a layer over its cap, paying
+	// the excess tail once more on top of the time it adds; only plans
+	// within every cap can become the best kept.
 	cur := ev.Cost()
+	over := make([]float64, L) // tail above the cap per layer
+	nOver := 0
 	best, bestPlan := cur, (*placement.Plan)(nil)
 	atBest := true
 	for {
@@ -811,17 +823,39 @@ func polishChain(ctx context.Context, p Problem, opts Options, res *Result, eval
 		if err != nil {
 			return
 		}
-		if d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, prog))) {
-			if atBest && d > 0 {
-				bestPlan, atBest = ev.Plan(), false
-			}
-			if err := ev.Apply(m); err != nil {
+		temp := t0 * math.Pow(coolTo, prog)
+		u := rng.Float64()
+		accept := func(x float64) bool { return x <= 0 || u < math.Exp(-x/temp) }
+		l := m.Layer
+		if over[l] == 0 && !accept(d) {
+			continue // the penalty can only add to d
+		}
+		var snap *placement.Plan
+		if atBest {
+			snap = ev.Plan()
+		}
+		if err := ev.Apply(m); err != nil {
+			return
+		}
+		o := max(0, ev.LayerTail(l)-tailCap[l])
+		if !accept(d + o - over[l]) {
+			if err := ev.Apply(m); err != nil { // a swap is its own inverse
 				return
 			}
-			cur += d
-			if cur < best*(1-1e-12) || (atBest && cur <= best) {
-				best, atBest, bestPlan = cur, true, nil
-			}
+			continue
+		}
+		cur += d
+		switch {
+		case o > 0 && over[l] == 0:
+			nOver++
+		case o == 0 && over[l] > 0:
+			nOver--
+		}
+		over[l] = o
+		if nOver == 0 && (cur < best*(1-1e-12) || (atBest && cur <= best)) {
+			best, atBest, bestPlan = cur, true, nil
+		} else if atBest {
+			bestPlan, atBest = snap, false
 		}
 	}
 	res.Tries += sc.done
