@@ -387,11 +387,12 @@ func ChainLayers(ctx context.Context, stats *routing.Stats, c Shape, opts Option
 	if stats == nil {
 		return nil, errors.New("trafficbound: nil stats")
 	}
+	memo := &pairMemo{m: map[[2]int]*memoEntry{}}
 	return eachLayer(ctx, stats.Layers, opts.Parallel, func(l int) (Bound, error) {
 		if l == 0 {
 			return HomeRemote(ctx, stats, 0, c, placement.DispatchEven, opts)
 		}
-		return ChainCrossNode(ctx, stats, l, c, opts)
+		return chainCrossNode(ctx, stats, l, c, opts, memo)
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 
 	"github.com/moetuner/moetuner/routing"
 	"gonum.org/v1/gonum/mat"
@@ -19,6 +20,41 @@ import (
 // for the transition. Sources play no part. See the package
 // documentation for the certificate.
 func ChainCrossNode(ctx context.Context, stats *routing.Stats, layer int, c Shape, opts Options) (Bound, error) {
+	return chainCrossNode(ctx, stats, layer, c, opts, nil)
+}
+
+// pairMemo computes each layer's pair budgets once for all the layers
+// that need them (layer l's node-level budget serves as PairBudget at l
+// and PrevPairBudget at l+1); safe for concurrent use. A nil memo
+// computes every time.
+type pairMemo struct {
+	mu sync.Mutex
+	m  map[[2]int]*memoEntry
+}
+
+type memoEntry struct {
+	once sync.Once
+	v    float64
+}
+
+// get returns the budget of key (layer, 0 for nodes or 1 for GPUs),
+// computing it with f (charging w) the first time.
+func (pm *pairMemo) get(key [2]int, f func(w *Work) float64, w *Work) float64 {
+	if pm == nil {
+		return f(w)
+	}
+	pm.mu.Lock()
+	e := pm.m[key]
+	if e == nil {
+		e = &memoEntry{}
+		pm.m[key] = e
+	}
+	pm.mu.Unlock()
+	e.once.Do(func() { e.v = f(w) })
+	return e.v
+}
+
+func chainCrossNode(ctx context.Context, stats *routing.Stats, layer int, c Shape, opts Options, memo *pairMemo) (Bound, error) {
 	if err := checkStats(stats, layer); err != nil {
 		return Bound{}, err
 	}
@@ -69,8 +105,12 @@ func ChainCrossNode(ctx context.Context, stats *routing.Stats, layer int, c Shap
 		}
 	}
 	steps := opts.steps()
-	b.PrevPairBudget = pairBound(&pairProblem{C: prev.C, E: E, N: c.Nodes, caps: caps}, steps, &b.Work)
-	b.PairBudget = pairBound(&pairProblem{C: cur.C, E: E, N: c.Nodes, caps: caps}, steps, &b.Work)
+	b.PrevPairBudget = memo.get([2]int{layer - 1, 0}, func(w *Work) float64 {
+		return pairBound(&pairProblem{C: prev.C, E: E, N: c.Nodes, caps: caps}, steps, w)
+	}, &b.Work)
+	b.PairBudget = memo.get([2]int{layer, 0}, func(w *Work) float64 {
+		return pairBound(&pairProblem{C: cur.C, E: E, N: c.Nodes, caps: caps}, steps, w)
+	}, &b.Work)
 	// GPUs as the parts: pairs of a token's layer−1 experts on one GPU.
 	b.PrevGPUPairBudget = pairBound(&pairProblem{C: prev.C, E: E, N: c.Nodes * c.GPUsPerNode, caps: c.SlotsPerGPU}, steps, &b.Work)
 	b.CrossBudget = crossBound(T, E, c.Nodes, caps, &b.Work)

@@ -37,8 +37,13 @@ func TestChainLayersBelowCostModelOptimum(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, bs, st.Layers)
 		bound := 0.0
-		for _, b := range bs {
+		for l, b := range bs {
 			bound += b.Value
+			if l > 0 { // the shared pair budgets change nothing
+				one, err := ChainCrossNode(context.Background(), st, l, in.shape, Options{})
+				require.NoError(t, err)
+				assert.Equal(t, one.Value, b.Value, "%s layer %d", in.name, l)
+			}
 		}
 		sc := costmodel.Scenario{Stats: st, Cluster: testkit.SmallCluster(s.N, s.P), Model: testkit.FakeModel(s.E, s.k), Flow: costmodel.FlowChain}
 		G := s.N * s.P
