@@ -768,6 +768,7 @@ func polishChain(ctx context.Context, p Problem, opts Options, res *Result, star
 		return costmodel.Move{}, false
 	}
 	t0, n0 := 0.0, 0
+	t1 := time.Now()
 	for range 4 * L {
 		if m, ok := pick(); ok {
 			if d, err := ev.Delta(m); err == nil {
@@ -776,6 +777,8 @@ func polishChain(ctx context.Context, p Problem, opts Options, res *Result, star
 			}
 		}
 	}
+	// Swaps per second, from that sample.
+	rate := float64(4*L) / max(time.Since(t1).Seconds(), 1e-9)
 	if n0 == 0 || t0 == 0 {
 		return
 	}
@@ -789,18 +792,8 @@ func polishChain(ctx context.Context, p Problem, opts Options, res *Result, star
 		if float64(lim.Work) < annealSweeps*float64(L*slots*G) {
 			t0 *= coolTo
 		}
-	} else {
-		// Swaps per second, from the sample just scored.
-		t1 := time.Now()
-		for range 4 * L {
-			if m, ok := pick(); ok {
-				_, _ = ev.Delta(m)
-			}
-		}
-		rate := float64(4*L) / max(time.Since(t1).Seconds(), 1e-9)
-		if rate*time.Until(lim.Deadline).Seconds() < annealSweeps*float64(L*slots*G) {
-			t0 *= coolTo
-		}
+	} else if rate*time.Until(lim.Deadline).Seconds() < annealSweeps*float64(L*slots*G) {
+		t0 *= coolTo
 	}
 	// The walk may pass through plans with a layer over its cap, paying
 	// the excess tail once more on top of the time it adds; only plans

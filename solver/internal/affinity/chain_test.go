@@ -15,6 +15,7 @@ import (
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/solver/internal/task"
+	"github.com/moetuner/moetuner/solver/internal/testkit"
 )
 
 // gpuLoads is every GPU's tokens over its speed in one layer of copies,
@@ -169,10 +170,7 @@ func TestCapPeak(t *testing.T) {
 	for it := range 20 {
 		N, P := 2+rng.IntN(2), 1+rng.IntN(3)
 		E, K := 8+rng.IntN(12), 1+rng.IntN(3)
-		red := 0
-		for (E+red)%(N*P) != 0 || E+red < N*P {
-			red++
-		}
+		red := fillSlots(E, N*P, 0)
 		sc, plan, slots := randomInstance(t, rng, N, P, E, K, 3, 60+rng.IntN(120), red, placement.DispatchEven, false)
 		sc.Flow = costmodel.FlowChain
 		p := Problem{Scenario: sc, Slots: slots, Start: plan}
@@ -241,10 +239,7 @@ func TestSolveChainNoLessBalanced(t *testing.T) {
 	for it := range 16 {
 		N, P := 2+rng.IntN(2), 1+rng.IntN(3)
 		E, K := 8+rng.IntN(12), 1+rng.IntN(3)
-		red := 0
-		for (E+red)%(N*P) != 0 || E+red < N*P {
-			red++
-		}
+		red := fillSlots(E, N*P, 0)
 		t.Run(fmt.Sprintf("%d-N%dP%dE%dR%d", it, N, P, E, red), func(t *testing.T) {
 			sc, plan, slots := randomInstance(t, rng, N, P, E, K, 4, 60+rng.IntN(120), red, placement.DispatchEven, false)
 			sc.Flow = costmodel.FlowChain
@@ -279,9 +274,7 @@ func TestChainProxySwapDelta(t *testing.T) {
 		if it%2 == 1 {
 			red = N * P
 		}
-		for (E+red)%(N*P) != 0 || E+red < N*P {
-			red++
-		}
+		red = fillSlots(E, N*P, red)
 		sc, plan, _ := randomInstance(t, rng, N, P, E, K, 3, 60, red, placement.DispatchEven, false)
 		sc.Flow = costmodel.FlowChain
 		w, err := transitionWeights(sc.Stats)
@@ -328,11 +321,10 @@ func TestSolveChainReachesBruteForceOptimum(t *testing.T) {
 			r0, err := sc.Evaluate(plan)
 			require.NoError(t, err)
 			best := math.Inf(1)
-			idx := make([]int, L)
-			for {
+			testkit.Tuples(len(layer), L, func(idx []int) {
 				cp := make([][][]placement.GPU, L)
-				for l := range cp {
-					cp[l] = layer[idx[l]]
+				for l, i := range idx {
+					cp[l] = layer[i]
 				}
 				rep, err := sc.Evaluate(placement.FromReplicas(G, cp, "brute"))
 				require.NoError(t, err)
@@ -343,17 +335,7 @@ func TestSolveChainReachesBruteForceOptimum(t *testing.T) {
 				if balanced {
 					best = min(best, rep.TimeSec)
 				}
-				l := 0
-				for ; l < L; l++ {
-					if idx[l]++; idx[l] < len(layer) {
-						break
-					}
-					idx[l] = 0
-				}
-				if l == L {
-					break
-				}
-			}
+			})
 			res, err := SolveChain(context.Background(), Problem{Scenario: sc, Slots: slots, Start: plan}, Options{Limit: task.Limit{Work: 30000}})
 			require.NoError(t, err)
 			checkPlan(t, res.Copies, E, slots)

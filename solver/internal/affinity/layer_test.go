@@ -233,3 +233,12 @@ func checkAgainstModel(t *testing.T, sc costmodel.Scenario, s *state, l int) {
 		assert.InDelta(t, tok[g], s.tok[g], 1e-9*math.Max(1, tok[g]))
 	}
 }
+
+// fillSlots is the least number of redundant slots, at least red, that
+// makes E+red a positive multiple of G (every GPU the same slot count).
+func fillSlots(E, G, red int) int {
+	for (E+red)%G != 0 || E+red < G {
+		red++
+	}
+	return red
+}

@@ -52,9 +52,7 @@ func TestSolveKeepsConstraints(t *testing.T) {
 		if it%2 == 1 {
 			red = N * P
 		}
-		for (E+red)%(N*P) != 0 || E+red < N*P {
-			red++
-		}
+		red = fillSlots(E, N*P, red)
 		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal}[it%3]
 		flow := costmodel.FlowHome
 		if it%4 == 3 {

@@ -238,6 +238,28 @@ func Assignments(E, G int) [][]int {
 	return out
 }
 
+// Tuples calls f with every tuple of L indices in [0, n) (the first index
+// varying fastest); f must not keep idx.
+func Tuples(n, L int, f func(idx []int)) {
+	if n <= 0 {
+		return
+	}
+	idx := make([]int, L)
+	for {
+		f(idx)
+		l := 0
+		for ; l < L; l++ {
+			if idx[l]++; idx[l] < n {
+				break
+			}
+			idx[l] = 0
+		}
+		if l == L {
+			return
+		}
+	}
+}
+
 // PlanOf builds a single-copy plan from per-layer assignments [e] → GPU.
 func PlanOf(gpus int, layers ...[]int) *placement.Plan {
 	a := make([][]placement.GPU, len(layers))
