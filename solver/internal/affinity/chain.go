@@ -21,11 +21,15 @@ import (
 // every pair (e at l−1, f at l) the token uses is an edge, weighted 1/k
 // per token; a token reaches a node once however many of its layer-l
 // experts the node holds, so the pairs within a layer are edges too
-// (weighted intraWeight/k); the first layer's dispatch and the last
-// layer's combine tie experts to the tokens' homes. Vertices are each
-// layer's copies.
+// (weighted intraWeight/k); a token's partial results leave each GPU of
+// its layer-l experts once, so below the last layer its pairs within a
+// layer weigh again when they sit on different GPUs (sendWeight/k, the
+// same node or not); the first layer's dispatch and the last layer's
+// combine tie experts to the tokens' homes. Vertices are each layer's
+// copies.
 type chainProxy struct {
 	L, N, E, P int
+	G          int
 	exp        [][]int16   // [l][x]
 	gpu        [][]int     // [l][x]
 	node       [][]int     // [l][x]
@@ -38,6 +42,8 @@ type chainProxy struct {
 	speed      []float64   // [g]
 	w          [][]float32 // [l] for l ≥ 1: E×E, e at l−1, f at l
 	win        [][]float32 // [l]: E×E, pairs within layer l (nil: none)
+	send       []float64   // [l]: the pairs' weight between GPUs over their weight between nodes
+	cg         [][]float64 // [l][x·G+g]: x's partners within layer l on GPU g (sender weights)
 	term       [][]float64 // [l] for l = 0 and L−1: E×N
 }
 
@@ -89,7 +95,7 @@ func newChainProxy(p Problem, copies [][][]int32, w [][]float32) *chainProxy {
 	st, c := p.Stats, p.Cluster
 	L, E, N, P, K := st.Layers, st.Experts, c.Nodes, c.GPUsPerNode, st.TopK
 	G := c.GPUs()
-	cp := &chainProxy{L: L, N: N, E: E, P: P, w: w,
+	cp := &chainProxy{L: L, N: N, E: E, P: P, G: G, w: w,
 		exp: make([][]int16, L), gpu: make([][]int, L), node: make([][]int, L), load: make([][]float64, L),
 		cnt: make([][]int, L), of: make([][][]int, L), c: make([][]float64, L), nload: make([][]float64, L),
 		gload: make([][]float64, L), speed: make([]float64, G), term: make([][]float64, L)}
@@ -154,9 +160,26 @@ func newChainProxy(p Problem, copies [][][]int32, w [][]float32) *chainProxy {
 			}
 		}
 	}
+	if cp.win != nil {
+		cp.send = make([]float64, L)
+		cp.cg = make([][]float64, L)
+		for l := 0; l+1 < L; l++ {
+			cp.send[l] = sendWeight(K, G, N) / intraWeight(K, N)
+		}
+	}
 	for l := 0; l < L; l++ {
 		V := len(cp.exp[l])
 		cp.c[l] = make([]float64, V*N)
+		if cp.send != nil && cp.send[l] > 0 {
+			cp.cg[l] = make([]float64, V*G)
+			for x := 0; x < V; x++ {
+				for y := 0; y < V; y++ {
+					if y != x {
+						cp.cg[l][x*G+cp.gpu[l][y]] += cp.pwSend(l, x, y)
+					}
+				}
+			}
+		}
 		for x := 0; x < V; x++ {
 			if cp.win != nil {
 				for y := 0; y < V; y++ {
@@ -191,22 +214,52 @@ func (cp *chainProxy) pw(l, x, m, y int) float64 {
 	return float64(v) / float64(cp.cnt[l][e]*cp.cnt[m][f])
 }
 
-// intraWeight is the weight of a pair of a token's experts in one layer,
-// relative to the 1/k of a pair across adjacent layers. A token reaches
-// each node B of its layer-l experts once, at cost 1 − f(B) (f: the share
-// of its previous experts on B), while the cross-layer pairs count B
-// n(B) times; the excess n − 1 = 2·C(n, 2)/n is the same-node pairs of the
-// layer times 2/n. With n the mean experts per reached node of k experts
-// spread over N nodes, n = k/(N·(1 − (1 − 1/N)^k)), and 1 − f its mean
-// 1 − 1/N, every pair cut between nodes weighs k·(2/n)·(1 − 1/N) in units
-// of 1/k (a constant apart).
+// intraWeight is the weight of a pair of a token's experts in one layer
+// on different nodes, relative to the 1/k of a pair across adjacent
+// layers. A token reaches each node B of its layer-l experts once, at
+// cost 1 − f(B) (f: the share of its previous experts on B), while the
+// cross-layer pairs count B n(B) times, n(B) the layer-l experts on B;
+// with 1 − f at its mean 1 − 1/N, the excess (n − 1)⁺ is priced over the
+// node's C(n, 2) same-node pairs at pairExcess(k, N) each: every pair cut
+// between nodes weighs k·pairExcess(k, N)·(1 − 1/N) in units of 1/k (a
+// constant apart).
 func intraWeight(k, N int) float64 {
-	if k < 2 || N < 2 {
+	if N < 2 {
 		return 0
 	}
-	reached := float64(N) * (1 - math.Pow(1-1/float64(N), float64(k)))
-	n := float64(k) / reached
-	return float64(k) * 2 / n * (1 - 1/float64(N))
+	return float64(k) * pairExcess(k, N) * (1 - 1/float64(N))
+}
+
+// sendWeight is intraWeight for a pair on different GPUs of a layer below
+// the last: the token's partial results leave each GPU of its layer-l
+// experts once, for the remote nodes of its next experts (a share 1 − 1/N
+// of them at random), while the cross-layer pairs count a GPU once per
+// expert it holds; the G GPUs are the parts.
+func sendWeight(k, G, N int) float64 {
+	if N < 2 {
+		return 0
+	}
+	return float64(k) * pairExcess(k, G) * (1 - 1/float64(N))
+}
+
+// pairExcess is the excess count per same-part pair when k items spread
+// at random over n parts: a part holds a binomial(k, 1/n) number m of
+// them, and E[(m − 1)⁺] = k/n − 1 + (1 − 1/n)^k spread over its
+// E[C(m, 2)] = C(k, 2)/n² pairs (2/m for a part of m).
+func pairExcess(k, n int) float64 {
+	if k < 2 || n < 2 {
+		return 0
+	}
+	p, kk := 1/float64(n), float64(k)
+	return (kk*p - 1 + math.Pow(1-p, kk)) / (kk * (kk - 1) / 2 * p * p)
+}
+
+// pwSend is the sender edge weight of vertices x and y of layer l.
+func (cp *chainProxy) pwSend(l, x, y int) float64 {
+	if cp.send == nil || cp.send[l] == 0 {
+		return 0
+	}
+	return cp.pwIn(l, x, y) * cp.send[l]
 }
 
 // pwIn is the edge weight of vertices x and y of layer l.
@@ -250,6 +303,9 @@ func (cp *chainProxy) cost() float64 {
 					if cp.node[l][y] != cp.node[l][x] {
 						c += cp.pwIn(l, x, y)
 					}
+					if cp.gpu[l][y] != cp.gpu[l][x] {
+						c += cp.pwSend(l, x, y)
+					}
 				}
 			}
 		}
@@ -257,12 +313,29 @@ func (cp *chainProxy) cost() float64 {
 	return c
 }
 
+// swapDelta is the cut change of swapping the GPUs of x and y of layer l.
 func (cp *chainProxy) swapDelta(l, x, y int) float64 {
-	N := cp.N
-	a, b := cp.node[l][x], cp.node[l][y]
-	c := cp.c[l]
-	return c[x*N+a] - c[x*N+b] + cp.tw(l, x, a) - cp.tw(l, x, b) +
-		c[y*N+b] - c[y*N+a] + cp.tw(l, y, b) - cp.tw(l, y, a) + 2*cp.pwIn(l, x, y)
+	d := 0.0
+	if a, b := cp.node[l][x], cp.node[l][y]; a != b {
+		N := cp.N
+		c := cp.c[l]
+		d = c[x*N+a] - c[x*N+b] + cp.tw(l, x, a) - cp.tw(l, x, b) +
+			c[y*N+b] - c[y*N+a] + cp.tw(l, y, b) - cp.tw(l, y, a) + 2*cp.pwIn(l, x, y)
+	}
+	if cg := cp.cgOf(l); cg != nil {
+		G := cp.G
+		ga, gb := cp.gpu[l][x], cp.gpu[l][y]
+		d += cg[x*G+ga] - cg[x*G+gb] + cg[y*G+gb] - cg[y*G+ga] + 2*cp.pwSend(l, x, y)
+	}
+	return d
+}
+
+// cgOf is layer l's sender counters (nil: the layer has none).
+func (cp *chainProxy) cgOf(l int) []float64 {
+	if cp.cg == nil {
+		return nil
+	}
+	return cp.cg[l]
 }
 
 func (cp *chainProxy) swap(l, x, y int) {
@@ -288,6 +361,21 @@ func (cp *chainProxy) swap(l, x, y int) {
 			if z != y {
 				cp.c[l][z*N+b] -= wy
 				cp.c[l][z*N+a] += wy
+			}
+		}
+	}
+	if cg := cp.cgOf(l); cg != nil {
+		G := cp.G
+		ga, gb := cp.gpu[l][x], cp.gpu[l][y]
+		for z := range cp.exp[l] {
+			wx, wy := cp.pwSend(l, z, x), cp.pwSend(l, z, y)
+			if z != x {
+				cg[z*G+ga] -= wx
+				cg[z*G+gb] += wx
+			}
+			if z != y {
+				cg[z*G+gb] -= wy
+				cg[z*G+ga] += wy
 			}
 		}
 	}
@@ -346,10 +434,7 @@ func (cp *chainProxy) anneal(rng *rand.Rand, sc *schedule, scale, perTok, copySe
 			}
 			after = max(after, v)
 		}
-		cut := 0.0
-		if a != b {
-			cut = cp.swapDelta(l, x, y) * scale * copySec
-		}
+		cut := cp.swapDelta(l, x, y) * scale * copySec
 		return cut + (after-before)*perTok
 	}
 	// One move in P stays within a node (P−1 GPUs of the N·P−1 others
@@ -446,11 +531,7 @@ func (cp *chainProxy) capPeak(l int, limit, scale, copySec float64, deadline tim
 				if ex == ey || gl[h]+d/cp.speed[h] >= gl[top]*(1-1e-12) || cp.holds(l, h, ex) || cp.holds(l, top, ey) {
 					continue
 				}
-				c := 0.0
-				if cp.node[l][x] != cp.node[l][y] {
-					c = cp.swapDelta(l, x, y) * scale * copySec
-				}
-				if c < bc {
+				if c := cp.swapDelta(l, x, y) * scale * copySec; c < bc {
 					bx, by, bc = x, y, c
 				}
 			}
@@ -599,8 +680,9 @@ func balanceNodes(copies [][]int32, load []float64, slots []int, speed []float64
 
 // SolveChain improves p.Start for the chain flow: the layers are coupled
 // through their transitions, so one annealing of the cross-layer proxy
-// places every layer's copies on nodes, then each node's copies are
-// balanced over its GPUs.
+// places every layer's copies on GPUs (on nodes for the receivers, on GPUs
+// for the senders and the balance); where the statistics have no paths,
+// each node's copies are then balanced over its GPUs.
 func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	st, c := p.Stats, p.Cluster
 	if p.Flow != costmodel.FlowChain {
@@ -655,11 +737,24 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	for _, lr := range rep.Layers {
 		exact += lr.CrossNodeBytes / tb
 	}
+	var spare int64 // work the proxy cannot use, for the exact polish
 	if cut := cp.cost(); cut > 0 && c.Nodes > 1 {
 		perTok, _ := c.Coefficients(p.Model)
 		lim := opts.Limit
 		if !lim.ByWork() {
 			lim.Deadline = time.Now().Add(time.Duration(0.9 * float64(time.Until(lim.Deadline))))
+		} else {
+			// Past annealSweeps sweeps of its neighbourhood (every copy to
+			// every GPU in every layer) the proxy's annealing has seen
+			// all it can; exact moves are worth more than more of it.
+			V := 0
+			for l := range cp.exp {
+				V += len(cp.exp[l])
+			}
+			need := (int64(annealSweeps)*int64(V)*int64(G) + proxyPerUnit - 1) / proxyPerUnit
+			if lim.Work > need {
+				spare, lim.Work = lim.Work-need, need
+			}
 		}
 		sc := newSchedule(ctx, lim, proxyPerUnit)
 		cp.anneal(rand.New(rand.NewPCG(uint64(L), 0x636861)), sc, exact/cut, perTok, tb/c.NICBytesPerSec()/float64(G))
@@ -693,7 +788,13 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		if keep[l] {
 			from = copies[l]
 		}
-		bal := balanceNodes(from, st.Load[l], p.Slots, speed, c.GPUsPerNode)
+		// With the tokens' paths the annealing has arranged each node's
+		// GPUs for their senders as well as for balance (capPeak bounds
+		// the busiest); without, only balance tells them apart.
+		bal := from
+		if cp.cgOf(l) == nil {
+			bal = balanceNodes(from, st.Load[l], p.Slots, speed, c.GPUsPerNode)
+		}
 		res.Copies[l] = make([][]placement.GPU, st.Experts)
 		for e, gs := range bal {
 			for _, g := range gs {
@@ -701,22 +802,23 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			}
 		}
 	}
-	polishChain(ctx, p, opts, res, rep, evalTime)
+	polishChain(ctx, p, opts, spare, res, rep, evalTime)
 	return res, nil
 }
 
 // polishChain refines res on the exact cost model, which the proxy only
 // approximates (a clique expansion of each token's nodes): a simulated
 // annealing of slot swaps scored by the incremental evaluator. By work it
-// gets a tenth of the budget on top; by time, what is left of the limit,
+// gets a tenth of the budget on top, and spare, what the proxy could not
+// use; by time, what is left of the limit,
 // when that covers building the evaluator (one evaluation) with one
 // evaluation to spare, since the caller scores the result. It starts hot
 // only when it can try every swap of the neighbourhood many times over,
 // as the home flow's last annealing; else it refines what it was given.
 // No layer's busiest GPU ends above the start's (the proxy's promise).
 // The best plan it visits is kept; one no better leaves res as it is.
-func polishChain(ctx context.Context, p Problem, opts Options, res *Result, start *costmodel.Report, evalTime time.Duration) {
-	lim := task.Limit{Work: opts.Limit.Work / 10}
+func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res *Result, start *costmodel.Report, evalTime time.Duration) {
+	lim := task.Limit{Work: opts.Limit.Work/10 + spare}
 	if !opts.Limit.ByWork() {
 		if evalTime <= 0 || time.Until(opts.Limit.Deadline) < 3*evalTime {
 			return

@@ -205,6 +205,7 @@ func TestCapPeak(t *testing.T) {
 		}(), w)
 		for l := range copies {
 			require.InDeltaSlice(t, fresh.c[l], cp.c[l], 1e-6, "it %d layer %d node counters", it, l)
+			require.InDeltaSlice(t, fresh.cgOf(l), cp.cgOf(l), 1e-6, "it %d layer %d sender counters", it, l)
 		}
 	}
 }
@@ -267,6 +268,7 @@ func TestSolveChainNoLessBalanced(t *testing.T) {
 // (within a layer, to an adjacent one, or to a home) fails it.
 func TestChainProxySwapDelta(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 4))
+	sameNode := 0 // swaps between GPUs of one node (the sender pairs alone)
 	for it := range 6 {
 		N, P := 2+rng.IntN(2), 1+rng.IntN(3)
 		E, K := 6+rng.IntN(8), 1+rng.IntN(3)
@@ -288,8 +290,11 @@ func TestChainProxySwapDelta(t *testing.T) {
 		for range 200 {
 			l := rng.IntN(cp.L)
 			x, y := rng.IntN(len(cp.exp[l])), rng.IntN(len(cp.exp[l]))
-			if cp.node[l][x] == cp.node[l][y] || cp.exp[l][x] == cp.exp[l][y] {
+			if cp.gpu[l][x] == cp.gpu[l][y] || cp.exp[l][x] == cp.exp[l][y] {
 				continue
+			}
+			if cp.node[l][x] == cp.node[l][y] {
+				sameNode++
 			}
 			d := cp.swapDelta(l, x, y)
 			cp.swap(l, x, y)
@@ -297,6 +302,7 @@ func TestChainProxySwapDelta(t *testing.T) {
 			require.InDelta(t, cp.cost(), cut, 1e-9*max(1, cut), "instance %d", it)
 		}
 	}
+	require.Positive(t, sameNode, "no swap within a node was tried")
 }
 
 // TestSolveChainReachesBruteForceOptimum: on small chain-flow instances (2
@@ -344,4 +350,27 @@ func TestSolveChainReachesBruteForceOptimum(t *testing.T) {
 			assert.InDelta(t, best, rep.TimeSec, 1e-9*best, "search %.9g, optimum %.9g", rep.TimeSec, best)
 		})
 	}
+}
+
+// TestPairExcess: pairExcess is E[(m − 1)⁺]/E[C(m, 2)] for m binomial,
+// checked against the sum over every way k items fall into n parts.
+func TestPairExcess(t *testing.T) {
+	for _, c := range [][2]int{{2, 2}, {3, 2}, {4, 3}, {5, 4}, {6, 3}} {
+		k, n := c[0], c[1]
+		// Part 0's count over every assignment (the parts are alike).
+		excess, pairs := 0.0, 0.0
+		testkit.Tuples(n, k, func(a []int) {
+			m := 0
+			for _, x := range a {
+				if x == 0 {
+					m++
+				}
+			}
+			excess += float64(max(m-1, 0))
+			pairs += float64(m * (m - 1) / 2)
+		})
+		require.InDelta(t, excess/pairs, pairExcess(k, n), 1e-12, "k %d over %d parts", k, n)
+	}
+	require.Zero(t, pairExcess(1, 4))
+	require.Zero(t, pairExcess(8, 1))
 }
