@@ -232,14 +232,18 @@ func intraWeight(k, N int) float64 {
 
 // sendWeight is intraWeight for a pair on different GPUs of a layer below
 // the last: the token's partial results leave each GPU of its layer-l
-// experts once, for the remote nodes of its next experts (a share 1 − 1/N
-// of them at random), while the cross-layer pairs count a GPU once per
-// expert it holds; the G GPUs are the parts.
+// experts once, for the other nodes its next experts reach, while the
+// cross-layer pairs count a GPU once per expert it holds. Once the pairs
+// within the next layer have made each reached node count once, a sender
+// costs the nodes it reaches away from its own, (N − 1)·(1 − (1 − 1/N)^k)
+// for k experts at random, in units of 1/k; the excess of a GPU's senders
+// is priced over its same-GPU pairs, the G GPUs being the parts.
 func sendWeight(k, G, N int) float64 {
 	if N < 2 {
 		return 0
 	}
-	return float64(k) * pairExcess(k, G) * (1 - 1/float64(N))
+	n := float64(N)
+	return pairExcess(k, G) * (n - 1) * (1 - math.Pow(1-1/n, float64(k)))
 }
 
 // pairExcess is the excess count per same-part pair when k items spread
