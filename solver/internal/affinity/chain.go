@@ -163,8 +163,9 @@ func newChainProxy(p Problem, copies [][][]int32, w [][]float32) *chainProxy {
 	if cp.win != nil {
 		cp.send = make([]float64, L)
 		cp.cg = make([][]float64, L)
+		ratio := sendWeight(K, G, N) / intraWeight(K, N)
 		for l := 0; l+1 < L; l++ {
-			cp.send[l] = sendWeight(K, G, N) / intraWeight(K, N)
+			cp.send[l] = ratio
 		}
 	}
 	for l := 0; l < L; l++ {
@@ -404,10 +405,10 @@ func (cp *chainProxy) holds(l, g, e int) bool {
 // anneal is proxy.anneal for the chain: swaps of copies between GPUs
 // within a layer, scored by the cut (scale copies per unit, copySec each)
 // and the layer's busiest GPU (perTok per token over the GPU's speed).
-// Swaps within a node leave the cut as it is and move load between its
-// GPUs: the busiest GPU, not the busiest node, sets the compute tail, and
-// with few slots per GPU a node's experts can be balanced over the nodes
-// and still not pack evenly over its GPUs.
+// Swaps within a node change only the senders' part of the cut and move
+// load between its GPUs: the busiest GPU, not the busiest node, sets the
+// compute tail, and with few slots per GPU a node's experts can be
+// balanced over the nodes and still not pack evenly over its GPUs.
 func (cp *chainProxy) anneal(rng *rand.Rand, sc *schedule, scale, perTok, copySec float64) {
 	L, N, P := cp.L, cp.N, cp.P
 	if N < 2 {
@@ -499,7 +500,7 @@ func (cp *chainProxy) peak(l int) float64 {
 // capPeak lowers layer l's busiest GPU to at most limit, each step taking
 // the swap of a copy on the busiest GPU with a lighter one elsewhere that
 // lowers the busiest GPU at the least increase of the cut (scale copies
-// per unit, copySec each; swaps within a node cost nothing), until the
+// per unit, copySec each; within a node only the senders' part), until the
 // peak is within limit, no swap lowers it or the deadline (if not zero)
 // passes. It returns the swaps made and whether the peak is within limit.
 func (cp *chainProxy) capPeak(l int, limit, scale, copySec float64, deadline time.Time) (int, bool) {
