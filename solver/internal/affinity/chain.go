@@ -45,6 +45,16 @@ type chainProxy struct {
 	send       []float64   // [l]: the pairs' weight between GPUs over their weight between nodes
 	cg         [][]float64 // [l][x·G+g]: x's partners within layer l on GPU g (sender weights)
 	term       [][]float64 // [l] for l = 0 and L−1: E×N
+	// dtok[l][g] is the tokens on GPU g in layer l, a token with several
+	// experts there counted once (to first order: the load less its
+	// pairs on the GPU); they leave g for the next layer, so they load
+	// its NIC out port. Only for layers with sender pairs.
+	dtok [][]float64
+	// pairTok[l] is the tokens a pair shares per unit of cg.
+	pairTok []float64
+	// portSec[l] prices dtok[l]'s busiest GPU above floor[l] times the
+	// mean, in seconds per token (0: not priced).
+	portSec, floor []float64
 }
 
 // transitionWeights returns the layer pairs' edge weights: from the
@@ -199,6 +209,24 @@ func newChainProxy(p Problem, copies [][][]int32, w [][]float32) *chainProxy {
 			}
 		}
 	}
+	if cp.cg != nil {
+		beta := intraWeight(K, N)
+		cp.dtok = make([][]float64, L)
+		cp.pairTok = make([]float64, L)
+		cp.portSec = make([]float64, L)
+		cp.floor = make([]float64, L)
+		for l := range cp.dtok {
+			cg := cp.cgOf(l)
+			if cg == nil {
+				continue
+			}
+			cp.pairTok[l] = float64(K) / (beta * cp.send[l])
+			cp.dtok[l] = make([]float64, G)
+			for x, g := range cp.gpu[l] {
+				cp.dtok[l][g] += cp.load[l][x] - cg[x*G+g]*cp.pairTok[l]/2
+			}
+		}
+	}
 	return cp
 }
 
@@ -335,6 +363,90 @@ func (cp *chainProxy) swapDelta(l, x, y int) float64 {
 	return d
 }
 
+// dtokDelta is the change of dtok[l] on x's GPU and on y's when they
+// swap: each loses its vertex's load and its pairs there and gains the
+// other's, less the pair of x and y, which stays split.
+func (cp *chainProxy) dtokDelta(l, x, y int) (float64, float64) {
+	G, cg, f := cp.G, cp.cg[l], cp.pairTok[l]
+	ga, gb := cp.gpu[l][x], cp.gpu[l][y]
+	d := cp.load[l][y] - cp.load[l][x]
+	pxy := cp.pwSend(l, x, y)
+	da := d - f*(cg[y*G+ga]-pxy-cg[x*G+ga])
+	db := -d - f*(cg[x*G+gb]-pxy-cg[y*G+gb])
+	return da, db
+}
+
+// portExcess is the change of dtok[l]'s busiest GPU above floor[l] times
+// its mean when x and y swap (the busiest GPU's change where it stays
+// above).
+func (cp *chainProxy) portExcess(l, x, y int) float64 {
+	dt := cp.dtok[l]
+	ga, gb := cp.gpu[l][x], cp.gpu[l][y]
+	da, db := cp.dtokDelta(l, x, y)
+	before, after, sum := 0.0, 0.0, 0.0
+	for g, v := range dt {
+		before = max(before, v)
+		sum += v
+		switch g {
+		case ga:
+			v += da
+		case gb:
+			v += db
+		}
+		after = max(after, v)
+	}
+	f := cp.floor[l] / float64(len(dt))
+	return max(after, (sum+da+db)*f) - max(before, sum*f)
+}
+
+// pricePorts prices every layer's sender ports (dtok) against the start's
+// exact report rep, secPerCopy seconds per copy through one NIC port: a
+// token on a GPU of layer l goes out of its NIC once for each remote
+// node its layer-(l+1) experts reach, which the start measures per token
+// (its layer-(l+1) remote copies over Σ dtok[l]); and the busiest out
+// port only sets the time above the busiest in port, which the proxy
+// does not see, so the excess counts above the start's busiest in port
+// (floor, over the mean). The mean is in the cut already.
+func (cp *chainProxy) pricePorts(rep *costmodel.Report, secPerCopy float64) {
+	if cp.dtok == nil {
+		return
+	}
+	for l := 0; l+1 < cp.L; l++ {
+		if cp.dtok[l] == nil {
+			continue
+		}
+		sum := 0.0
+		for _, v := range cp.dtok[l] {
+			sum += v
+		}
+		next := &rep.Layers[l+1]
+		if sum <= 0 || next.RemoteCopies <= 0 {
+			continue
+		}
+		cp.portSec[l] = next.RemoteCopies / sum * secPerCopy
+		cp.floor[l] = inPortRatio(next.Dispatch, cp.P)
+	}
+}
+
+// inPortRatio is the busiest NIC in port's bytes of the phase D (bytes
+// [src][dst], nodes of P GPUs) over the mean port's; 1 without NIC bytes.
+func inPortRatio(D [][]float64, P int) float64 {
+	in := make([]float64, len(D))
+	tot := 0.0
+	for s, row := range D {
+		for d, v := range row {
+			if s/P != d/P {
+				in[d] += v
+				tot += v
+			}
+		}
+	}
+	if tot <= 0 {
+		return 1
+	}
+	return slices.Max(in) / (tot / float64(len(D)))
+}
+
 // cgOf is layer l's sender counters (nil: the layer has none).
 func (cp *chainProxy) cgOf(l int) []float64 {
 	if cp.cg == nil {
@@ -372,6 +484,11 @@ func (cp *chainProxy) swap(l, x, y int) {
 	if cg := cp.cgOf(l); cg != nil {
 		G := cp.G
 		ga, gb := cp.gpu[l][x], cp.gpu[l][y]
+		if cp.dtok != nil {
+			da, db := cp.dtokDelta(l, x, y)
+			cp.dtok[l][ga] += da
+			cp.dtok[l][gb] += db
+		}
 		for z := range cp.exp[l] {
 			wx, wy := cp.pwSend(l, z, x), cp.pwSend(l, z, y)
 			if z != x {
@@ -403,8 +520,11 @@ func (cp *chainProxy) holds(l, g, e int) bool {
 }
 
 // anneal is proxy.anneal for the chain: swaps of copies between GPUs
-// within a layer, scored by the cut (scale copies per unit, copySec each)
-// and the layer's busiest GPU (perTok per token over the GPU's speed).
+// within a layer, scored by the cut (scale copies per unit, copySec each),
+// the layer's busiest GPU (perTok per token over the GPU's speed) and,
+// where pricePorts priced them, its busiest sender port above the mean
+// (the cut prices the ports as if they were even, and the busiest one
+// sets the all-to-all's time).
 // Swaps within a node change only the senders' part of the cut and move
 // load between its GPUs: the busiest GPU, not the busiest node, sets the
 // compute tail, and with few slots per GPU a node's experts can be
@@ -440,6 +560,9 @@ func (cp *chainProxy) anneal(rng *rand.Rand, sc *schedule, scale, perTok, copySe
 			after = max(after, v)
 		}
 		cut := cp.swapDelta(l, x, y) * scale * copySec
+		if cp.portSec != nil && cp.portSec[l] > 0 {
+			cut += cp.portExcess(l, x, y) * cp.portSec[l]
+		}
 		return cut + (after-before)*perTok
 	}
 	// One move in P stays within a node (P−1 GPUs of the N·P−1 others
@@ -761,6 +884,7 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 				spare, lim.Work = lim.Work-need, need
 			}
 		}
+		cp.pricePorts(rep, tb/c.NICBytesPerSec())
 		sc := newSchedule(ctx, lim, proxyPerUnit)
 		cp.anneal(rand.New(rand.NewPCG(uint64(L), 0x636861)), sc, exact/cut, perTok, tb/c.NICBytesPerSec()/float64(G))
 		res.Tries = sc.done / proxyPerUnit

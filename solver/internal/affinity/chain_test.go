@@ -269,6 +269,7 @@ func TestSolveChainNoLessBalanced(t *testing.T) {
 func TestChainProxySwapDelta(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 4))
 	sameNode := 0 // swaps between GPUs of one node (the sender pairs alone)
+	ported := 0   // swaps in layers with sender ports
 	for it := range 6 {
 		N, P := 2+rng.IntN(2), 1+rng.IntN(3)
 		E, K := 6+rng.IntN(8), 1+rng.IntN(3)
@@ -286,6 +287,9 @@ func TestChainProxySwapDelta(t *testing.T) {
 			copies[l] = int32Copies(plan.ExpertGPUs(l))
 		}
 		cp := newChainProxy(Problem{Scenario: sc}, copies, w)
+		for l := range cp.floor {
+			cp.floor[l] = 1 + rng.Float64()/4
+		}
 		cut := cp.cost()
 		for range 200 {
 			l := rng.IntN(cp.L)
@@ -297,12 +301,93 @@ func TestChainProxySwapDelta(t *testing.T) {
 				sameNode++
 			}
 			d := cp.swapDelta(l, x, y)
+			hasPorts := cp.dtok != nil && cp.dtok[l] != nil
+			var pe, ex0 float64
+			if hasPorts {
+				pe, ex0 = cp.portExcess(l, x, y), portLevel(cp, l)
+				ported++
+			}
 			cp.swap(l, x, y)
 			cut += d
 			require.InDelta(t, cp.cost(), cut, 1e-9*max(1, cut), "instance %d", it)
+			if hasPorts {
+				require.InDelta(t, portLevel(cp, l)-ex0, pe, 1e-9*max(1, ex0), "instance %d: sender ports' change", it)
+			}
+		}
+		if cp.dtok != nil {
+			fresh := newChainProxy(Problem{Scenario: sc}, func() [][][]int32 {
+				c := make([][][]int32, cp.L)
+				for l := range c {
+					c[l] = cp.copies(l)
+				}
+				return c
+			}(), w)
+			for l := range cp.dtok {
+				require.InDeltaSlice(t, fresh.dtok[l], cp.dtok[l], 1e-6, "instance %d layer %d sender tokens", it, l)
+			}
 		}
 	}
 	require.Positive(t, sameNode, "no swap within a node was tried")
+	require.Positive(t, ported, "no layer had sender ports")
+}
+
+// portLevel is what portExcess prices in layer l: the busiest sender
+// port, or floor times the mean where that is higher.
+func portLevel(cp *chainProxy, l int) float64 {
+	dt := cp.dtok[l]
+	sum := 0.0
+	for _, v := range dt {
+		sum += v
+	}
+	return max(slices.Max(dt), sum/float64(len(dt))*cp.floor[l])
+}
+
+// TestSenderTokensExact: with top-2 routing and one copy per expert a
+// token has at most one pair on a GPU, so the sender tokens dtok (load less
+// pairs) are exactly the tokens with an expert on the GPU, counted once,
+// and they stay so through swaps. A wrong pair weight fails it.
+func TestSenderTokensExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 7))
+	for it := range 8 {
+		N, P := 2+rng.IntN(2), 1+rng.IntN(3)
+		E := 6 + rng.IntN(8)
+		red := fillSlots(E, N*P, 0)
+		if red != 0 {
+			E += red // single copies: fill every slot with its own expert
+		}
+		sc, plan, _ := randomInstance(t, rng, N, P, E, 2, 3, 80, 0, placement.DispatchEven, false)
+		sc.Flow = costmodel.FlowChain
+		w, err := transitionWeights(sc.Stats)
+		require.NoError(t, err)
+		copies := make([][][]int32, sc.Stats.Layers)
+		for l := range copies {
+			copies[l] = int32Copies(plan.ExpertGPUs(l))
+		}
+		cp := newChainProxy(Problem{Scenario: sc}, copies, w)
+		require.NotNil(t, cp.dtok)
+		for range 50 {
+			l := rng.IntN(cp.L - 1)
+			x, y := rng.IntN(len(cp.exp[l])), rng.IntN(len(cp.exp[l]))
+			if cp.gpu[l][x] != cp.gpu[l][y] {
+				cp.swap(l, x, y)
+			}
+		}
+		G := N * P
+		for l := 0; l+1 < cp.L; l++ {
+			want := make([]float64, G)
+			for _, pt := range sc.Stats.Patterns {
+				seen := map[int]bool{}
+				for _, e := range pt.Experts[l*2 : l*2+2] {
+					g := cp.gpu[l][cp.of[l][e][0]]
+					if !seen[g] {
+						seen[g] = true
+						want[g] += pt.Count
+					}
+				}
+			}
+			require.InDeltaSlice(t, want, cp.dtok[l], 1e-6, "instance %d layer %d", it, l)
+		}
+	}
 }
 
 // TestSolveChainReachesBruteForceOptimum: on small chain-flow instances (2

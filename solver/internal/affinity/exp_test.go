@@ -141,6 +141,31 @@ func TestExperimentChain(t *testing.T) {
 		}
 		return w
 	}
+	// The NIC ports of the dispatches: the busiest out and in port over
+	// the mean, averaged over the layers (the busiest sets the time).
+	for i, r := range []*costmodel.Report{rep0, rep1} {
+		var so, si float64
+		for _, lr := range r.Layers {
+			G, P := len(lr.Dispatch), c.GPUsPerNode
+			out, in := make([]float64, G), make([]float64, G)
+			tot := 0.0
+			for s, row := range lr.Dispatch {
+				for d, v := range row {
+					if s/P != d/P {
+						out[s] += v
+						in[d] += v
+						tot += v
+					}
+				}
+			}
+			if tot > 0 {
+				so += slices.Max(out) / (tot / float64(G))
+				si += slices.Max(in) / (tot / float64(G))
+			}
+		}
+		nl := float64(len(r.Layers))
+		t.Logf("%s: compute %v, all-to-all %v, NIC ports' busiest/mean out %.4f, in %.4f", []string{"start", "plan"}[i], r.ComputeTail, r.CommTime, so/nl, si/nl)
+	}
 	t.Logf("cross-node %.4g → %.4g (%.2f%%), time %.4g → %.4g (%.2f%%), imbalance %.4f → %.4f, worst %.4f → %.4f", rep0.CrossNodeBytes, rep1.CrossNodeBytes, (rep1.CrossNodeBytes/rep0.CrossNodeBytes-1)*100, rep0.TimeSec, rep1.TimeSec, (rep1.TimeSec/rep0.TimeSec-1)*100, rep0.MeanImbalance, rep1.MeanImbalance, worst(rep0), worst(rep1))
 }
 
