@@ -280,13 +280,7 @@ func TestChainProxySwapDelta(t *testing.T) {
 		red = fillSlots(E, N*P, red)
 		sc, plan, _ := randomInstance(t, rng, N, P, E, K, 3, 60, red, placement.DispatchEven, false)
 		sc.Flow = costmodel.FlowChain
-		w, err := transitionWeights(sc.Stats)
-		require.NoError(t, err)
-		copies := make([][][]int32, sc.Stats.Layers)
-		for l := range copies {
-			copies[l] = int32Copies(plan.ExpertGPUs(l))
-		}
-		cp := newChainProxy(Problem{Scenario: sc}, copies, w)
+		cp, w := chainProxyOf(t, sc, plan)
 		for l := range cp.floor {
 			cp.floor[l] = 1 + rng.Float64()/4
 		}
@@ -357,13 +351,7 @@ func TestSenderTokensExact(t *testing.T) {
 		}
 		sc, plan, _ := randomInstance(t, rng, N, P, E, 2, 3, 80, 0, placement.DispatchEven, false)
 		sc.Flow = costmodel.FlowChain
-		w, err := transitionWeights(sc.Stats)
-		require.NoError(t, err)
-		copies := make([][][]int32, sc.Stats.Layers)
-		for l := range copies {
-			copies[l] = int32Copies(plan.ExpertGPUs(l))
-		}
-		cp := newChainProxy(Problem{Scenario: sc}, copies, w)
+		cp, _ := chainProxyOf(t, sc, plan)
 		require.NotNil(t, cp.dtok)
 		for range 50 {
 			l := rng.IntN(cp.L - 1)
@@ -458,4 +446,16 @@ func TestPairExcess(t *testing.T) {
 	}
 	require.Zero(t, pairExcess(1, 4))
 	require.Zero(t, pairExcess(8, 1))
+}
+
+// chainProxyOf builds the chain proxy of plan on sc, with its weights.
+func chainProxyOf(t *testing.T, sc costmodel.Scenario, plan *placement.Plan) (*chainProxy, [][]float32) {
+	t.Helper()
+	w, err := transitionWeights(sc.Stats)
+	require.NoError(t, err)
+	copies := make([][][]int32, sc.Stats.Layers)
+	for l := range copies {
+		copies[l] = int32Copies(plan.ExpertGPUs(l))
+	}
+	return newChainProxy(Problem{Scenario: sc}, copies, w), w
 }
