@@ -42,7 +42,7 @@ type chainProxy struct {
 	speed      []float64   // [g]
 	w          [][]float32 // [l] for l ≥ 1: E×E, e at l−1, f at l
 	win        [][]float32 // [l]: E×E, pairs within layer l (nil: none)
-	send       []float64   // [l]: the pairs' weight between GPUs over their weight between nodes
+	send       float64     // layers below the last: the pairs' weight between GPUs over their weight between nodes (0: none)
 	cg         [][]float64 // [l][x·G+g]: x's partners within layer l on GPU g (sender weights)
 	term       [][]float64 // [l] for l = 0 and L−1: E×N
 	// dtok[l][g] is the tokens on GPU g in layer l, a token with several
@@ -50,8 +50,8 @@ type chainProxy struct {
 	// pairs on the GPU); they leave g for the next layer, so they load
 	// its NIC out port. Only for layers with sender pairs.
 	dtok [][]float64
-	// pairTok[l] is the tokens a pair shares per unit of cg.
-	pairTok []float64
+	// pairTok is the tokens a pair shares per unit of cg.
+	pairTok float64
 	// portSec[l] prices dtok[l]'s busiest GPU above floor[l] times the
 	// mean, in seconds per token (0: not priced).
 	portSec, floor []float64
@@ -171,17 +171,13 @@ func newChainProxy(p Problem, copies [][][]int32, w [][]float32) *chainProxy {
 		}
 	}
 	if cp.win != nil {
-		cp.send = make([]float64, L)
+		cp.send = sendWeight(K, G, N) / intraWeight(K, N)
 		cp.cg = make([][]float64, L)
-		ratio := sendWeight(K, G, N) / intraWeight(K, N)
-		for l := 0; l+1 < L; l++ {
-			cp.send[l] = ratio
-		}
 	}
 	for l := 0; l < L; l++ {
 		V := len(cp.exp[l])
 		cp.c[l] = make([]float64, V*N)
-		if cp.send != nil && cp.send[l] > 0 {
+		if cp.send > 0 && l+1 < L {
 			cp.cg[l] = make([]float64, V*G)
 			for x := 0; x < V; x++ {
 				for y := 0; y < V; y++ {
@@ -209,10 +205,9 @@ func newChainProxy(p Problem, copies [][][]int32, w [][]float32) *chainProxy {
 			}
 		}
 	}
-	if cp.cg != nil {
-		beta := intraWeight(K, N)
+	if cp.cg != nil && cp.send > 0 {
 		cp.dtok = make([][]float64, L)
-		cp.pairTok = make([]float64, L)
+		cp.pairTok = float64(K) / (intraWeight(K, N) * cp.send)
 		cp.portSec = make([]float64, L)
 		cp.floor = make([]float64, L)
 		for l := range cp.dtok {
@@ -220,10 +215,9 @@ func newChainProxy(p Problem, copies [][][]int32, w [][]float32) *chainProxy {
 			if cg == nil {
 				continue
 			}
-			cp.pairTok[l] = float64(K) / (beta * cp.send[l])
 			cp.dtok[l] = make([]float64, G)
 			for x, g := range cp.gpu[l] {
-				cp.dtok[l][g] += cp.load[l][x] - cg[x*G+g]*cp.pairTok[l]/2
+				cp.dtok[l][g] += cp.load[l][x] - cg[x*G+g]*cp.pairTok/2
 			}
 		}
 	}
@@ -289,10 +283,10 @@ func pairExcess(k, n int) float64 {
 
 // pwSend is the sender edge weight of vertices x and y of layer l.
 func (cp *chainProxy) pwSend(l, x, y int) float64 {
-	if cp.send == nil || cp.send[l] == 0 {
+	if cp.send == 0 || l+1 >= cp.L {
 		return 0
 	}
-	return cp.pwIn(l, x, y) * cp.send[l]
+	return cp.pwIn(l, x, y) * cp.send
 }
 
 // pwIn is the edge weight of vertices x and y of layer l.
@@ -367,7 +361,7 @@ func (cp *chainProxy) swapDelta(l, x, y int) float64 {
 // swap: each loses its vertex's load and its pairs there and gains the
 // other's, less the pair of x and y, which stays split.
 func (cp *chainProxy) dtokDelta(l, x, y int) (float64, float64) {
-	G, cg, f := cp.G, cp.cg[l], cp.pairTok[l]
+	G, cg, f := cp.G, cp.cg[l], cp.pairTok
 	ga, gb := cp.gpu[l][x], cp.gpu[l][y]
 	d := cp.load[l][y] - cp.load[l][x]
 	pxy := cp.pwSend(l, x, y)
@@ -431,20 +425,28 @@ func (cp *chainProxy) pricePorts(rep *costmodel.Report, secPerCopy float64) {
 // inPortRatio is the busiest NIC in port's bytes of the phase D (bytes
 // [src][dst], nodes of P GPUs) over the mean port's; 1 without NIC bytes.
 func inPortRatio(D [][]float64, P int) float64 {
-	in := make([]float64, len(D))
+	_, in, mean := nicPorts(D, P)
+	if mean <= 0 {
+		return 1
+	}
+	return slices.Max(in) / mean
+}
+
+// nicPorts returns the NIC out and in bytes per GPU of the phase D (bytes
+// [src][dst], nodes of P GPUs) and the mean port's bytes.
+func nicPorts(D [][]float64, P int) (out, in []float64, mean float64) {
+	out, in = make([]float64, len(D)), make([]float64, len(D))
 	tot := 0.0
 	for s, row := range D {
 		for d, v := range row {
 			if s/P != d/P {
+				out[s] += v
 				in[d] += v
 				tot += v
 			}
 		}
 	}
-	if tot <= 0 {
-		return 1
-	}
-	return slices.Max(in) / (tot / float64(len(D)))
+	return out, in, tot / float64(len(D))
 }
 
 // cgOf is layer l's sender counters (nil: the layer has none).

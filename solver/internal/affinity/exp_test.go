@@ -146,21 +146,9 @@ func TestExperimentChain(t *testing.T) {
 	for i, r := range []*costmodel.Report{rep0, rep1} {
 		var so, si float64
 		for _, lr := range r.Layers {
-			G, P := len(lr.Dispatch), c.GPUsPerNode
-			out, in := make([]float64, G), make([]float64, G)
-			tot := 0.0
-			for s, row := range lr.Dispatch {
-				for d, v := range row {
-					if s/P != d/P {
-						out[s] += v
-						in[d] += v
-						tot += v
-					}
-				}
-			}
-			if tot > 0 {
-				so += slices.Max(out) / (tot / float64(G))
-				si += slices.Max(in) / (tot / float64(G))
+			if out, in, mean := nicPorts(lr.Dispatch, c.GPUsPerNode); mean > 0 {
+				so += slices.Max(out) / mean
+				si += slices.Max(in) / mean
 			}
 		}
 		nl := float64(len(r.Layers))
