@@ -872,7 +872,7 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		perTok, _ := c.Coefficients(p.Model)
 		lim := opts.Limit
 		if !lim.ByWork() {
-			lim.Deadline = time.Now().Add(time.Duration(0.9 * float64(time.Until(lim.Deadline))))
+			lim.Deadline = time.Now().Add(time.Duration(proxyShare * float64(time.Until(lim.Deadline))))
 		} else {
 			// Past annealSweeps sweeps of its neighbourhood (every copy to
 			// every GPU in every layer) the proxy's annealing has seen
@@ -933,8 +933,53 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			}
 		}
 	}
+	spare = exactChain(ctx, p, opts, spare, res, rep, evalTime)
 	polishChain(ctx, p, opts, spare, res, rep, evalTime)
 	return res, nil
+}
+
+// proxyShare and exactShare are the shares of a timed chain solve's limit
+// that the proxy's annealing and the exact counters' get; the exact
+// polish on the full cost model gets the rest.
+var proxyShare, exactShare = 0.6, 0.3
+
+// exactChain anneals res on the exact chain counters (chainExact) where
+// they apply, no layer's compute tail above the start's (or, where the
+// search could not bring it back, above where it is now). By time it runs until exactShare of the
+// limit is left to the polish after it. By work it gets half of spare
+// and returns the rest. The best plan it visits replaces res.
+func exactChain(ctx context.Context, p Problem, opts Options, spare int64, res *Result, start *costmodel.Report, evalTime time.Duration) int64 {
+	lim := task.Limit{Work: spare / 2}
+	if !opts.Limit.ByWork() {
+		left := time.Until(opts.Limit.Deadline) - evalTime
+		share := exactShare / (1 - proxyShare)
+		if left <= 0 {
+			return spare
+		}
+		lim = task.Limit{Deadline: time.Now().Add(time.Duration(share * float64(left)))}
+	} else if lim.Work == 0 {
+		return spare
+	}
+	L := len(res.Copies)
+	tcap := make([]float64, L)
+	cx := newChainExact(p, res.Copies, tcap)
+	if cx == nil {
+		return spare
+	}
+	for l := range tcap {
+		tcap[l] = max(start.Layers[l].ComputeTail.Seconds()+1e-9, cx.tail(l, -1, -1, 0)) * (1 + 1e-12)
+	}
+	sc := newSchedule(ctx, lim, 1)
+	neigh := annealSweeps * float64(L*cx.E*cx.G)
+	gpu, n := cx.anneal(rand.New(rand.NewPCG(uint64(L), 0x657861)), sc, func(rate float64) bool {
+		if lim.ByWork() {
+			return float64(lim.Work) >= neigh
+		}
+		return rate*time.Until(lim.Deadline).Seconds() >= neigh
+	})
+	res.Tries += n
+	res.Copies = gpuCopies(gpu)
+	return spare - lim.Work
 }
 
 // polishChain refines res on the exact cost model, which the proxy only

@@ -2,6 +2,7 @@ package affinity
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -129,6 +130,12 @@ func TestExperimentChain(t *testing.T) {
 		slots[g] = st.Experts / c.GPUs()
 	}
 	lim, _ := time.ParseDuration(os.Getenv("LIMIT"))
+	if v := os.Getenv("SHARES"); v != "" {
+		// The proxy's and the exact counters' shares of the limit.
+		_, err := fmt.Sscanf(v, "%g,%g", &proxyShare, &exactShare)
+		require.NoError(t, err)
+		t.Logf("shares: proxy %g, exact %g", proxyShare, exactShare)
+	}
 	res, err := SolveChain(context.Background(), Problem{Scenario: sc, Slots: slots, Start: plan}, Options{Limit: task.Limit{Deadline: time.Now().Add(lim)}})
 	require.NoError(t, err)
 	out := placement.FromReplicas(c.GPUs(), res.Copies, "affinity")

@@ -1,0 +1,136 @@
+package affinity
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+)
+
+// fastNVLink makes NVLink free, so that the cost model's layer time is
+// what the exact chain counters model (the NIC and compute).
+func fastNVLink(sc *costmodel.Scenario) {
+	sc.Cluster.NVLinkGBps = 1e12
+	sc.Cluster.NVLinkLatency = 0
+}
+
+// requireChainExactMatches checks every counter of cx against the cost
+// model's report of cx's plan: each layer's NIC copies (dispatch and, in
+// the last layer, combine), its dispatch's busiest NIC port, its compute
+// tail and its time.
+func requireChainExactMatches(t *testing.T, sc costmodel.Scenario, cx *chainExact, what string) {
+	t.Helper()
+	rep, err := sc.Evaluate(placement.FromReplicas(cx.G, gpuCopies(cx.gpu), "exact"))
+	require.NoError(t, err)
+	tb := sc.Model.TokenBytes()
+	for l, lr := range rep.Layers {
+		cut := cx.cut[l]
+		if l == cx.L-1 {
+			cut += cx.cut[cx.L]
+		}
+		tol := 1e-9 * max(1, cut)
+		require.InDelta(t, lr.CrossNodeBytes/tb, cut, tol, "%s layer %d NIC copies", what, l)
+		require.InDelta(t, lr.RemoteCopies, cx.cut[l], tol, "%s layer %d dispatch copies", what, l)
+		busiest := 0.0
+		if s := cx.portSec(l, -1); s > 0 {
+			busiest = (s - cx.lat) / cx.copySec
+		}
+		require.InDelta(t, lr.BusiestNIC, busiest, 1e-9*max(1, busiest), "%s layer %d busiest port", what, l)
+		require.InDelta(t, lr.ComputeTail.Seconds(), cx.tail(l, -1, -1, 0), 2e-9, "%s layer %d tail", what, l)
+		require.InDelta(t, lr.TimeSec, cx.ltime[l], 1e-9+1e-9*lr.TimeSec, "%s layer %d time", what, l)
+	}
+}
+
+// TestChainExactMatchesCostModel: on random chain-flow instances (one copy
+// per expert, tokens with and without homes, both modes) the exact
+// counters equal the cost model's report of the start, and after every
+// applied swap still equal both the cost model's report and counters
+// built afresh; a swap is refused exactly when it would take its layer's
+// compute tail above the cap, and a refused swap changes nothing. A
+// delta that drops a phase (the next layer's senders, the last layer's
+// combine, the homeless tokens' ports) fails it.
+func TestChainExactMatchesCostModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(31, 7))
+	applied, refused, lastLayer := 0, 0, 0
+	for it := range 12 {
+		N, P := 2+rng.IntN(3), 1+rng.IntN(3)
+		E := N * P * (1 + rng.IntN(4)) // one copy per expert
+		K := 1 + rng.IntN(min(3, E))
+		L := 2 + rng.IntN(3)
+		sc, plan, slots := randomInstance(t, rng, N, P, E, K, L, 40+rng.IntN(80), 0, placement.DispatchEven, it%3 == 0)
+		sc.Flow = costmodel.FlowChain
+		fastNVLink(&sc)
+		copies := make([][][]placement.GPU, L)
+		for l := range copies {
+			copies[l] = plan.ExpertGPUs(l)
+		}
+		p := Problem{Scenario: sc, Slots: slots, Start: plan}
+		tcap := make([]float64, L)
+		for l := range tcap {
+			tcap[l] = math.Inf(1)
+		}
+		cx := newChainExact(p, copies, tcap)
+		require.NotNil(t, cx, "instance %d", it)
+		what := fmt.Sprintf("instance %d (N%d P%d E%d K%d L%d)", it, N, P, E, K, L)
+		requireChainExactMatches(t, sc, cx, what)
+		// Caps a little above the start's tails: some swaps are refused.
+		for l := range tcap {
+			tcap[l] = cx.tail(l, -1, -1, 0) * (1 + rng.Float64()/50)
+		}
+		cost := cx.cost()
+		for range 60 {
+			l, e, f := rng.IntN(L), rng.IntN(E), rng.IntN(E)
+			if cx.gpu[l][e] == cx.gpu[l][f] {
+				continue
+			}
+			before := cloneGPU(cx.gpu)
+			d, tl, tn, ok := cx.trial(l, e, f)
+			// The tail the swap would give, recounted.
+			after := cloneGPU(cx.gpu)
+			after[l][e], after[l][f] = after[l][f], after[l][e]
+			fresh := newChainExact(p, gpuCopies(after), tcap)
+			require.Equal(t, fresh.tail(l, -1, -1, 0) <= tcap[l], ok, "%s: swap refused or allowed wrongly", what)
+			if !ok {
+				refused++
+				require.Equal(t, before, cx.gpu)
+				continue
+			}
+			cx.apply(l, e, f, tl, tn)
+			applied++
+			if l == L-1 {
+				lastLayer++
+			}
+			cost += d
+			require.InDelta(t, fresh.cost(), cost, 1e-9*max(1, cost), "%s: predicted cost", what)
+			require.InDelta(t, fresh.cost(), cx.cost(), 1e-9*max(1, cost), "%s: kept cost", what)
+			for ph := range cx.out {
+				require.InDeltaSlice(t, fresh.out[ph], cx.out[ph], 1e-9, "%s phase %d out ports", what, ph)
+				require.InDeltaSlice(t, fresh.in[ph], cx.in[ph], 1e-9, "%s phase %d in ports", what, ph)
+				require.InDeltaSlice(t, fresh.un[ph], cx.un[ph], 1e-9, "%s phase %d homeless", what, ph)
+			}
+			for ll := range cx.mask {
+				require.True(t, slices.Equal(fresh.mask[ll], cx.mask[ll]), "%s layer %d masks", what, ll)
+			}
+		}
+		requireChainExactMatches(t, sc, cx, what+" after swaps")
+	}
+	require.Positive(t, applied)
+	require.Positive(t, refused, "no swap hit a cap")
+	require.Positive(t, lastLayer, "no swap in the last layer")
+}
+
+// TestChainExactNotForReplicas: the exact counters decline plans with
+// replicas, one node, or more GPUs than a mask holds.
+func TestChainExactNotForReplicas(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	sc, plan, slots := randomInstance(t, rng, 2, 2, 6, 2, 2, 30, fillSlots(6, 4, 2), placement.DispatchEven, false)
+	sc.Flow = costmodel.FlowChain
+	copies := [][][]placement.GPU{plan.ExpertGPUs(0), plan.ExpertGPUs(1)}
+	require.Nil(t, newChainExact(Problem{Scenario: sc, Slots: slots, Start: plan}, copies, []float64{1, 1}))
+}
