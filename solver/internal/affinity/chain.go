@@ -969,9 +969,18 @@ func exactChain(ctx context.Context, p Problem, opts Options, spare int64, res *
 	for l := range tcap {
 		tcap[l] = max(start.Layers[l].ComputeTail.Seconds()+1e-9, cx.tail(l, -1, -1, 0)) * (1 + 1e-12)
 	}
-	sc := newSchedule(ctx, lim, 1)
+	// One schedule per worker, the work split among them.
+	W := max(1, opts.Parallel)
+	scs := make([]*schedule, W)
+	for w := range scs {
+		wl := lim
+		if lim.ByWork() {
+			wl.Work = max(lim.Work/int64(W), 1)
+		}
+		scs[w] = newSchedule(ctx, wl, 1)
+	}
 	neigh := annealSweeps * float64(L*cx.E*cx.G)
-	gpu, n := cx.anneal(rand.New(rand.NewPCG(uint64(L), 0x657861)), sc, func(rate float64) bool {
+	gpu, n := cx.anneal(uint64(L)<<32|0x657861, scs, func(rate float64) bool {
 		if lim.ByWork() {
 			return float64(lim.Work) >= neigh
 		}

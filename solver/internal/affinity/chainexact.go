@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/moetuner/moetuner/costmodel"
@@ -53,12 +55,24 @@ type chainExact struct {
 	// port (its chance of landing there among the 2G ports): the busiest
 	// port sets the time, the others break its ties.
 	tie float64
+}
 
-	// scratch for a trial swap: port changes of the two phases it touches.
+// swapScratch is a trial swap's changes: the NIC ports', homeless
+// masses' and copies' of the two phases it touches, and the tokens whose
+// GPUs change with their new masks.
+type swapScratch struct {
 	dOut, dIn, dUn [2][]float64
 	dCut           [2]float64
 	chT            []int32
 	chM            []uint64
+}
+
+func (cx *chainExact) newScratch() *swapScratch {
+	s := &swapScratch{}
+	for i := range s.dOut {
+		s.dOut[i], s.dIn[i], s.dUn[i] = make([]float64, cx.G), make([]float64, cx.G), make([]float64, cx.N)
+	}
+	return s
 }
 
 // newChainExact returns the exact counters of copies (one GPU per expert
@@ -152,11 +166,8 @@ func newChainExact(p Problem, copies [][][]placement.GPU, tcap []float64) *chain
 			cx.cut[ph] += cx.contrib(ph, t, cx.sendersOf(ph, t), cx.reachOf(ph, t), 1, cx.out[ph], cx.in[ph], cx.un[ph])
 		}
 	}
-	for i := range cx.dOut {
-		cx.dOut[i], cx.dIn[i], cx.dUn[i] = make([]float64, G), make([]float64, G), make([]float64, N)
-	}
 	for l := range cx.ltime {
-		cx.ltime[l] = cx.layerTime(l, cx.tail(l, -1, -1, 0), cx.portSec(l, -1), cx.portSec(l+1, -1))
+		cx.ltime[l] = cx.layerTime(l, cx.tail(l, -1, -1, 0), cx.portSec(l, nil, -1), cx.portSec(l+1, nil, -1))
 	}
 	return cx
 }
@@ -279,10 +290,10 @@ func (cx *chainExact) reachChange(t int, senders, rOld, rNew uint64, out, in, un
 	return total
 }
 
-// portSec is phase ph's all-to-all time, with the scratch changes d
-// (0 or 1; −1 none): its busiest NIC port over the NIC, plus its latency
+// portSec is phase ph's all-to-all time, with the changes s.d…[d]
+// (d −1: none): its busiest NIC port over the NIC, plus its latency
 // when any copy crosses; 0 for a phase that does not exist.
-func (cx *chainExact) portSec(ph, d int) float64 {
+func (cx *chainExact) portSec(ph int, s *swapScratch, d int) float64 {
 	if ph > cx.L {
 		return 0
 	}
@@ -290,7 +301,7 @@ func (cx *chainExact) portSec(ph, d int) float64 {
 	out, in, un := cx.out[ph], cx.in[ph], cx.un[ph]
 	var dOut, dIn, dUn []float64
 	if d >= 0 {
-		dOut, dIn, dUn = cx.dOut[d], cx.dIn[d], cx.dUn[d]
+		dOut, dIn, dUn = s.dOut[d], s.dIn[d], s.dUn[d]
 	}
 	U := 0.0
 	for b := 0; b < N; b++ {
@@ -317,7 +328,7 @@ func (cx *chainExact) portSec(ph, d int) float64 {
 	}
 	cut := cx.cut[ph]
 	if d >= 0 {
-		cut += cx.dCut[d]
+		cut += s.dCut[d]
 	}
 	if cut <= 1e-9 {
 		return 0
@@ -371,7 +382,7 @@ func (cx *chainExact) cost() float64 {
 // the changed tokens and their new masks, and returns the change of the
 // cost, the new times of layers l and l+1 and whether layer l stays
 // within its compute cap.
-func (cx *chainExact) trial(l, e, f int) (delta, tl, tn float64, ok bool) {
+func (cx *chainExact) trial(s *swapScratch, l, e, f int) (delta, tl, tn float64, ok bool) {
 	L, K := cx.L, cx.K
 	a, b := int(cx.gpu[l][e]), int(cx.gpu[l][f])
 	dx := 0.0
@@ -386,13 +397,13 @@ func (cx *chainExact) trial(l, e, f int) (delta, tl, tn float64, ok bool) {
 	if ntail > cx.tcap[l] {
 		return 0, 0, 0, false
 	}
-	for i := range cx.dOut {
-		clear(cx.dOut[i])
-		clear(cx.dIn[i])
-		clear(cx.dUn[i])
-		cx.dCut[i] = 0
+	for i := range s.dOut {
+		clear(s.dOut[i])
+		clear(s.dIn[i])
+		clear(s.dUn[i])
+		s.dCut[i] = 0
 	}
-	cx.chT, cx.chM = cx.chT[:0], cx.chM[:0]
+	s.chT, s.chM = s.chT[:0], s.chM[:0]
 	gl, exl := cx.gpu[l], cx.ex[l]
 	visit := func(t int, other int16) {
 		var m uint64
@@ -413,12 +424,12 @@ func (cx *chainExact) trial(l, e, f int) (delta, tl, tn float64, ok bool) {
 		if m == old {
 			return
 		}
-		cx.chT, cx.chM = append(cx.chT, int32(t)), append(cx.chM, m)
+		s.chT, s.chM = append(s.chT, int32(t)), append(s.chM, m)
 		rOld, rNew := cx.nodes(old), cx.nodes(m)
 		if rOld != rNew {
-			cx.dCut[0] += cx.reachChange(t, cx.sendersOf(l, t), rOld, rNew, cx.dOut[0], cx.dIn[0], cx.dUn[0])
+			s.dCut[0] += cx.reachChange(t, cx.sendersOf(l, t), rOld, rNew, s.dOut[0], s.dIn[0], s.dUn[0])
 			if l == L-1 {
-				cx.dCut[1] += cx.reachChange(t, 0, rOld, rNew, cx.dOut[1], cx.dIn[1], cx.dUn[1])
+				s.dCut[1] += cx.reachChange(t, 0, rOld, rNew, s.dOut[1], s.dIn[1], s.dUn[1])
 			}
 		}
 		if l < L-1 {
@@ -426,10 +437,10 @@ func (cx *chainExact) trial(l, e, f int) (delta, tl, tn float64, ok bool) {
 			// (contrib reads no senders as the home).
 			r := cx.nodes(cx.mask[l+1][t])
 			if gone := old &^ m; gone != 0 {
-				cx.dCut[1] += cx.contrib(l+1, t, gone, r, -1, cx.dOut[1], cx.dIn[1], cx.dUn[1])
+				s.dCut[1] += cx.contrib(l+1, t, gone, r, -1, s.dOut[1], s.dIn[1], s.dUn[1])
 			}
 			if came := m &^ old; came != 0 {
-				cx.dCut[1] += cx.contrib(l+1, t, came, r, 1, cx.dOut[1], cx.dIn[1], cx.dUn[1])
+				s.dCut[1] += cx.contrib(l+1, t, came, r, 1, s.dOut[1], s.dIn[1], s.dUn[1])
 			}
 		}
 	}
@@ -439,25 +450,25 @@ func (cx *chainExact) trial(l, e, f int) (delta, tl, tn float64, ok bool) {
 	for _, t := range cx.toks[l][cx.off[l][f]:cx.off[l][f+1]] {
 		visit(int(t), int16(e))
 	}
-	disp := cx.portSec(l, 0)
+	disp := cx.portSec(l, s, 0)
 	if l == L-1 {
-		tl = cx.layerTime(l, ntail, disp, cx.portSec(L, 1))
+		tl = cx.layerTime(l, ntail, disp, cx.portSec(L, s, 1))
 		delta = tl - cx.ltime[l]
 	} else {
 		tl = cx.layerTime(l, ntail, disp, 0)
 		comb := 0.0
 		if l+2 == L {
-			comb = cx.portSec(L, -1)
+			comb = cx.portSec(L, s, -1)
 		}
-		tn = cx.layerTime(l+1, cx.tail(l+1, -1, -1, 0), cx.portSec(l+1, 1), comb)
+		tn = cx.layerTime(l+1, cx.tail(l+1, -1, -1, 0), cx.portSec(l+1, s, 1), comb)
 		delta = tl - cx.ltime[l] + tn - cx.ltime[l+1]
 	}
-	delta += (cx.dCut[0] + cx.dCut[1]) * cx.copySec * cx.tie
+	delta += (s.dCut[0] + s.dCut[1]) * cx.copySec * cx.tie
 	return delta, tl, tn, true
 }
 
-// apply makes the swap trial scored (it must be the last trial).
-func (cx *chainExact) apply(l, e, f int, tl, tn float64) {
+// apply makes the swap that trial scored into s.
+func (cx *chainExact) apply(s *swapScratch, l, e, f int, tl, tn float64) {
 	L := cx.L
 	a, b := int(cx.gpu[l][e]), int(cx.gpu[l][f])
 	dx := 0.0
@@ -470,8 +481,8 @@ func (cx *chainExact) apply(l, e, f int, tl, tn float64) {
 	cx.gtok[l][a] -= dx
 	cx.gtok[l][b] += dx
 	cx.gpu[l][e], cx.gpu[l][f] = int16(b), int16(a)
-	for i, t := range cx.chT {
-		cx.mask[l][t] = cx.chM[i]
+	for i, t := range s.chT {
+		cx.mask[l][t] = s.chM[i]
 	}
 	phs := [2]int{l, l + 1}
 	for i, ph := range phs {
@@ -479,13 +490,13 @@ func (cx *chainExact) apply(l, e, f int, tl, tn float64) {
 			continue
 		}
 		for g := range cx.out[ph] {
-			cx.out[ph][g] += cx.dOut[i][g]
-			cx.in[ph][g] += cx.dIn[i][g]
+			cx.out[ph][g] += s.dOut[i][g]
+			cx.in[ph][g] += s.dIn[i][g]
 		}
 		for b := range cx.un[ph] {
-			cx.un[ph][b] += cx.dUn[i][b]
+			cx.un[ph][b] += s.dUn[i][b]
 		}
-		cx.cut[ph] += cx.dCut[i]
+		cx.cut[ph] += s.dCut[i]
 	}
 	cx.ltime[l] = tl
 	if l+1 < L {
@@ -505,39 +516,45 @@ func gpuCopies(gpu [][]int16) [][][]placement.GPU {
 	return out
 }
 
-// anneal walks swaps of two experts of one layer on different GPUs under
-// sc, hot only when it can try every swap annealSweeps times (else from
-// a ten-thousandth of the mean |Δ|, refining where it starts), never past
-// a layer's compute cap. It returns the best plan it visited (expert
-// GPUs per layer) and the swaps it scored.
-func (cx *chainExact) anneal(rng *rand.Rand, sc *schedule, canSweep func(rate float64) bool) ([][]int16, int64) {
+// anneal walks swaps of two experts of one layer on different GPUs, one
+// worker per schedule in scs, hot only when it can try every swap
+// annealSweeps times (else from a ten-thousandth of the mean |Δ|,
+// refining where it starts), never past a layer's compute cap. The
+// workers run in rounds, each in its own block of consecutive layers; a
+// block leaves out its last layer unless it ends the model, so that no
+// two workers touch a phase, mask or layer time the other reads, and the
+// blocks shift every round so that every layer is searched. The best plan
+// at the end of a round (or the start) is returned (expert GPUs per
+// layer) with the swaps scored.
+func (cx *chainExact) anneal(seed uint64, scs []*schedule, canSweep func(rate float64) bool) ([][]int16, int64) {
 	L, E := cx.L, cx.E
-	// The layer changes every E picks: a run of swaps in one layer reads
-	// its tokens' arrays while they are in cache (3× faster on 58 layers
-	// of 32,768 tokens).
-	l, run := 0, 0
-	pick := func() (int, int, int) {
-		if run == 0 {
-			l, run = rng.IntN(L), E
-		}
-		run--
+	W := max(1, min(len(scs), L/3))
+	scs = scs[:W]
+	rngs := make([]*rand.Rand, W)
+	scr := make([]*swapScratch, W)
+	for w := range rngs {
+		rngs[w] = rand.New(rand.NewPCG(seed, uint64(w)))
+		scr[w] = cx.newScratch()
+	}
+	pickEF := func(rng *rand.Rand) (int, int) {
 		e := rng.IntN(E)
 		f := rng.IntN(E - 1)
 		if f >= e {
 			f++
 		}
-		return l, e, f
+		return e, f
 	}
 	t0, n0 := 0.0, 0
 	var tries int64
 	t1 := time.Now()
 	for range 4 * L {
-		l, e, f := pick()
+		l := rngs[0].IntN(L)
+		e, f := pickEF(rngs[0])
 		tries++
 		if cx.gpu[l][e] == cx.gpu[l][f] {
 			continue
 		}
-		if d, _, _, ok := cx.trial(l, e, f); ok {
+		if d, _, _, ok := cx.trial(scr[0], l, e, f); ok {
 			t0 += math.Abs(d)
 			n0++
 		}
@@ -546,46 +563,150 @@ func (cx *chainExact) anneal(rng *rand.Rand, sc *schedule, canSweep func(rate fl
 		return cx.gpu, tries
 	}
 	t0 /= float64(n0)
-	if !canSweep(float64(4*L) / max(time.Since(t1).Seconds(), 1e-9)) {
+	if !canSweep(float64(W) * float64(4*L) / max(time.Since(t1).Seconds(), 1e-9)) {
 		t0 *= coolTo
 	}
-	// The best plan visited: the current one while atBest, else a copy
-	// taken when the walk left it.
-	cur := cx.cost()
-	best, atBest := cur, true
+	// worker runs up to E swaps per layer of [lo, hi) and reports whether
+	// its schedule has ended. The layer changes every E picks: a run of
+	// swaps in one layer reads its tokens' arrays while they are in cache
+	// (3× faster on 58 layers of 32,768 tokens).
+	cand := make([][]int, W)
+	worker := func(w, lo, hi int, n *int64) bool {
+		rng, s, sc := rngs[w], scr[w], scs[w]
+		for range hi - lo {
+			l := lo + rng.IntN(hi-lo)
+			for range E {
+				p, ok := sc.next()
+				if !ok {
+					return true
+				}
+				*n++
+				e, f := pickEF(rng)
+				if rng.IntN(2) == 0 {
+					if x, ok := cx.critical(l, rng, &cand[w]); ok {
+						e = x
+						if f == e {
+							continue
+						}
+					}
+				}
+				if cx.gpu[l][e] == cx.gpu[l][f] {
+					continue
+				}
+				d, tl, tn, ok := cx.trial(s, l, e, f)
+				if ok && (d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, p)))) {
+					cx.apply(s, l, e, f, tl, tn)
+				}
+			}
+		}
+		return false
+	}
+	best := cx.cost()
 	bestGPU := cloneGPU(cx.gpu)
-	for {
-		p, ok := sc.next()
-		if !ok {
+	done := make([]bool, W)
+	counts := make([]int64, W)
+	width := L / W
+	for r := 0; ; r++ {
+		shift := 0
+		if W > 1 {
+			shift = r % (width - 1)
+		}
+		var wg sync.WaitGroup
+		for w := range W {
+			if done[w] {
+				continue
+			}
+			lo, hi := w*width-shift, (w+1)*width-shift-1
+			if w == 0 {
+				lo = 0
+			}
+			if w == W-1 {
+				hi = L
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				done[w] = worker(w, lo, hi, &counts[w])
+			}()
+		}
+		wg.Wait()
+		if c := cx.cost(); c < best*(1-1e-12) {
+			best = c
+			for l := range bestGPU {
+				copy(bestGPU[l], cx.gpu[l])
+			}
+		}
+		if !slices.Contains(done, false) {
 			break
 		}
-		l, e, f := pick()
-		tries++
-		if cx.gpu[l][e] == cx.gpu[l][f] {
-			continue
+	}
+	for _, n := range counts {
+		tries += n
+	}
+	return bestGPU, tries
+}
+
+// busiest is phase ph's busiest NIC port: its copies, its GPU and
+// whether it is the GPU's out port.
+func (cx *chainExact) busiest(ph int) (float64, int, bool) {
+	G, P, N := cx.G, cx.P, cx.N
+	out, in, un := cx.out[ph], cx.in[ph], cx.un[ph]
+	U := 0.0
+	for _, v := range un {
+		U += v
+	}
+	inv := 1 / float64(G)
+	top, at, isOut := -1.0, 0, false
+	for g := 0; g < G; g++ {
+		ub := un[g/P]
+		if o := out[g] + (U-ub)*inv; o > top {
+			top, at, isOut = o, g, true
 		}
-		d, tl, tn, ok := cx.trial(l, e, f)
-		if !ok {
-			continue
-		}
-		if d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, p))) {
-			if atBest && d > 0 {
-				for l := range bestGPU {
-					copy(bestGPU[l], cx.gpu[l])
-				}
-				atBest = false
-			}
-			cx.apply(l, e, f, tl, tn)
-			cur += d
-			if cur < best*(1-1e-12) || (atBest && d <= 0) {
-				best, atBest = min(best, cur), true
-			}
+		if i := in[g] + float64(N-1)*ub*inv; i > top {
+			top, at, isOut = i, g, false
 		}
 	}
-	if !atBest {
-		return bestGPU, tries
+	return top, at, isOut
+}
+
+// critical draws an expert of layer l whose move can relieve the busiest
+// NIC port of the phases a swap in l touches (the busier of the two):
+// into layer l, one on the node the busiest in port serves (or, for an
+// out port, one its tokens reach on another node); out of layer l, one
+// on the busiest sender, or one on a sender with the busiest in port's
+// local index on another node. False when no expert qualifies.
+func (cx *chainExact) critical(l int, rng *rand.Rand, buf *[]int) (int, bool) {
+	P := cx.P
+	v, g, isOut := cx.busiest(l)
+	next := false
+	if l+1 < cx.L {
+		if v1, g1, o1 := cx.busiest(l + 1); v1 >= v {
+			g, isOut, next = g1, o1, true
+		}
 	}
-	return cx.gpu, tries
+	c := (*buf)[:0]
+	for e, h := range cx.gpu[l] {
+		h := int(h)
+		var ok bool
+		switch {
+		case next && isOut:
+			ok = h == g
+		case next:
+			ok = h%P == g%P && h/P != g/P
+		case isOut:
+			ok = h/P != g/P
+		default:
+			ok = h/P == g/P
+		}
+		if ok {
+			c = append(c, e)
+		}
+	}
+	*buf = c
+	if len(c) == 0 {
+		return 0, false
+	}
+	return c[rng.IntN(len(c))], true
 }
 
 func cloneGPU(g [][]int16) [][]int16 {

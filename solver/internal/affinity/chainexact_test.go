@@ -11,6 +11,7 @@ import (
 
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
 // fastNVLink makes NVLink free, so that the cost model's layer time is
@@ -38,7 +39,7 @@ func requireChainExactMatches(t *testing.T, sc costmodel.Scenario, cx *chainExac
 		require.InDelta(t, lr.CrossNodeBytes/tb, cut, tol, "%s layer %d NIC copies", what, l)
 		require.InDelta(t, lr.RemoteCopies, cx.cut[l], tol, "%s layer %d dispatch copies", what, l)
 		busiest := 0.0
-		if s := cx.portSec(l, -1); s > 0 {
+		if s := cx.portSec(l, nil, -1); s > 0 {
 			busiest = (s - cx.lat) / cx.copySec
 		}
 		require.InDelta(t, lr.BusiestNIC, busiest, 1e-9*max(1, busiest), "%s layer %d busiest port", what, l)
@@ -84,13 +85,14 @@ func TestChainExactMatchesCostModel(t *testing.T) {
 			tcap[l] = cx.tail(l, -1, -1, 0) * (1 + rng.Float64()/50)
 		}
 		cost := cx.cost()
+		scr := cx.newScratch()
 		for range 60 {
 			l, e, f := rng.IntN(L), rng.IntN(E), rng.IntN(E)
 			if cx.gpu[l][e] == cx.gpu[l][f] {
 				continue
 			}
 			before := cloneGPU(cx.gpu)
-			d, tl, tn, ok := cx.trial(l, e, f)
+			d, tl, tn, ok := cx.trial(scr, l, e, f)
 			// The tail the swap would give, recounted.
 			after := cloneGPU(cx.gpu)
 			after[l][e], after[l][f] = after[l][f], after[l][e]
@@ -101,7 +103,7 @@ func TestChainExactMatchesCostModel(t *testing.T) {
 				require.Equal(t, before, cx.gpu)
 				continue
 			}
-			cx.apply(l, e, f, tl, tn)
+			cx.apply(scr, l, e, f, tl, tn)
 			applied++
 			if l == L-1 {
 				lastLayer++
@@ -133,4 +135,59 @@ func TestChainExactNotForReplicas(t *testing.T) {
 	sc.Flow = costmodel.FlowChain
 	copies := [][][]placement.GPU{plan.ExpertGPUs(0), plan.ExpertGPUs(1)}
 	require.Nil(t, newChainExact(Problem{Scenario: sc, Slots: slots, Start: plan}, copies, []float64{1, 1}))
+}
+
+// TestChainExactAnnealParallel: the exact annealing with two workers on
+// their blocks of layers keeps every layer's GPUs (the same slots, one
+// copy of every expert), no layer's compute tail above its cap, and ends
+// no worse than it started; the same seed gives the same plan, and the
+// counters after it equal counters built afresh for the plan (a worker
+// that wrote into the other's block would break them, and go test -race
+// reports it).
+func TestChainExactAnnealParallel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 1))
+	for it := range 4 {
+		N, P := 2+rng.IntN(2), 1+rng.IntN(2)
+		E := N * P * (2 + rng.IntN(3))
+		L := 6 + rng.IntN(4)
+		sc, plan, slots := randomInstance(t, rng, N, P, E, 2, L, 60+rng.IntN(60), 0, placement.DispatchEven, it%2 == 0)
+		sc.Flow = costmodel.FlowChain
+		fastNVLink(&sc)
+		copies := make([][][]placement.GPU, L)
+		for l := range copies {
+			copies[l] = plan.ExpertGPUs(l)
+		}
+		p := Problem{Scenario: sc, Slots: slots, Start: plan}
+		run := func() ([][]int16, *chainExact, []float64) {
+			tcap := make([]float64, L)
+			cx := newChainExact(p, copies, tcap)
+			for l := range tcap {
+				tcap[l] = cx.tail(l, -1, -1, 0) * (1 + 1e-12)
+			}
+			scs := []*schedule{newSchedule(t.Context(), task.Limit{Work: 3000}, 1), newSchedule(t.Context(), task.Limit{Work: 3000}, 1)}
+			gpu, n := cx.anneal(7, scs, func(float64) bool { return false })
+			require.Positive(t, n)
+			return gpu, cx, tcap
+		}
+		start := newChainExact(p, copies, make([]float64, L)).cost()
+		gpu, cx, tcap := run()
+		again, _, _ := run()
+		require.Equal(t, gpu, again, "instance %d: not deterministic", it)
+		fresh := newChainExact(p, gpuCopies(gpu), tcap)
+		require.LessOrEqual(t, fresh.cost(), start*(1+1e-12), "instance %d", it)
+		for l := range gpu {
+			a, b := slices.Clone(gpu[l]), make([]int16, E)
+			for e, gs := range copies[l] {
+				b[e] = int16(gs[0])
+			}
+			slices.Sort(a)
+			slices.Sort(b)
+			require.Equal(t, b, a, "instance %d layer %d: slots changed", it, l)
+			require.LessOrEqual(t, fresh.tail(l, -1, -1, 0), tcap[l], "instance %d layer %d over its cap", it, l)
+		}
+		// The walk's own counters, for the plan it ended in.
+		end := newChainExact(p, gpuCopies(cx.gpu), tcap)
+		require.InDelta(t, end.cost(), cx.cost(), 1e-9*end.cost(), "instance %d: counters drifted", it)
+		require.True(t, fresh.cost() <= end.cost()*(1+1e-12), "instance %d: not the best plan", it)
+	}
 }

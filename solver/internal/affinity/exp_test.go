@@ -136,7 +136,7 @@ func TestExperimentChain(t *testing.T) {
 		require.NoError(t, err)
 		t.Logf("shares: proxy %g, exact %g", proxyShare, exactShare)
 	}
-	res, err := SolveChain(context.Background(), Problem{Scenario: sc, Slots: slots, Start: plan}, Options{Limit: task.Limit{Deadline: time.Now().Add(lim)}})
+	res, err := SolveChain(context.Background(), Problem{Scenario: sc, Slots: slots, Start: plan}, Options{Limit: task.Limit{Deadline: time.Now().Add(lim)}, Parallel: 2})
 	require.NoError(t, err)
 	out := placement.FromReplicas(c.GPUs(), res.Copies, "affinity")
 	rep1, err := sc.Evaluate(out)
