@@ -331,3 +331,51 @@ func TestExperimentNodeCeiling(t *testing.T) {
 		}
 	}
 }
+
+// TestExperimentChainCeiling asks how far the cross-node transitions alone
+// could fall at EPLB's balance: the exact chain counters annealed hot on
+// their NIC copies only (the time's weight made negligible), from EPLB's
+// plan, with every layer's compute tail held to EPLB's; NODES, LIMIT and
+// TRACE as TestExperimentChain. A heuristic, not a bound.
+func TestExperimentChainCeiling(t *testing.T) {
+	if os.Getenv("MOETUNER_EXP") == "" {
+		t.Skip("experiment")
+	}
+	src, err := routing.Load(expTrace(), routing.LoadOptions{})
+	require.NoError(t, err)
+	st := src.Stats
+	c, _ := costmodel.ClusterPreset("h100x8")
+	c.Nodes, _ = strconv.Atoi(os.Getenv("NODES"))
+	if c.Nodes == 0 {
+		c.Nodes = 4
+	}
+	m, _ := costmodel.ModelPreset("deepseek-v3")
+	plan, err := baseline.EPLB(st, c.GPUs(), baseline.EPLBOptions{Nodes: c.Nodes})
+	require.NoError(t, err)
+	sc := costmodel.Scenario{Stats: st, Cluster: c, Model: m, Flow: costmodel.FlowChain}
+	rep0, err := sc.Evaluate(plan)
+	require.NoError(t, err)
+	slots := make([]int, c.GPUs())
+	for g := range slots {
+		slots[g] = st.Experts / c.GPUs()
+	}
+	L := st.Layers
+	copies := make([][][]placement.GPU, L)
+	tcap := make([]float64, L)
+	for l := range copies {
+		copies[l] = plan.ExpertGPUs(l)
+	}
+	cx := newChainExact(Problem{Scenario: sc, Slots: slots, Start: plan}, copies, tcap)
+	require.NotNil(t, cx)
+	for l := range tcap {
+		tcap[l] = cx.tail(l, -1, -1, 0) * (1 + 1e-12)
+	}
+	cx.tie = 1e6 // the copies alone
+	lim, _ := time.ParseDuration(os.Getenv("LIMIT"))
+	dl := time.Now().Add(lim)
+	scs := []*schedule{newSchedule(t.Context(), task.Limit{Deadline: dl}, 1), newSchedule(t.Context(), task.Limit{Deadline: dl}, 1)}
+	gpu, n := cx.anneal(1, scs, func(float64) bool { return true })
+	rep1, err := sc.Evaluate(placement.FromReplicas(c.GPUs(), gpuCopies(gpu), "ceiling"))
+	require.NoError(t, err)
+	t.Logf("%d swaps; cross-node %.4g → %.4g (%.2f%%), time %.4g → %.4g (%.2f%%), imbalance %.4f → %.4f", n, rep0.CrossNodeBytes, rep1.CrossNodeBytes, (rep1.CrossNodeBytes/rep0.CrossNodeBytes-1)*100, rep0.TimeSec, rep1.TimeSec, (rep1.TimeSec/rep0.TimeSec-1)*100, rep0.MeanImbalance, rep1.MeanImbalance)
+}
