@@ -112,6 +112,8 @@ type state struct {
 	// kappa is the NIC ports' imbalance (max/mean − 1) the search keeps
 	// for free: the start plan's.
 	kappa float64
+	// tie, with kappa 0, breaks the busiest port's ties by the others.
+	tie bool
 
 	frac []float64 // scratch G×n
 	tr   trial
@@ -286,7 +288,8 @@ const (
 // cost is the surrogate layer time in seconds from GPU tokens tok and NIC
 // ports out, in: the busiest GPU's (or node's) compute, and two all-to-all
 // phases whose NIC time is the mean port plus whatever the busiest port
-// exceeds the start's imbalance by.
+// exceeds the start's imbalance by (with no allowance left, the busiest
+// port's, plus half the mean's where tie asks to break its ties).
 func (s *state) cost(tok, out, in []float64, lv level) float64 {
 	sh := s.ly.sh
 	tail := 0.0
@@ -311,6 +314,12 @@ func (s *state) cost(tok, out, in []float64, lv level) float64 {
 	}
 	mean := tot / float64(len(out))
 	nic := mean + math.Max(0, mx-(1+s.kappa)*mean)
+	if s.kappa == 0 && s.tie {
+		// The busiest port's, its ties broken by every copy at 1/(2G)
+		// of one on the busiest (its chance of landing there among the
+		// 2G ports): Σ out/(2G) is half the mean.
+		nic = mx + mean/2
+	}
 	phase := nic * sh.copySec
 	if tot > 0 {
 		phase += sh.nicLat
