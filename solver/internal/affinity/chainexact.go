@@ -377,6 +377,19 @@ func (cx *chainExact) cost() float64 {
 	return s
 }
 
+// moved is the tokens that swapping e and f of layer l moves from e's GPU
+// to f's (e's less f's).
+func (cx *chainExact) moved(l, e, f int) float64 {
+	dx := 0.0
+	for _, t := range cx.toks[l][cx.off[l][e]:cx.off[l][e+1]] {
+		dx += cx.cnt[t]
+	}
+	for _, t := range cx.toks[l][cx.off[l][f]:cx.off[l][f+1]] {
+		dx -= cx.cnt[t]
+	}
+	return dx
+}
+
 // trial scores the swap of experts e and f of layer l (on different
 // GPUs): it fills the scratch with the port changes of phases l and l+1,
 // the changed tokens and their new masks, and returns the change of the
@@ -385,13 +398,7 @@ func (cx *chainExact) cost() float64 {
 func (cx *chainExact) trial(s *swapScratch, l, e, f int) (delta, tl, tn float64, ok bool) {
 	L, K := cx.L, cx.K
 	a, b := int(cx.gpu[l][e]), int(cx.gpu[l][f])
-	dx := 0.0
-	for _, t := range cx.toks[l][cx.off[l][e]:cx.off[l][e+1]] {
-		dx += cx.cnt[t]
-	}
-	for _, t := range cx.toks[l][cx.off[l][f]:cx.off[l][f+1]] {
-		dx -= cx.cnt[t]
-	}
+	dx := cx.moved(l, e, f)
 	// e's tokens move from a to b, f's from b to a.
 	ntail := cx.tail(l, a, b, dx)
 	if ntail > cx.tcap[l] {
@@ -471,13 +478,7 @@ func (cx *chainExact) trial(s *swapScratch, l, e, f int) (delta, tl, tn float64,
 func (cx *chainExact) apply(s *swapScratch, l, e, f int, tl, tn float64) {
 	L := cx.L
 	a, b := int(cx.gpu[l][e]), int(cx.gpu[l][f])
-	dx := 0.0
-	for _, t := range cx.toks[l][cx.off[l][e]:cx.off[l][e+1]] {
-		dx += cx.cnt[t]
-	}
-	for _, t := range cx.toks[l][cx.off[l][f]:cx.off[l][f+1]] {
-		dx -= cx.cnt[t]
-	}
+	dx := cx.moved(l, e, f)
 	cx.gtok[l][a] -= dx
 	cx.gtok[l][b] += dx
 	cx.gpu[l][e], cx.gpu[l][f] = int16(b), int16(a)

@@ -21,6 +21,18 @@ func fastNVLink(sc *costmodel.Scenario) {
 	sc.Cluster.NVLinkLatency = 0
 }
 
+// chainExactProblem is the chain-flow problem of sc (NVLink made free)
+// starting at plan, with plan's copies per layer.
+func chainExactProblem(sc costmodel.Scenario, plan *placement.Plan, slots []int) (Problem, [][][]placement.GPU) {
+	sc.Flow = costmodel.FlowChain
+	fastNVLink(&sc)
+	copies := make([][][]placement.GPU, len(plan.Layers))
+	for l := range copies {
+		copies[l] = plan.ExpertGPUs(l)
+	}
+	return Problem{Scenario: sc, Slots: slots, Start: plan}, copies
+}
+
 // requireChainExactMatches checks every counter of cx against the cost
 // model's report of cx's plan: each layer's NIC copies (dispatch and, in
 // the last layer, combine), its dispatch's busiest NIC port, its compute
@@ -65,13 +77,7 @@ func TestChainExactMatchesCostModel(t *testing.T) {
 		K := 1 + rng.IntN(min(3, E))
 		L := 2 + rng.IntN(3)
 		sc, plan, slots := randomInstance(t, rng, N, P, E, K, L, 40+rng.IntN(80), 0, placement.DispatchEven, it%3 == 0)
-		sc.Flow = costmodel.FlowChain
-		fastNVLink(&sc)
-		copies := make([][][]placement.GPU, L)
-		for l := range copies {
-			copies[l] = plan.ExpertGPUs(l)
-		}
-		p := Problem{Scenario: sc, Slots: slots, Start: plan}
+		p, copies := chainExactProblem(sc, plan, slots)
 		tcap := make([]float64, L)
 		for l := range tcap {
 			tcap[l] = math.Inf(1)
@@ -79,7 +85,7 @@ func TestChainExactMatchesCostModel(t *testing.T) {
 		cx := newChainExact(p, copies, tcap)
 		require.NotNil(t, cx, "instance %d", it)
 		what := fmt.Sprintf("instance %d (N%d P%d E%d K%d L%d)", it, N, P, E, K, L)
-		requireChainExactMatches(t, sc, cx, what)
+		requireChainExactMatches(t, p.Scenario, cx, what)
 		// Caps a little above the start's tails: some swaps are refused.
 		for l := range tcap {
 			tcap[l] = cx.tail(l, -1, -1, 0) * (1 + rng.Float64()/50)
@@ -120,7 +126,7 @@ func TestChainExactMatchesCostModel(t *testing.T) {
 				require.True(t, slices.Equal(fresh.mask[ll], cx.mask[ll]), "%s layer %d masks", what, ll)
 			}
 		}
-		requireChainExactMatches(t, sc, cx, what+" after swaps")
+		requireChainExactMatches(t, p.Scenario, cx, what+" after swaps")
 	}
 	require.Positive(t, applied)
 	require.Positive(t, refused, "no swap hit a cap")
@@ -151,13 +157,7 @@ func TestChainExactAnnealParallel(t *testing.T) {
 		E := N * P * (2 + rng.IntN(3))
 		L := 6 + rng.IntN(4)
 		sc, plan, slots := randomInstance(t, rng, N, P, E, 2, L, 60+rng.IntN(60), 0, placement.DispatchEven, it%2 == 0)
-		sc.Flow = costmodel.FlowChain
-		fastNVLink(&sc)
-		copies := make([][][]placement.GPU, L)
-		for l := range copies {
-			copies[l] = plan.ExpertGPUs(l)
-		}
-		p := Problem{Scenario: sc, Slots: slots, Start: plan}
+		p, copies := chainExactProblem(sc, plan, slots)
 		run := func() ([][]int16, *chainExact, []float64) {
 			tcap := make([]float64, L)
 			cx := newChainExact(p, copies, tcap)

@@ -106,12 +106,12 @@ func TestExperiment(t *testing.T) {
 	t.Logf("affinity: remote %.4f (%.2f%%) time %.3fms (%.2f%%) imb %.4f worst %.4f tries %d in %v", r1, (r1/r0-1)*100, rep1.TimeSec*1e3, (rep1.TimeSec/rep0.TimeSec-1)*100, rep1.MeanImbalance, worst, res.Tries, el)
 }
 
-func TestExperimentChain(t *testing.T) {
-	if os.Getenv("MOETUNER_EXP") == "" {
-		t.Skip("experiment")
-	}
-	path := expTrace()
-	src, err := routing.Load(path, routing.LoadOptions{})
+// chainExperiment is the chain experiments' setup: the trace (TRACE) on
+// NODES nodes of 8 GPUs (default 4), DeepSeek-V3, EPLB's plan and its
+// report, and the slots.
+func chainExperiment(t *testing.T) (costmodel.Scenario, *placement.Plan, *costmodel.Report, []int) {
+	t.Helper()
+	src, err := routing.Load(expTrace(), routing.LoadOptions{})
 	require.NoError(t, err)
 	st := src.Stats
 	c, _ := costmodel.ClusterPreset("h100x8")
@@ -129,6 +129,15 @@ func TestExperimentChain(t *testing.T) {
 	for g := range slots {
 		slots[g] = st.Experts / c.GPUs()
 	}
+	return sc, plan, rep0, slots
+}
+
+func TestExperimentChain(t *testing.T) {
+	if os.Getenv("MOETUNER_EXP") == "" {
+		t.Skip("experiment")
+	}
+	sc, plan, rep0, slots := chainExperiment(t)
+	c := sc.Cluster
 	lim, _ := time.ParseDuration(os.Getenv("LIMIT"))
 	if v := os.Getenv("SHARES"); v != "" {
 		// The proxy's and the exact counters' shares of the limit.
@@ -341,24 +350,8 @@ func TestExperimentChainCeiling(t *testing.T) {
 	if os.Getenv("MOETUNER_EXP") == "" {
 		t.Skip("experiment")
 	}
-	src, err := routing.Load(expTrace(), routing.LoadOptions{})
-	require.NoError(t, err)
-	st := src.Stats
-	c, _ := costmodel.ClusterPreset("h100x8")
-	c.Nodes, _ = strconv.Atoi(os.Getenv("NODES"))
-	if c.Nodes == 0 {
-		c.Nodes = 4
-	}
-	m, _ := costmodel.ModelPreset("deepseek-v3")
-	plan, err := baseline.EPLB(st, c.GPUs(), baseline.EPLBOptions{Nodes: c.Nodes})
-	require.NoError(t, err)
-	sc := costmodel.Scenario{Stats: st, Cluster: c, Model: m, Flow: costmodel.FlowChain}
-	rep0, err := sc.Evaluate(plan)
-	require.NoError(t, err)
-	slots := make([]int, c.GPUs())
-	for g := range slots {
-		slots[g] = st.Experts / c.GPUs()
-	}
+	sc, plan, rep0, slots := chainExperiment(t)
+	st, c := sc.Stats, sc.Cluster
 	L := st.Layers
 	copies := make([][][]placement.GPU, L)
 	tcap := make([]float64, L)
