@@ -64,7 +64,7 @@ func requireChainExactMatches(t *testing.T, sc costmodel.Scenario, cx *chainExac
 // per expert, tokens with and without homes, both modes) the exact
 // counters equal the cost model's report of the start, and after every
 // applied swap still equal both the cost model's report and counters
-// built afresh; a swap is refused exactly when it would take its layer's
+// built afresh (also on GPUs of different speeds); a swap is refused exactly when it would take its layer's
 // compute tail above the cap, and a refused swap changes nothing. A
 // delta that drops a phase (the next layer's senders, the last layer's
 // combine, the homeless tokens' ports) fails it.
@@ -77,6 +77,13 @@ func TestChainExactMatchesCostModel(t *testing.T) {
 		K := 1 + rng.IntN(min(3, E))
 		L := 2 + rng.IntN(3)
 		sc, plan, slots := randomInstance(t, rng, N, P, E, K, L, 40+rng.IntN(80), 0, placement.DispatchEven, it%3 == 0)
+		if it%2 == 1 {
+			// Heterogeneous GPUs: the tails are tokens over speed.
+			sc.Cluster.Speed = make([]float64, N*P)
+			for g := range sc.Cluster.Speed {
+				sc.Cluster.Speed[g] = 0.5 + rng.Float64()
+			}
+		}
 		p, copies := chainExactProblem(sc, plan, slots)
 		tcap := make([]float64, L)
 		for l := range tcap {
