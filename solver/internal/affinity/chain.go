@@ -945,9 +945,10 @@ var proxyShare, exactShare = 0.6, 0.3
 
 // exactChain anneals res on the exact chain counters (chainExact) where
 // they apply, no layer's compute tail above the start's (or, where the
-// search could not bring it back, above where it is now). By time it runs until exactShare of the
-// limit is left to the polish after it. By work it gets half of spare
-// and returns the rest. The best plan it visits replaces res.
+// search could not bring it back, above where it is now). By time it
+// gets exactShare/(1 − proxyShare) of what is left less one evaluation
+// (the polish after it gets the rest); by work, half of spare, and it
+// returns the rest. The best plan it visits replaces res.
 func exactChain(ctx context.Context, p Problem, opts Options, spare int64, res *Result, start *costmodel.Report, evalTime time.Duration) int64 {
 	lim := task.Limit{Work: spare / 2}
 	if !opts.Limit.ByWork() {

@@ -163,7 +163,7 @@ func newChainExact(p Problem, copies [][][]placement.GPU, tcap []float64) *chain
 	for ph := 0; ph <= L; ph++ {
 		cx.out[ph], cx.in[ph], cx.un[ph] = make([]float64, G), make([]float64, G), make([]float64, N)
 		for t := range T {
-			cx.cut[ph] += cx.contrib(ph, t, cx.sendersOf(ph, t), cx.reachOf(ph, t), 1, cx.out[ph], cx.in[ph], cx.un[ph])
+			cx.cut[ph] += cx.contrib(t, cx.sendersOf(ph, t), cx.reachOf(ph, t), 1, cx.out[ph], cx.in[ph], cx.un[ph])
 		}
 	}
 	for l := range cx.ltime {
@@ -202,10 +202,10 @@ func (cx *chainExact) reachOf(ph, t int) uint64 {
 	return cx.nodes(cx.mask[ph][t])
 }
 
-// contrib adds sign × token t's NIC copies in phase ph, from senders (its
+// contrib adds sign × token t's NIC copies in a phase, from senders (its
 // home when 0) to the nodes in reach, to the ports out and in and the
 // homeless node masses un, and returns them.
-func (cx *chainExact) contrib(ph, t int, senders, reach uint64, sign float64, out, in, un []float64) float64 {
+func (cx *chainExact) contrib(t int, senders, reach uint64, sign float64, out, in, un []float64) float64 {
 	c := sign * cx.cnt[t]
 	if senders == 0 {
 		h := int(cx.home[t])
@@ -297,35 +297,7 @@ func (cx *chainExact) portSec(ph int, s *swapScratch, d int) float64 {
 	if ph > cx.L {
 		return 0
 	}
-	G, P, N := cx.G, cx.P, cx.N
-	out, in, un := cx.out[ph], cx.in[ph], cx.un[ph]
-	var dOut, dIn, dUn []float64
-	if d >= 0 {
-		dOut, dIn, dUn = s.dOut[d], s.dIn[d], s.dUn[d]
-	}
-	U := 0.0
-	for b := 0; b < N; b++ {
-		v := un[b]
-		if dUn != nil {
-			v += dUn[b]
-		}
-		U += v
-	}
-	busiest := 0.0
-	inv := 1 / float64(G)
-	for g := 0; g < G; g++ {
-		b := g / P
-		ub := un[b]
-		o, i := out[g], in[g]
-		if dOut != nil {
-			ub += dUn[b]
-			o += dOut[g]
-			i += dIn[g]
-		}
-		o += (U - ub) * inv
-		i += float64(N-1) * ub * inv
-		busiest = max(busiest, o, i)
-	}
+	busiest, _, _ := cx.ports(ph, s, d)
 	cut := cx.cut[ph]
 	if d >= 0 {
 		cut += s.dCut[d]
@@ -444,10 +416,10 @@ func (cx *chainExact) trial(s *swapScratch, l, e, f int) (delta, tl, tn float64,
 			// (contrib reads no senders as the home).
 			r := cx.nodes(cx.mask[l+1][t])
 			if gone := old &^ m; gone != 0 {
-				s.dCut[1] += cx.contrib(l+1, t, gone, r, -1, s.dOut[1], s.dIn[1], s.dUn[1])
+				s.dCut[1] += cx.contrib(t, gone, r, -1, s.dOut[1], s.dIn[1], s.dUn[1])
 			}
 			if came := m &^ old; came != 0 {
-				s.dCut[1] += cx.contrib(l+1, t, came, r, 1, s.dOut[1], s.dIn[1], s.dUn[1])
+				s.dCut[1] += cx.contrib(t, came, r, 1, s.dOut[1], s.dIn[1], s.dUn[1])
 			}
 		}
 	}
@@ -647,23 +619,39 @@ func (cx *chainExact) anneal(seed uint64, scs []*schedule, canSweep func(rate fl
 	return bestGPU, tries
 }
 
-// busiest is phase ph's busiest NIC port: its copies, its GPU and
-// whether it is the GPU's out port.
-func (cx *chainExact) busiest(ph int) (float64, int, bool) {
+// ports is phase ph's busiest NIC port with the changes s.d…[d] (d −1:
+// none): its copies, its GPU and whether it is the GPU's out port.
+// Copies from tokens with no home reach a node's GPUs from the G − P
+// GPUs of the other nodes, 1/G of a copy from each.
+func (cx *chainExact) ports(ph int, s *swapScratch, d int) (float64, int, bool) {
 	G, P, N := cx.G, cx.P, cx.N
 	out, in, un := cx.out[ph], cx.in[ph], cx.un[ph]
+	var dOut, dIn, dUn []float64
+	if d >= 0 {
+		dOut, dIn, dUn = s.dOut[d], s.dIn[d], s.dUn[d]
+	}
 	U := 0.0
-	for _, v := range un {
+	for b, v := range un {
+		if dUn != nil {
+			v += dUn[b]
+		}
 		U += v
 	}
 	inv := 1 / float64(G)
 	top, at, isOut := -1.0, 0, false
 	for g := 0; g < G; g++ {
-		ub := un[g/P]
-		if o := out[g] + (U-ub)*inv; o > top {
+		b := g / P
+		ub := un[b]
+		o, i := out[g], in[g]
+		if dOut != nil {
+			ub += dUn[b]
+			o += dOut[g]
+			i += dIn[g]
+		}
+		if o += (U - ub) * inv; o > top {
 			top, at, isOut = o, g, true
 		}
-		if i := in[g] + float64(N-1)*ub*inv; i > top {
+		if i += float64(N-1) * ub * inv; i > top {
 			top, at, isOut = i, g, false
 		}
 	}
@@ -678,10 +666,10 @@ func (cx *chainExact) busiest(ph int) (float64, int, bool) {
 // local index on another node. False when no expert qualifies.
 func (cx *chainExact) critical(l int, rng *rand.Rand, buf *[]int) (int, bool) {
 	P := cx.P
-	v, g, isOut := cx.busiest(l)
+	v, g, isOut := cx.ports(l, nil, -1)
 	next := false
 	if l+1 < cx.L {
-		if v1, g1, o1 := cx.busiest(l + 1); v1 >= v {
+		if v1, g1, o1 := cx.ports(l+1, nil, -1); v1 >= v {
 			g, isOut, next = g1, o1, true
 		}
 	}
