@@ -970,8 +970,9 @@ func exactChain(ctx context.Context, p Problem, opts Options, spare int64, res *
 	for l := range tcap {
 		tcap[l] = max(start.Layers[l].ComputeTail.Seconds()+1e-9, cx.tail(l, -1, -1, 0)) * (1 + 1e-12)
 	}
-	// One schedule per worker, the work split among them.
-	W := max(1, opts.Parallel)
+	// One schedule per worker (at most one per three layers, as anneal
+	// runs them), the work split among them.
+	W := max(1, min(opts.Parallel, L/3))
 	scs := make([]*schedule, W)
 	for w := range scs {
 		wl := lim
