@@ -153,12 +153,13 @@ func TestChainExactNotForReplicas(t *testing.T) {
 // TestChainExactAnnealParallel: the exact annealing with two workers on
 // their blocks of layers keeps every layer's GPUs (the same slots, one
 // copy of every expert), no layer's compute tail above its cap, and ends
-// no worse than it started; the same seed gives the same plan, and the
+// no worse than it started (better on some: one that does nothing fails); the same seed gives the same plan, and the
 // counters after it equal counters built afresh for the plan (a worker
 // that wrote into the other's block would break them, and go test -race
 // reports it).
 func TestChainExactAnnealParallel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 1))
+	improved := 0
 	for it := range 4 {
 		N, P := 2+rng.IntN(2), 1+rng.IntN(2)
 		E := N * P * (2 + rng.IntN(3))
@@ -182,6 +183,9 @@ func TestChainExactAnnealParallel(t *testing.T) {
 		require.Equal(t, gpu, again, "instance %d: not deterministic", it)
 		fresh := newChainExact(p, gpuCopies(gpu), tcap)
 		require.LessOrEqual(t, fresh.cost(), start*(1+1e-12), "instance %d", it)
+		if fresh.cost() < start*(1-1e-9) {
+			improved++
+		}
 		for l := range gpu {
 			a, b := slices.Clone(gpu[l]), make([]int16, E)
 			for e, gs := range copies[l] {
@@ -197,4 +201,5 @@ func TestChainExactAnnealParallel(t *testing.T) {
 		require.InDelta(t, end.cost(), cx.cost(), 1e-9*end.cost(), "instance %d: counters drifted", it)
 		require.True(t, fresh.cost() <= end.cost()*(1+1e-12), "instance %d: not the best plan", it)
 	}
+	require.Positive(t, improved, "the annealing improved no instance")
 }
