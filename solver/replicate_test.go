@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -403,4 +404,29 @@ func TestPackMixedSlotsRegression(t *testing.T) {
 	require.NoError(t, err)
 	verify(t, p, res)
 	assert.InDelta(t, testkit.BruteBusiestSlots(load, []int{1, 2, 2}), res.Balance.Layers[0].Busiest, 1e-9)
+}
+
+// TestProblemChecks: what Solve refuses before any strategy runs, for every
+// strategy alike, in the library's words.
+func TestProblemChecks(t *testing.T) {
+	p := mixtralProblem(t)
+	// A token from rank 4 on a 4-GPU cluster: its home does not exist.
+	st := *p.Stats
+	st.Patterns = append(slices.Clone(st.Patterns), routing.Pattern{Source: 4, Experts: slices.Repeat([]int16{0, 1}, st.Layers), Count: 1})
+	p.Stats = &st
+	for _, s := range []Strategy{StrategyEPLB, StrategyJoint} {
+		_, err := Solve(context.Background(), p, Options{Strategy: s, TimeLimit: time.Second})
+		require.Error(t, err, s)
+		assert.Contains(t, err.Error(), fmt.Sprintf("Problem.Stats.Patterns[%d] comes from source rank 4, but Problem.Cluster has 4 GPUs (ranks 0 to 3)", len(st.Patterns)-1), s)
+	}
+	// The contiguous layout needs the GPUs to divide the experts.
+	p = mixtralProblem(t)
+	p.Cluster = testkit.SmallCluster(3, 2)
+	p.RedundantSlots = 4
+	_, err := Solve(context.Background(), p, Options{Strategy: StrategyContiguous})
+	assert.ErrorIs(t, err, ErrInfeasible)
+	assert.Contains(t, err.Error(), "8 experts do not divide over 6 GPUs")
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyRoundRobin})
+	require.NoError(t, err)
+	assert.Equal(t, 6, res.Plan.GPUs)
 }

@@ -226,6 +226,18 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// maxSource returns the index and source rank of the pattern with the
+// highest source rank (-1, -1 with none).
+func maxSource(s *routing.Stats) (int, int) {
+	at, src := -1, -1
+	for i, pt := range s.Patterns {
+		if int(pt.Source) > src {
+			at, src = i, int(pt.Source)
+		}
+	}
+	return at, src
+}
+
 func (p Problem) check() error {
 	s := p.Stats
 	if s == nil {
@@ -240,6 +252,9 @@ func (p Problem) check() error {
 	}
 	if len(s.Load) != s.Layers || s.Layers == 0 {
 		return fmt.Errorf("solver: statistics have %d load rows for %d layers", len(s.Load), s.Layers)
+	}
+	if i, src := maxSource(s); src >= g {
+		return fmt.Errorf("solver: Problem.Stats.Patterns[%d] comes from source rank %d, but Problem.Cluster has %d GPUs (ranks 0 to %d); plan for the cluster the trace was recorded on (at least %d GPUs), or set the patterns' Source to -1 (homes spread evenly)", i, src, g, g-1, src+1)
 	}
 	switch p.Dispatch {
 	case placement.DispatchEven:
@@ -405,6 +420,9 @@ func Baseline(p Problem, st Strategy) (*placement.Plan, error) {
 	g := p.Cluster.GPUs()
 	switch st {
 	case StrategyContiguous:
+		if g > 0 && s.Experts%g != 0 {
+			return nil, &InfeasibleError{Constraint: "contiguous", Detail: fmt.Sprintf("Megatron's contiguous layout gives every GPU E/G experts, and %d experts do not divide over %d GPUs; use round-robin, or a GPU count that divides %d", s.Experts, g, s.Experts)}
+		}
 		return baseline.Contiguous(s.Layers, s.Experts, g)
 	case StrategyRoundRobin:
 		return baseline.RoundRobin(s.Layers, s.Experts, g)

@@ -168,6 +168,10 @@ func TestBadInputCLI(t *testing.T) {
 			[]string{"eval", "--trace", "DIR/t.npy", "--model", "mixtral-8x7b", "--plan", "testdata/plans/mixtral-contiguous.json"}, 1,
 			"moetuner: routing: DIR/t.npy: data[0,31,1]: expert 9 out of range [0,8): fix the id, or pass the --model the trace was recorded with"},
 
+		{"npy sources beyond the cluster's GPUs", map[string]string{"t.npy": string(npyFile("<i2", []int{2, 32, 2}, append(pairs(32), pairs(32)...))), "t.source.npy": string(npyFile("<i2", []int{2}, []int64{0, 5}))},
+			[]string{"plan", "--trace", "DIR/t.npy", "--model", "mixtral-8x7b", "--out", "DIR/p.json"}, 1,
+			"moetuner: --trace DIR/t.npy: its tokens come from source ranks up to 5 (each token's home GPU in the deployment it was recorded on), but the cluster has 4 GPUs (--nodes 1 × --gpus-per-node 4); plan for the deployment it was recorded on, at least 6 GPUs"},
+
 		// JSONL per-token traces, and traces added up.
 		{"jsonl id beyond the header's experts", map[string]string{"t.jsonl": hdr + "\n" + `{"layers":[[0,1]]}` + "\n" + `{"layers":[[0,8]]}` + "\n"},
 			[]string{"stats", "DIR/t.jsonl"}, 1,

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -79,9 +80,17 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	// Score the contiguous baseline first: the summary shows it, and its
 	// time (one evaluation of the cost model) sizes what the command keeps
-	// of --time-limit for scoring and writing after the solve.
+	// of --time-limit for scoring and writing after the solve. Where the
+	// GPUs do not divide the experts (3 nodes of 8 GPUs with 256 experts
+	// and redundant slots) there is no contiguous layout, and round-robin,
+	// which every shape has, takes its place.
 	t0 := time.Now()
-	base, err := solver.Solve(ctx, p, solver.Options{Strategy: solver.StrategyContiguous})
+	ref := solver.StrategyContiguous
+	base, err := solver.Solve(ctx, p, solver.Options{Strategy: ref})
+	if errors.Is(err, solver.ErrInfeasible) {
+		ref = solver.StrategyRoundRobin
+		base, err = solver.Solve(ctx, p, solver.Options{Strategy: ref})
+	}
 	if err != nil {
 		return err
 	}
@@ -125,7 +134,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 	}
 	results := []*solver.Result{base}
-	if st != solver.StrategyContiguous {
+	if st != ref {
 		results = append(results, res)
 	}
 	if !*quiet {

@@ -407,3 +407,32 @@ func TestTraceFormatsListEveryReader(t *testing.T) {
 	}
 	assert.Equal(t, want, traceFormats)
 }
+
+// TestGPUsNotDividingExperts: three nodes of two GPUs with 8 experts and 4
+// redundant slots (2 slots a GPU) have no contiguous layout, yet plan and
+// compare work: plan scores round-robin in its place, compare skips it
+// with the reason, and asking for contiguous says why it cannot be.
+func TestGPUsNotDividingExperts(t *testing.T) {
+	chdirRoot(t)
+	dir := t.TempDir()
+	shape := []string{"--nodes", "3", "--gpus-per-node", "2", "--redundant-slots", "4", "--time-limit", "5s"}
+	out := filepath.Join(dir, "p.json")
+	code, stdout, stderr := runCLI(t, append([]string{"plan", "--out", out}, shape...)...)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "round-robin")
+	assert.Contains(t, stdout, "joint placement of 32 layers × 8 experts on 6 GPUs (3 nodes)")
+	plan, err := placement.ReadFile(out)
+	require.NoError(t, err)
+	assert.Equal(t, 6, plan.GPUs)
+
+	code, stdout, stderr = runCLI(t, append([]string{"compare", "--strategies", "contiguous,eplb,joint"}, shape...)...)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, "strategy contiguous: solver: infeasible: contiguous: Megatron's contiguous layout gives every GPU E/G experts, and 8 experts do not divide over 6 GPUs")
+	assert.Contains(t, stdout, "eplb")
+	assert.Contains(t, stdout, "joint")
+
+	code, _, stderr = runCLI(t, append([]string{"plan", "--strategy", "contiguous", "--out", filepath.Join(dir, "c.json")}, shape...)...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "8 experts do not divide over 6 GPUs; use round-robin, or a GPU count that divides 8")
+	assert.NoFileExists(t, filepath.Join(dir, "c.json"))
+}

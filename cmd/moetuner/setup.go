@@ -168,6 +168,18 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if err := cluster.Validate(); err != nil {
 		return p, nil, err
 	}
+	// A token's source rank is the GPU it lives on (its home): a trace
+	// recorded on more ranks than the cluster has has homes the cluster
+	// cannot hold.
+	for _, src := range sources {
+		top := -1
+		for _, pt := range src.Stats.Patterns {
+			top = max(top, int(pt.Source))
+		}
+		if top >= cluster.GPUs() {
+			return p, nil, fmt.Errorf("--trace %s: its tokens come from source ranks up to %d (each token's home GPU in the deployment it was recorded on), but the cluster has %d GPUs (--nodes %d × --gpus-per-node %d); plan for the deployment it was recorded on, at least %d GPUs", src.Path, top, cluster.GPUs(), cluster.Nodes, cluster.GPUsPerNode, top+1)
+		}
+	}
 	flow, err := costmodel.ParseFlow(c.flow)
 	if err != nil {
 		return p, nil, err
