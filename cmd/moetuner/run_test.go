@@ -424,6 +424,11 @@ func TestGPUsNotDividingExperts(t *testing.T) {
 	plan, err := placement.ReadFile(out)
 	require.NoError(t, err)
 	assert.Equal(t, 6, plan.GPUs)
+	// eval, replay and report take the slots from the plan file.
+	for _, cmd := range [][]string{{"eval"}, {"replay"}, {"report", "--out", filepath.Join(dir, "r.html")}} {
+		code, _, stderr = runCLI(t, append(cmd, "--trace", "testdata/mixtral-8x7b/fiddler", "--nodes", "3", "--gpus-per-node", "2", "--plan", out)...)
+		assert.Equal(t, 0, code, "%s: %s", cmd[0], stderr)
+	}
 
 	code, stdout, stderr = runCLI(t, append([]string{"compare", "--strategies", "contiguous,eplb,joint"}, shape...)...)
 	require.Equal(t, 0, code, stderr)

@@ -66,10 +66,15 @@ type common struct {
 	// decoderFromTrace says the layout's decoder-layer count is the
 	// trace's (else the model's), for error messages.
 	decoderFromTrace bool
+	// solving says the command solves (plan, compare): the slots of its
+	// plans come from the flags, which must fill the GPUs. The others
+	// read the slots from their --plan files.
+	solving bool
 }
 
 func (c *common) register(fs *flag.FlagSet, solve bool) {
 	c.started = time.Now()
+	c.solving = solve
 	fs.Var(&c.traces, "trace", "routing trace file or directory (repeatable; stats are added up)")
 	choiceVar(fs, &c.format, "trace-format", "", traceFormats, "force the trace format: jsonl, npy, flame-csv, olmoe-json, fiddler-json, logical-count, sglang-pt, sglang-routed-experts, trtllm-expert-statistic, megatron-router-trace, vllm-eplb-load-stats, moetuner-stats (default: detect)")
 	choiceVar(fs, &c.transitions, "transitions", "all-pairs", []string{"all-pairs", "top1"}, "transition counting for per-token traces: all-pairs (k×k) or top1")
@@ -188,7 +193,7 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if err != nil {
 		return p, nil, err
 	}
-	if (stats.Experts+c.redundant)%cluster.GPUs() != 0 && c.from == "" && c.slotsPerGPU == "" {
+	if c.solving && (stats.Experts+c.redundant)%cluster.GPUs() != 0 && c.from == "" && c.slotsPerGPU == "" {
 		return p, nil, fmt.Errorf("%d experts + %d redundant slots per layer do not divide evenly over %d GPUs (%d nodes × %d); choose --nodes/--gpus-per-node or --redundant-slots so the GPU count divides the slots", stats.Experts, c.redundant, cluster.GPUs(), cluster.Nodes, cluster.GPUsPerNode)
 	}
 	p = solver.Problem{Stats: stats, Cluster: cluster, Model: model, Flow: flow, Mode: mode,
