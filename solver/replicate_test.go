@@ -429,4 +429,10 @@ func TestProblemChecks(t *testing.T) {
 	res, err := Solve(context.Background(), p, Options{Strategy: StrategyRoundRobin})
 	require.NoError(t, err)
 	assert.Equal(t, 6, res.Plan.GPUs)
+	// Greedy fills the GPUs as evenly as the counts allow: 2 2 1 1 1 1.
+	res, err = Solve(context.Background(), p, Options{Strategy: StrategyGreedy})
+	require.NoError(t, err)
+	for l := range p.Stats.Layers {
+		assert.Equal(t, []int{2, 2, 1, 1, 1, 1}, res.Plan.SlotsPerGPU(l))
+	}
 }

@@ -427,7 +427,19 @@ func Baseline(p Problem, st Strategy) (*placement.Plan, error) {
 	case StrategyRoundRobin:
 		return baseline.RoundRobin(s.Layers, s.Experts, g)
 	case StrategyGreedy:
-		return baseline.Greedy(s, g, baseline.GreedyOptions{Speed: p.Cluster.Speed})
+		opts := baseline.GreedyOptions{Speed: p.Cluster.Speed}
+		if g > 0 && s.Experts%g != 0 {
+			// The experts fill the GPUs as evenly as counts allow: the first
+			// E mod G GPUs take one more.
+			opts.SlotsPerGPU = make([]int, g)
+			for i := range opts.SlotsPerGPU {
+				opts.SlotsPerGPU[i] = s.Experts / g
+				if i < s.Experts%g {
+					opts.SlotsPerGPU[i]++
+				}
+			}
+		}
+		return baseline.Greedy(s, g, opts)
 	case StrategyEPLB:
 		return baseline.EPLB(s, g, baseline.EPLBOptions{RedundantSlots: p.RedundantSlots, Nodes: p.Cluster.Nodes, FixDuplicates: true})
 	case StrategyEPLBHierarchical:

@@ -430,8 +430,9 @@ func TestGPUsNotDividingExperts(t *testing.T) {
 		assert.Equal(t, 0, code, "%s: %s", cmd[0], stderr)
 	}
 
-	code, stdout, stderr = runCLI(t, append([]string{"compare", "--strategies", "contiguous,eplb,joint"}, shape...)...)
+	code, stdout, stderr = runCLI(t, append([]string{"compare", "--strategies", "contiguous,greedy,eplb,joint"}, shape...)...)
 	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "greedy")
 	assert.Contains(t, stderr, "strategy contiguous: solver: infeasible: contiguous: Megatron's contiguous layout gives every GPU E/G experts, and 8 experts do not divide over 6 GPUs")
 	assert.Contains(t, stdout, "eplb")
 	assert.Contains(t, stdout, "joint")
@@ -440,4 +441,8 @@ func TestGPUsNotDividingExperts(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "8 experts do not divide over 6 GPUs; use round-robin, or a GPU count that divides 8")
 	assert.NoFileExists(t, filepath.Join(dir, "c.json"))
+
+	code, _, stderr = runCLI(t, "plan", "--redundant-slots", "-6", "--out", filepath.Join(dir, "n.json"))
+	assert.Equal(t, 2, code)
+	assert.Contains(t, stderr, "--redundant-slots -6: want 0 or more")
 }

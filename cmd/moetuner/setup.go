@@ -193,6 +193,9 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if err != nil {
 		return p, nil, err
 	}
+	if c.redundant < 0 {
+		return p, nil, usagef("--redundant-slots %d: want 0 or more (copies beyond one per expert, per layer)", c.redundant)
+	}
 	if c.solving && (stats.Experts+c.redundant)%cluster.GPUs() != 0 && c.from == "" && c.slotsPerGPU == "" {
 		return p, nil, fmt.Errorf("%d experts + %d redundant slots per layer do not divide evenly over %d GPUs (%d nodes × %d); choose --nodes/--gpus-per-node or --redundant-slots so the GPU count divides the slots", stats.Experts, c.redundant, cluster.GPUs(), cluster.Nodes, cluster.GPUsPerNode)
 	}
