@@ -28,13 +28,17 @@ func solveReplicated(ctx context.Context, p Problem, backend mip.Backend, opts O
 		return nil, err
 	}
 	if opts.Progress != nil {
-		// Solve scores the plan again; the report costs one evaluation
-		// only when someone listens.
-		if rep, err := p.Scenario().Evaluate(rr.Plan); err == nil {
+		// Without the solve's own report the progress costs one
+		// evaluation, made only when someone listens.
+		rep := rr.Report
+		if rep == nil {
+			rep, _ = p.Scenario().Evaluate(rr.Plan)
+		}
+		if rep != nil {
 			reporter(opts, start)("replicas", rep.TimeSec, math.NaN())
 		}
 	}
-	res := &Result{Plan: rr.Plan, Status: StatusFeasible, Balance: publicBalance(rr.Balance)}
+	res := &Result{Plan: rr.Plan, Status: StatusFeasible, Balance: publicBalance(rr.Balance), report: rr.Report}
 	if rr.Optimal {
 		res.Status = StatusOptimal
 	}

@@ -189,6 +189,9 @@ type Result struct {
 	Balance  *BalanceReport
 	Optimal  bool
 	TimedOut bool
+	// Report is the cost model's report of Plan when the solve evaluated
+	// it (the polished path), else nil.
+	Report *costmodel.Report
 }
 
 // Solve places every layer with replication: replica counts by
@@ -248,24 +251,32 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 	// GPUs and nodes: trade balance against communication by polishing on
 	// the exact cost model (not for incremental re-placement, whose move
 	// budget a polish would break).
+	var report *costmodel.Report
 	if polishable {
+		t0 := time.Now()
 		before, err := p.Evaluate(plan)
 		if err != nil {
 			return nil, err
 		}
-		polished, err := search.Polish(ctx, p.Scenario, plan, task.Limit{Deadline: deadline, Work: polishWork}, opts.Parallel)
+		// The polished plan is scored once more here and once by the
+		// caller (which may change its splits): the polish stops that much
+		// before the deadline (at production scale one evaluation walks
+		// every token path).
+		report = before
+		polishEnd := deadline.Add(-2 * time.Since(t0))
+		polished, err := search.Polish(ctx, p.Scenario, plan, task.Limit{Deadline: polishEnd, Work: polishWork}, opts.Parallel)
 		if err != nil {
 			return nil, err
 		}
 		if after, err := p.Evaluate(polished); err == nil && after.TimeSec < before.TimeSec {
-			plan = polished
+			plan, report = polished, after
 			for l := range L {
 				copies[l] = plan.ExpertGPUs(l)
 				bal[l] = layerBalance(p.Stats.Load[l], copies[l], speed, lay, G, p.localP())
 			}
 		}
 	}
-	res := &Result{Plan: plan}
+	res := &Result{Plan: plan, Report: report}
 	br := &BalanceReport{Layers: bal}
 	for _, b := range bal {
 		br.MaxGap = math.Max(br.MaxGap, b.Gap())
