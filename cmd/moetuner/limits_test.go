@@ -52,6 +52,7 @@ func TestTimeLimitHolds(t *testing.T) {
 		{"compare/deepseek-counts", 3 * time.Second, []string{"compare", "--trace", counts, "--nodes", "4", "--redundant-slots", "32"}, counts},
 		{"plan/deepseek-32k", 8 * time.Second, []string{"plan", "--trace", npy, "--model", "deepseek-v3", "--nodes", "4", "--redundant-slots", "32", "--dispatch", "static"}, npy},
 		{"plan/deepseek-32k-chain", 8 * time.Second, []string{"plan", "--trace", npy, "--model", "deepseek-v3", "--nodes", "4", "--flow", "chain"}, npy},
+		{"plan/deepseek-32k-chain-replicas-split", 8 * time.Second, []string{"plan", "--trace", npy, "--model", "deepseek-v3", "--nodes", "4", "--flow", "chain", "--redundant-slots", "32", "--split", "optimal"}, npy},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
