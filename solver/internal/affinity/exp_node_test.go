@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"cmp"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -298,7 +299,7 @@ func (nl *nodeLayer) relax(iters int, eta float64) ([]int, float64) {
 			sh = append(sh, share{e, b, x[e*N+b]})
 		}
 	}
-	slices.SortStableFunc(sh, func(p, q share) int { return -cmpFloat(p.v, q.v) })
+	slices.SortStableFunc(sh, func(p, q share) int { return cmp.Compare(q.v, p.v) })
 	start := slices.Repeat([]int{-1}, E)
 	per := make([]int, N)
 	for _, s := range sh {
@@ -308,16 +309,6 @@ func (nl *nodeLayer) relax(iters int, eta float64) ([]int, float64) {
 		}
 	}
 	return start, fx
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // TestExperimentNodeCeiling asks how far any placement could go on a
