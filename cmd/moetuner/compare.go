@@ -47,6 +47,12 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	list := *strategies
 	if list == "" {
 		list = "contiguous,round-robin,greedy,eplb"
+		if g := p.Cluster.GPUs(); p.Stats.Experts%g != 0 {
+			list = "round-robin,greedy,eplb"
+			if !c.quiet {
+				fmt.Fprintf(stderr, "moetuner: compare: skipping the contiguous strategy: %d experts do not divide over %d GPUs\n", p.Stats.Experts, g)
+			}
+		}
 		if p.ExpertGroups > 0 || (p.Model.ExpertGroups > 0 && p.Model.ExpertGroups%p.Cluster.Nodes == 0) {
 			list += ",eplb-hierarchical"
 		}

@@ -437,6 +437,13 @@ func TestGPUsNotDividingExperts(t *testing.T) {
 	assert.Contains(t, stdout, "eplb")
 	assert.Contains(t, stdout, "joint")
 
+	// The default list leaves contiguous out and says so.
+	code, stdout, stderr = runCLI(t, append([]string{"compare"}, shape...)...)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, "skipping the contiguous strategy: 8 experts do not divide over 6 GPUs")
+	assert.NotContains(t, stderr, "infeasible")
+	assert.Contains(t, stdout, "round-robin")
+
 	code, _, stderr = runCLI(t, append([]string{"plan", "--strategy", "contiguous", "--out", filepath.Join(dir, "c.json")}, shape...)...)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "8 experts do not divide over 6 GPUs; use round-robin, or a GPU count that divides 8")
