@@ -291,7 +291,7 @@ func (pk *packer) load(plan *placement.Plan, l, E int) error {
 // DeepSeek's group-limited routing) on one node: groups go to nodes
 // (groups/N each, heaviest first onto the lightest node, then improved by
 // swaps), then every node replicates and packs its own experts.
-func (pk *packer) packGroups(p Problem, agg []float64, groups int, all []int, m *task.Meter) error {
+func (pk *packer) packGroups(p Problem, l int, agg []float64, groups int, all []int, m *task.Meter) error {
 	E, N, n := len(agg), p.Cluster.Nodes, p.Cluster.GPUsPerNode
 	size := E / groups
 	gload := make([]float64, groups)
@@ -336,6 +336,22 @@ func (pk *packer) packGroups(p Problem, agg []float64, groups int, all []int, m 
 				}
 			}
 		}
+	}
+	// With per-token paths, which groups share a node decides the
+	// cross-node traffic: trade it against the balance at the cost
+	// model's prices.
+	if t := newGroupTable(p, l, groups); t != nil && N > 1 {
+		c := &groupCost{t: t, gload: gload, capacity: make([]float64, N), n: n}
+		for g, sp := range pk.speed {
+			c.capacity[g/n] += sp
+		}
+		c.perTok, _ = p.Cluster.Coefficients(p.Model)
+		c.copySec = p.Model.TokenBytes() / p.Cluster.NICBytesPerSec()
+		pairs := int64(groups * (groups - 1) / 2)
+		nodeOf = c.refine(nodeOf, func() bool {
+			m.Spend(pairs)
+			return m.Done()
+		})
 	}
 	cnt := make([]int, E)
 	for nd := range N {

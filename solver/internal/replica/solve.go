@@ -361,7 +361,7 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 		}
 		pk.improveCost(all, m, p.MaxMoves, p.MoveCost)
 	} else if groups > 0 {
-		if err := pk.packGroups(p, agg, groups, all, m); err != nil {
+		if err := pk.packGroups(p, l, agg, groups, all, m); err != nil {
 			return nil, LayerBalance{}, err
 		}
 	} else {
