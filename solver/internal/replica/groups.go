@@ -6,36 +6,40 @@ import (
 )
 
 // maxAffinityGroups bounds the expert groups whose node choice looks at the
-// tokens: a token's groups are a bit mask, and the table of masks has
-// 2^groups entries per home.
-const maxAffinityGroups = 16
+// tokens: a token's groups are a 32-bit mask.
+const maxAffinityGroups = 32
 
 // groupTable is one layer's tokens reduced to what decides their
 // cross-node traffic when every group (and all its copies) sits on one
-// node: w[h][mask] is the token weight whose experts span the groups in
-// mask, sourced on node h (h = N: no known source, its home spread evenly
-// over the GPUs as the cost model does).
+// node: the token weight w of every (home node h, groups used mask) that
+// occurs (h = N: no known source, its home spread evenly over the GPUs as
+// the cost model does). At most one entry per pattern.
 type groupTable struct {
 	N, groups int
-	w         [][]float64
+	entries   []groupEntry
+}
+
+type groupEntry struct {
+	h    int
+	mask uint32
+	w    float64
 }
 
 // newGroupTable builds layer l's table, or returns nil when the statistics
-// have no per-token paths or there are too many groups.
+// have no per-token paths, or there are more groups or nodes than its
+// masks hold.
 func newGroupTable(p Problem, l, groups int) *groupTable {
 	s := p.Stats
-	if s.Patterns == nil || groups > maxAffinityGroups || groups < 2 {
+	N, n := p.Cluster.Nodes, p.Cluster.GPUsPerNode
+	if s.Patterns == nil || groups > maxAffinityGroups || groups < 2 || N > 64 {
 		return nil
 	}
-	N, n := p.Cluster.Nodes, p.Cluster.GPUsPerNode
 	size := s.Experts / groups
-	t := &groupTable{N: N, groups: groups, w: make([][]float64, N+1)}
-	for h := range t.w {
-		t.w[h] = make([]float64, 1<<groups)
-	}
 	K := s.TopK
+	at := map[[2]uint32]int{}
+	t := &groupTable{N: N, groups: groups}
 	for _, pt := range s.Patterns {
-		mask := 0
+		var mask uint32
 		for _, e := range pt.Experts[l*K : (l+1)*K] {
 			if e >= 0 {
 				mask |= 1 << (int(e) / size)
@@ -45,7 +49,14 @@ func newGroupTable(p Problem, l, groups int) *groupTable {
 		if pt.Source >= 0 {
 			h = int(pt.Source) / n
 		}
-		t.w[h][mask] += pt.Count
+		k := [2]uint32{uint32(h), mask}
+		i, ok := at[k]
+		if !ok {
+			i = len(t.entries)
+			at[k] = i
+			t.entries = append(t.entries, groupEntry{h: h, mask: mask})
+		}
+		t.entries[i].w += pt.Count
 	}
 	return t
 }
@@ -58,44 +69,38 @@ func newGroupTable(p Problem, l, groups int) *groupTable {
 // in (to its experts) in the dispatch.
 func (t *groupTable) traffic(nodeOf []int) (remote float64, out, in []float64) {
 	N := t.N
-	nodeMask := make([]uint64, 1<<t.groups)
-	for m := 1; m < len(nodeMask); m++ {
-		low := bits.TrailingZeros(uint(m))
-		nodeMask[m] = nodeMask[m&(m-1)] | 1<<nodeOf[low]
-	}
 	out, in = make([]float64, N), make([]float64, N)
-	for h, row := range t.w {
-		for m, w := range row {
-			if w == 0 {
-				continue
-			}
-			nm := nodeMask[m]
-			used := float64(bits.OnesCount64(nm))
-			if h == N {
-				// Home spread evenly over the nodes: each used node is
-				// remote for the N−1 of N homes elsewhere.
-				for b := range N {
-					share := w / float64(N)
-					if nm&(1<<b) != 0 {
-						out[b] += share * (used - 1)
-						in[b] += w * float64(N-1) / float64(N)
-					} else {
-						out[b] += share * used
-					}
-				}
-				remote += w * used * float64(N-1) / float64(N)
-				continue
-			}
-			r := used
-			if nm&(1<<h) != 0 {
-				r--
-			}
-			remote += w * r
-			out[h] += w * r
+	for _, en := range t.entries {
+		var nm uint64
+		for m := en.mask; m != 0; m &= m - 1 {
+			nm |= 1 << nodeOf[bits.TrailingZeros32(m)]
+		}
+		w := en.w
+		used := float64(bits.OnesCount64(nm))
+		if en.h == N {
+			// Home spread evenly over the nodes: each used node is
+			// remote for the N−1 of N homes elsewhere.
+			share := w / float64(N)
 			for b := range N {
-				if b != h && nm&(1<<b) != 0 {
-					in[b] += w
+				if nm&(1<<b) != 0 {
+					out[b] += share * (used - 1)
+					in[b] += w * float64(N-1) / float64(N)
+				} else {
+					out[b] += share * used
 				}
+			}
+			remote += w * used * float64(N-1) / float64(N)
+			continue
+		}
+		r := used
+		if nm&(1<<en.h) != 0 {
+			r--
+		}
+		remote += w * r
+		out[en.h] += w * r
+		for b := range N {
+			if b != en.h && nm&(1<<b) != 0 {
+				in[b] += w
 			}
 		}
 	}
