@@ -114,19 +114,37 @@ func (t *groupTable) traffic(nodeOf []int) (remote float64, out, in []float64) {
 // spread over its n ports (copySec one copy through one port).
 type groupCost struct {
 	t               *groupTable
-	gload, capacity []float64 // per group; per node Σ speed
+	gload, capacity []float64 // per group its tokens; per node Σ speed
 	perTok, copySec float64
 	n               int
+	// load is every expert's tokens, size the experts per group, slots
+	// every node's slots and fastest its fastest GPU's speed: a node's
+	// compute is at least its largest replica's once its slots are
+	// apportioned (one hot expert can outweigh the node's mean).
+	load    []float64
+	size    int
+	slots   []int
+	fastest []float64
 }
 
 func (c *groupCost) of(nodeOf []int) float64 {
-	nl := make([]float64, len(c.capacity))
+	N := len(c.capacity)
+	nl := make([]float64, N)
+	members := make([][]int, N)
 	for gr, nd := range nodeOf {
 		nl[nd] += c.gload[gr]
+		for e := gr * c.size; e < (gr+1)*c.size; e++ {
+			members[nd] = append(members[nd], e)
+		}
 	}
 	tail := 0.0
 	for nd, v := range nl {
 		tail = math.Max(tail, v/c.capacity[nd])
+		if cnt, err := apportion(c.load, members[nd], c.slots[nd], c.n); err == nil {
+			for _, e := range members[nd] {
+				tail = math.Max(tail, c.load[e]/float64(cnt[e])/c.fastest[nd])
+			}
+		}
 	}
 	_, out, in := c.t.traffic(nodeOf)
 	port := 0.0

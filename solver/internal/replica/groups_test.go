@@ -122,3 +122,74 @@ func TestGroupsOnNodesFollowTheTokens(t *testing.T) {
 		assert.InDelta(t, float64(T)/2, rep.Layers[0].RemoteCopies, 1e-9, "redundant %d", red)
 	}
 }
+
+// TestGroupsTradeBalanceAsTheCostModel: four groups on two nodes, 300
+// tokens using groups 0 and 1 together and 100 using 2 and 3, every
+// expert of a group equally loaded. Putting each
+// pair on one node halves the remote copies but loads the nodes 600 to
+// 200; pairing across balances them. Which is faster depends on the
+// prices: with heavy experts compute decides, with tiny ones the NIC. In
+// both the plan must be as fast, by the cost model, as the best of the six
+// assignments of groups to nodes (each packed largest first within its
+// node). Compute priced in the packer's relative units instead of tokens
+// fails the first.
+func TestGroupsTradeBalanceAsTheCostModel(t *testing.T) {
+	const E, K, T, N, n, size = 8, 2, 400, 2, 2, 2
+	tr := &routing.Trace{Tokens: T, Layers: 1, TopK: K, Experts: E}
+	for i := range T {
+		// Each group's load is spread over its two experts, so the nodes'
+		// balance, not one hot expert, sets the compute.
+		j := i % 2
+		if i%8 < 6 {
+			tr.IDs = append(tr.IDs, int16(j), int16(2+j))
+		} else {
+			tr.IDs = append(tr.IDs, int16(4+j), int16(6+j))
+		}
+	}
+	require.NoError(t, tr.Validate())
+	st := tr.Stats(routing.StatsOptions{})
+	wantBest := map[int]bool{14336: false, 16: true} // pairs on one node?
+	for _, ffn := range []int{14336, 16} {
+		m := testkit.FakeModel(E, K)
+		m.FFN = ffn
+		sc := costmodel.Scenario{Stats: st, Cluster: testkit.SmallCluster(N, n), Model: m}
+		best, bestAt := 0.0, []int(nil)
+		for _, nodeOf := range [][]int{{0, 0, 1, 1}, {1, 1, 0, 0}, {0, 1, 0, 1}, {1, 0, 1, 0}, {0, 1, 1, 0}, {1, 0, 0, 1}} {
+			copies := make([][]placement.GPU, E)
+			for nd := range N {
+				var ex []int
+				for e := range E {
+					if nodeOf[e/size] == nd {
+						ex = append(ex, e)
+					}
+				}
+				slices.SortStableFunc(ex, func(a, b int) int { return int(st.Load[0][b] - st.Load[0][a]) })
+				load := make([]float64, n)
+				cnt := make([]int, n)
+				for _, e := range ex {
+					g := -1
+					for i := range n {
+						if cnt[i] < len(ex)/n && (g < 0 || load[i] < load[g]) {
+							g = i
+						}
+					}
+					load[g] += st.Load[0][e]
+					cnt[g]++
+					copies[e] = []placement.GPU{placement.GPU(nd*n + g)}
+				}
+			}
+			rep, err := sc.Evaluate(placement.FromReplicas(N*n, [][][]placement.GPU{copies}, "test"))
+			require.NoError(t, err)
+			if bestAt == nil || rep.TimeSec < best {
+				best, bestAt = rep.TimeSec, nodeOf
+			}
+		}
+		res, err := Solve(context.Background(), Problem{Scenario: sc, ExpertGroups: 4}, nil, Options{Work: 10_000, LayerShare: 1, NoPolish: true})
+		require.NoError(t, err)
+		rep, err := sc.Evaluate(res.Plan)
+		require.NoError(t, err)
+		require.Equal(t, wantBest[ffn], bestAt[0] == bestAt[1], "FFN %d: the instance does not test what it says (best %v)", ffn, bestAt)
+		assert.LessOrEqual(t, rep.TimeSec, best*(1+1e-9), "FFN %d: the best assignment is %v", ffn, bestAt)
+		t.Logf("FFN %d: plan %.4g s, best of the six %.4g s at %v", ffn, rep.TimeSec, best, bestAt)
+	}
+}

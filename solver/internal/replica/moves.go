@@ -341,9 +341,18 @@ func (pk *packer) packGroups(p Problem, l int, agg []float64, groups int, all []
 	// cross-node traffic: trade it against the balance at the cost
 	// model's prices.
 	if t := newGroupTable(p, l, groups); t != nil && N > 1 {
-		c := &groupCost{t: t, gload: gload, capacity: make([]float64, N), n: n}
+		// The packer's loads are relative to the mean; the cost model
+		// prices tokens.
+		tok := make([]float64, groups)
+		for e, v := range p.Stats.Load[l] {
+			tok[e/size] += v
+		}
+		c := &groupCost{t: t, gload: tok, capacity: make([]float64, N), n: n,
+			load: p.Stats.Load[l], size: size, slots: make([]int, N), fastest: make([]float64, N)}
 		for g, sp := range pk.speed {
 			c.capacity[g/n] += sp
+			c.slots[g/n] += pk.slots[g]
+			c.fastest[g/n] = math.Max(c.fastest[g/n], sp)
 		}
 		c.perTok, _ = p.Cluster.Coefficients(p.Model)
 		c.copySec = p.Model.TokenBytes() / p.Cluster.NICBytesPerSec()
