@@ -470,3 +470,15 @@ func (s *Stats) AssumeTopK(k int) {
 		s.Tokens = s.LayerTotal(0) / float64(k)
 	}
 }
+
+// MaxSource returns the index and source rank of the pattern with the
+// highest source rank, or -1, -1 when no pattern has a source.
+func (s *Stats) MaxSource() (pattern, rank int) {
+	pattern, rank = -1, -1
+	for i, pt := range s.Patterns {
+		if int(pt.Source) > rank {
+			pattern, rank = i, int(pt.Source)
+		}
+	}
+	return pattern, rank
+}

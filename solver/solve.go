@@ -226,18 +226,6 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// maxSource returns the index and source rank of the pattern with the
-// highest source rank (-1, -1 with none).
-func maxSource(s *routing.Stats) (int, int) {
-	at, src := -1, -1
-	for i, pt := range s.Patterns {
-		if int(pt.Source) > src {
-			at, src = i, int(pt.Source)
-		}
-	}
-	return at, src
-}
-
 func (p Problem) check() error {
 	s := p.Stats
 	if s == nil {
@@ -253,7 +241,7 @@ func (p Problem) check() error {
 	if len(s.Load) != s.Layers || s.Layers == 0 {
 		return fmt.Errorf("solver: statistics have %d load rows for %d layers", len(s.Load), s.Layers)
 	}
-	if i, src := maxSource(s); src >= g {
+	if i, src := s.MaxSource(); src >= g {
 		return fmt.Errorf("solver: Problem.Stats.Patterns[%d] comes from source rank %d, but Problem.Cluster has %d GPUs (ranks 0 to %d); plan for the cluster the trace was recorded on (at least %d GPUs), or set the patterns' Source to -1 (homes spread evenly)", i, src, g, g-1, src+1)
 	}
 	switch p.Dispatch {

@@ -177,11 +177,7 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	// recorded on more ranks than the cluster has has homes the cluster
 	// cannot hold.
 	for _, src := range sources {
-		top := -1
-		for _, pt := range src.Stats.Patterns {
-			top = max(top, int(pt.Source))
-		}
-		if top >= cluster.GPUs() {
+		if _, top := src.Stats.MaxSource(); top >= cluster.GPUs() {
 			return p, nil, fmt.Errorf("--trace %s: its tokens come from source ranks up to %d (each token's home GPU in the deployment it was recorded on), but the cluster has %d GPUs (--nodes %d × --gpus-per-node %d); plan for the deployment it was recorded on, at least %d GPUs", src.Path, top, cluster.GPUs(), cluster.Nodes, cluster.GPUsPerNode, top+1)
 		}
 	}

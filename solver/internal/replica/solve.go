@@ -268,11 +268,11 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 		// token path).
 		report = before
 		eval := time.Since(t0)
-		after := opts.AfterEvals
-		if after <= 0 {
-			after = 1
+		callerEvals := opts.AfterEvals
+		if callerEvals <= 0 {
+			callerEvals = 1
 		}
-		polishEnd := deadline.Add(-time.Duration((1 + after) * float64(eval)))
+		polishEnd := deadline.Add(-time.Duration((1 + callerEvals) * float64(eval)))
 		// Building the polish's evaluator costs one to two evaluations
 		// (32k tokens, 4 × 8 GPUs, 32 redundant slots: 0.71 s against
 		// 0.36 s in the home flow, 1.17 s against 0.81 s in the chain
