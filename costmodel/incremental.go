@@ -100,6 +100,8 @@ type Evaluator struct {
 	// after the move, and at layer l+1, and the change at layer l
 	pPrev, pOld, pNew, pNext probBuf
 	diff                     probDiff
+	// TrialTokens' result
+	tokBuf []float64
 }
 
 // probDiff is the change of one token's destination probabilities: dp[i]
@@ -320,6 +322,18 @@ func (ev *Evaluator) Delta(m Move) (float64, error) {
 	return d, nil
 }
 
+// DeltaTokens is Delta that also returns the routed tokens per GPU of
+// layer m.Layer after the move (what Tokens(m.Layer) would return once m
+// is applied). The slice belongs to the evaluator and is valid until the
+// next Delta, DeltaTokens, Apply or SetLayer.
+func (ev *Evaluator) DeltaTokens(m Move) (float64, []float64, error) {
+	d, err := ev.Delta(m)
+	if err != nil {
+		return 0, nil, err
+	}
+	return d, ev.trial.st[0].tokens, nil
+}
+
 // Apply applies m to the plan and updates every counter.
 func (ev *Evaluator) Apply(m Move) error {
 	if err := ev.try(m); err != nil {
@@ -345,6 +359,40 @@ func (ev *Evaluator) try(m Move) error {
 	if t.valid && t.m == m {
 		return nil
 	}
+	if err := ev.prepare(m); err != nil {
+		return err
+	}
+	ev.trialStates(m.Layer)
+	t.m, t.valid = m, true
+	return nil
+}
+
+// TrialTokens returns the routed tokens per GPU of layer m.Layer after m
+// (what Tokens(m.Layer) would return once m is applied) without pricing
+// the move: only the moved experts' tokens are recomputed, so it costs a
+// small part of Delta. The slice belongs to the evaluator and is valid
+// until the next call on it.
+func (ev *Evaluator) TrialTokens(m Move) ([]float64, error) {
+	t := &ev.trial
+	if t.valid && t.m == m {
+		return t.st[0].tokens, nil
+	}
+	if err := ev.prepare(m); err != nil {
+		return nil, err
+	}
+	l := m.Layer
+	ev.tokBuf = append(ev.tokBuf[:0], ev.st[l].tokens...)
+	for _, e := range t.experts {
+		ev.eng.addTokens(l, e, &ev.sh[l], -1, ev.tokBuf)
+		ev.eng.addTokens(l, e, &t.sh, 1, ev.tokBuf)
+	}
+	return ev.tokBuf, nil
+}
+
+// prepare builds the trial plan, moved experts and shares of m, and
+// marks the trial's states stale.
+func (ev *Evaluator) prepare(m Move) error {
+	t := &ev.trial
 	t.valid = false
 	eng := ev.eng
 	l := m.Layer
@@ -419,8 +467,6 @@ func (ev *Evaluator) try(m Move) error {
 	if err := t.sh.build(t.lp, eng.e, eng.g, eng.p, eng.opts.Dispatch); err != nil {
 		return fmt.Errorf("costmodel: move on layer %d: %w", l, err)
 	}
-	ev.trialStates(l)
-	t.m, t.valid = m, true
 	return nil
 }
 

@@ -91,6 +91,7 @@ func TestEvaluatorRandomMoves(t *testing.T) {
 						l := rng.IntN(len(cur.Layers))
 						mv := randomMove(rng, l, cur.Layers[l], cur.GPUs, cur.Experts, replicate)
 						next := applied(cur, mv)
+						tt, errT := ev.TrialTokens(mv) // before Delta: its own path, not Delta's cache
 						d, err := ev.Delta(mv)
 						rep, err2 := sc.Evaluate(next)
 						moves++
@@ -98,11 +99,18 @@ func TestEvaluatorRandomMoves(t *testing.T) {
 							// The move leaves an expert without a copy: the
 							// evaluator must refuse it too.
 							require.Error(t, err, "%s: %+v", name, mv)
+							require.Error(t, errT, "%s: %+v", name, mv)
 							continue
 						}
 						require.NoError(t, err, "%s: %+v", name, mv)
 						want := rep.TimeSec - base.TimeSec
 						require.InDelta(t, want, d, 1e-9*math.Max(1e-6, base.TimeSec), "%s: delta of %+v", name, mv)
+						require.NoError(t, errT, name)
+						require.InDeltaSlice(t, rep.Layers[l].Tokens, tt, 1e-9*math.Max(1, rep.Layers[l].MaxTokens), "%s: trial tokens of %+v", name, mv)
+						d2, tok, err := ev.DeltaTokens(mv)
+						require.NoError(t, err, name)
+						require.Equal(t, d, d2, name)
+						require.InDeltaSlice(t, rep.Layers[l].Tokens, tok, 1e-9*math.Max(1, rep.Layers[l].MaxTokens), "%s: tokens after %+v", name, mv)
 						checked++
 						if rng.IntN(2) == 0 {
 							require.NoError(t, ev.Apply(mv))
