@@ -217,3 +217,28 @@ func sameEveryLayer(layers int, row []GPU) [][]GPU {
 	}
 	return assign
 }
+
+// ChangedSlots returns how many slots of next hold an expert copy their
+// GPU did not hold in prev: the expert weights a switch from prev to next
+// must move onto a GPU. Copies that stay on their GPU count as unchanged
+// wherever their slot is.
+func ChangedSlots(prev, next LayerPlan) int {
+	type copyAt struct {
+		g GPU
+		e routing.Expert
+	}
+	held := make(map[copyAt]int, len(prev.SlotExpert))
+	for s, e := range prev.SlotExpert {
+		held[copyAt{prev.SlotGPU[s], e}]++
+	}
+	changed := 0
+	for s, e := range next.SlotExpert {
+		k := copyAt{next.SlotGPU[s], e}
+		if held[k] > 0 {
+			held[k]--
+		} else {
+			changed++
+		}
+	}
+	return changed
+}

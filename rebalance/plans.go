@@ -48,7 +48,7 @@ func ChangedSlots(prev, next *placement.Plan) ([]int, error) {
 	}
 	out := make([]int, len(next.Layers))
 	for l := range next.Layers {
-		out[l] = changedLayer(prev.Layers[l], next.Layers[l], next.Experts)
+		out[l] = placement.ChangedSlots(prev.Layers[l], next.Layers[l])
 	}
 	return out, nil
 }
@@ -70,23 +70,6 @@ func sameShape(prev, next *placement.Plan) error {
 // key is a (GPU, expert) pair.
 func key(g placement.GPU, e routing.Expert, experts int) int64 {
 	return int64(g)*int64(experts) + int64(e)
-}
-
-func changedLayer(prev, next placement.LayerPlan, experts int) int {
-	held := make(map[int64]int, len(prev.SlotExpert))
-	for s, e := range prev.SlotExpert {
-		held[key(prev.SlotGPU[s], e, experts)]++
-	}
-	changed := 0
-	for s, e := range next.SlotExpert {
-		k := key(next.SlotGPU[s], e, experts)
-		if held[k] > 0 {
-			held[k]--
-		} else {
-			changed++
-		}
-	}
-	return changed
 }
 
 // Align returns next with its slots reordered so that every copy that

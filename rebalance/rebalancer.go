@@ -422,7 +422,7 @@ func (r *Rebalancer) Propose(ctx context.Context, b Budget) (*Proposal, error) {
 		return nil, err
 	}
 	for l := range next.Layers {
-		moved := changedLayer(s.current.Layers[l], next.Layers[l], m.Experts)
+		moved := placement.ChangedSlots(s.current.Layers[l], next.Layers[l])
 		keep := moved == 0 ||
 			newCost[l] >= curCost[l]*(1-1e-12) ||
 			(b.Horizon > 0 && (curCost[l]-newCost[l])*float64(b.Horizon) <= mig[l]) ||
