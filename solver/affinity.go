@@ -89,8 +89,9 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	}
 	// What follows the search: evaluating its plan (the facade reuses
 	// that report), about as long as one evaluation, and as much again
-	// for the layers' last moves and the certificate.
-	reserve := 2 * evalTime
+	// for the layers' last moves and the certificate; and the repair
+	// to Problem.MaxImbalance when there is a cap.
+	reserve := time.Duration((2 + imbalanceEvals(p)) * float64(evalTime))
 	report := reporter(opts, start)
 	stage := "baseline " + string(res.Baseline)
 	if p.replicated() {

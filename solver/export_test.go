@@ -1,6 +1,12 @@
 package solver
 
-import "github.com/moetuner/moetuner/solver/internal/onenode"
+import (
+	"context"
+	"time"
+
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/solver/internal/onenode"
+)
 
 // ResultCorners returns joint's certified per-layer corners as (L, D)
 // pairs: every plan of layer l has busiest routed tokens ≥ L and busiest
@@ -18,3 +24,14 @@ func ResultCorners(r *Result) [][][2]float64 {
 // CountingBound is the one-node counting bound on the exact cost model,
 // without certified corners.
 func CountingBound(p Problem) (float64, bool) { return onenode.LowerBound(p.Scenario(), nil) }
+
+// CapImbalance runs the MaxImbalance repair on plan, in place, without a
+// deadline, and returns how many layers it changed.
+func CapImbalance(p Problem, opts Options, plan *placement.Plan) (int, error) {
+	p, err := p.withDefaults()
+	if err != nil {
+		return 0, err
+	}
+	n, err := capPlan(context.Background(), p, opts, plan, nil, time.Now().Add(time.Hour))
+	return n, public(err)
+}

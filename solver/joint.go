@@ -74,6 +74,9 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 	report("baseline "+string(baseSt), baseObj, math.NaN())
 	warm := jm.Canonical(jointilp.PlanAssign(basePlan))
 	limit := opts.TimeLimit
+	if r := time.Duration(imbalanceEvals(p) * float64(bb.eval)); r < limit/2 {
+		limit -= r // the repair to Problem.MaxImbalance follows
+	}
 	ilpBudget := of(limit, b.JointILP)
 	if jm.Chain() {
 		ilpBudget = of(limit, b.ChainILP)

@@ -25,6 +25,7 @@ func solveReplicated(ctx context.Context, p Problem, backend mip.Backend, opts O
 		// 32 redundant slots), and the plan is scored again after them.
 		ro.AfterEvals = 2
 	}
+	ro.AfterEvals += imbalanceEvals(p)
 	if opts.Effort > 0 {
 		ro.Work = int64(opts.Effort) * 1_000_000
 		ro.PairProbeNodes = b.nodes(ro.Work, b.ReplicaPairProbe)

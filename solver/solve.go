@@ -60,6 +60,16 @@ type Problem struct {
 	// strategy starts from it and changes at most Options.MaxMoves slots
 	// per layer.
 	Current *placement.Plan
+	// MaxImbalance, when positive, caps every layer's busiest/mean load
+	// in the joint strategy's plan: the busiest GPU's routed tokens per
+	// unit of speed (Cluster.Speed; tokens on equal GPUs) over the layer's
+	// tokens per unit of speed, as the plan is dispatched (Dispatch). A
+	// value of 1.02 allows the busiest GPU 2 % above the mean. The plan is
+	// repaired where a layer is above it, and a cap no plan is found
+	// under is an *InfeasibleError that names the layer and what would
+	// fix it. With Workloads it applies to Stats, their sum. The other
+	// strategies ignore it (compare shows their balance). 0: no cap.
+	MaxImbalance float64
 	// MoveCost, with Current, is what one changed slot costs in units of
 	// busiest/mean load: a swap (two slots) is made only if it lowers the
 	// per-layer busiest/mean by more than 2·MoveCost. 0: free moves.
@@ -244,6 +254,9 @@ func (p Problem) check() error {
 	if i, src := s.MaxSource(); src >= g {
 		return fmt.Errorf("solver: Problem.Stats.Patterns[%d] comes from source rank %d, but Problem.Cluster has %d GPUs (ranks 0 to %d); plan for the cluster the trace was recorded on (at least %d GPUs), or set the patterns' Source to -1 (homes spread evenly)", i, src, g, g-1, src+1)
 	}
+	if p.MaxImbalance != 0 && !(p.MaxImbalance >= 1) || math.IsInf(p.MaxImbalance, 0) {
+		return fmt.Errorf("solver: Problem.MaxImbalance %v: want 0 (no cap) or a busiest/mean ratio of at least 1, such as 1.02", p.MaxImbalance)
+	}
 	switch p.Dispatch {
 	case placement.DispatchEven:
 	case placement.DispatchLocal, placement.DispatchStatic:
@@ -332,6 +345,11 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	}
 	if ctx.Err() != nil && res.Status != StatusHeuristic {
 		res.Status = StatusStopped
+	}
+	if p.MaxImbalance > 0 && st == StrategyJoint {
+		if err := enforceImbalance(ctx, p, opts, res); err != nil {
+			return nil, public(err)
+		}
 	}
 	if p.Split == SplitOptimal {
 		applyOptimalSplit(p, res)
