@@ -97,6 +97,7 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		t0 := time.Now()
 		sp := pr.solving(st)
 		res, err := solver.Solve(ctx, p, sp.options(opts))
+		res, err = solved(res, err)
 		sp.end(res, err)
 		if !searches(st) {
 			evalTime = max(evalTime, time.Since(t0))

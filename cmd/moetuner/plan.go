@@ -98,6 +98,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	opts.Strategy = st
 	sp := pr.solving(st)
 	res, err := solver.Solve(ctx, p, sp.options(opts))
+	res, err = solved(res, err)
 	sp.end(res, err)
 	if err != nil && (res == nil || res.Plan == nil || ctx.Err() == nil) {
 		return err

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -452,4 +453,60 @@ func TestGPUsNotDividingExperts(t *testing.T) {
 	code, _, stderr = runCLI(t, "plan", "--redundant-slots", "-6", "--out", filepath.Join(dir, "n.json"))
 	assert.Equal(t, 2, code)
 	assert.Contains(t, stderr, "--redundant-slots -6: want 0 or more")
+}
+
+// TestMaxImbalanceFlag: --max-imbalance refuses values below 1 as a usage
+// error, caps every layer's balance where a plan under it exists, and
+// where none does fails in the command line's words, writing no file.
+func TestMaxImbalanceFlag(t *testing.T) {
+	chdirRoot(t)
+	dir := t.TempDir()
+	for _, bad := range []string{"0.9", "-1", "+Inf"} {
+		code, _, stderr := runCLI(t, "plan", "--max-imbalance", bad, "--out", filepath.Join(dir, "bad.json"))
+		assert.Equal(t, 2, code, bad)
+		assert.Contains(t, stderr, "--max-imbalance "+bad+": want 0 (no cap) or a busiest/mean ratio of at least 1", bad)
+	}
+	// Mixtral on 4 GPUs without copies: two experts a GPU keep every
+	// layer above a cap of 1.001; with one redundant slot per GPU a cap
+	// of 1.02 is met.
+	shape := []string{"--nodes", "1", "--gpus-per-node", "4", "--time-limit", "5s"}
+	out := filepath.Join(dir, "tight.json")
+	code, _, stderr := runCLI(t, append([]string{"plan", "--max-imbalance", "1.001", "--out", out}, shape...)...)
+	assert.Equal(t, 1, code, stderr)
+	assert.Contains(t, stderr, "stay above --max-imbalance 1.001")
+	assert.Contains(t, stderr, "--redundant-slots")
+	assert.NotContains(t, stderr, "Problem.")
+	assert.NoFileExists(t, out)
+
+	out = filepath.Join(dir, "capped.json")
+	code, _, stderr = runCLI(t, append([]string{"plan", "--max-imbalance", "1.02", "--redundant-slots", "4", "--out", out}, shape...)...)
+	require.Equal(t, 0, code, stderr)
+	// compare's note on the repaired plan names the flag.
+	// FLAME's chain flow on 2 nodes trades balance for fewer cross-node
+	// transitions (its uncapped joint plan has a layer at 1.03).
+	code, stdout, stderr := runCLI(t, "compare", "--trace", "testdata/flame-moe-290m/trace.jsonl", "--strategies", "joint", "--max-imbalance", "1.015",
+		"--flow", "chain", "--nodes", "2", "--gpus-per-node", "4", "--time-limit", "3s")
+	require.Equal(t, 0, code, stderr)
+	assert.Regexp(t, `joint\*: .*\d+ layers repaired to meet --max-imbalance`, stdout, stderr)
+	plan, err := placement.ReadFile(out)
+	require.NoError(t, err)
+	// Recount each layer's busiest/mean from the file and the trace,
+	// copies splitting evenly (the default dispatch).
+	src, err := routing.Load(DefaultTrace, routing.LoadOptions{StatsOnly: true})
+	require.NoError(t, err)
+	require.Len(t, plan.Layers, src.Stats.Layers)
+	for l, lp := range plan.Layers {
+		copies := map[routing.Expert]int{}
+		for _, e := range lp.SlotExpert {
+			copies[e]++
+		}
+		tok := make([]float64, plan.GPUs)
+		sum := 0.0
+		for s, e := range lp.SlotExpert {
+			v := src.Stats.Load[l][e] / float64(copies[e])
+			tok[lp.SlotGPU[s]] += v
+			sum += v
+		}
+		assert.LessOrEqual(t, slices.Max(tok)/(sum/float64(plan.GPUs)), 1.02*(1+1e-9), "layer %d", l)
+	}
 }

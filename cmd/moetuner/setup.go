@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -42,6 +43,7 @@ type common struct {
 	across       string
 	from         string
 	maxMoves     int
+	maxImbalance float64
 	split        string
 	dispatch     string
 	moveCost     float64
@@ -106,6 +108,7 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 		fs.Float64Var(&c.moveCost, "move-cost", 0, "with --from: cost of one changed slot in units of busiest/mean load; a move is made only if it gains more")
 		fs.StringVar(&c.slotsPerGPU, "slots-per-gpu", "", "comma-separated expert slots per GPU per layer, for heterogeneous clusters (overrides --redundant-slots)")
 		fs.IntVar(&c.maxMoves, "max-moves", 0, "with --from: at most this many slots per layer change (0: no bound)")
+		fs.Float64Var(&c.maxImbalance, "max-imbalance", 0, "joint: cap every layer's busiest/mean GPU load (tokens per unit of speed, as dispatched), e.g. 1.02; layers above it are repaired, and a cap no plan is found under is an error (0: no cap)")
 		fs.BoolVar(&c.equalSizes, "moetuner-equal-sizes", false, "moetuner strategy: E/G experts per cluster in ILP 1 (not the paper's design; always meets Eq. 13)")
 	}
 }
@@ -217,6 +220,10 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		}
 	}
 	p.MoveCost = c.moveCost
+	if c.maxImbalance != 0 && !(c.maxImbalance >= 1 && !math.IsInf(c.maxImbalance, 0)) {
+		return p, nil, usagef("--max-imbalance %v: want 0 (no cap) or a busiest/mean ratio of at least 1, such as 1.02", c.maxImbalance)
+	}
+	p.MaxImbalance = c.maxImbalance
 	if c.slotsPerGPU != "" {
 		for _, f := range strings.Split(c.slotsPerGPU, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))

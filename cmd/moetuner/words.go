@@ -8,6 +8,7 @@ import (
 
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/solver"
 )
 
 // The libraries' errors name their options (routing.LoadOptions,
@@ -90,6 +91,30 @@ var layoutWords = strings.NewReplacer(
 	"Layout.Experts", "the trace's experts",
 	"Layout.GPUs", "the cluster's GPUs (--nodes × --gpus-per-node)",
 )
+
+// solverWords names the flags behind the solver's Problem and Options
+// fields.
+var solverWords = strings.NewReplacer(
+	"Problem.MaxImbalance", "--max-imbalance",
+	"Problem.RedundantSlots", "--redundant-slots",
+	"Options.TimeLimit", "--time-limit",
+)
+
+// solved rewords what solver.Solve returned for the command line: its
+// error and the result's note name flags, not Problem and Options fields.
+func solved(res *solver.Result, err error) (*solver.Result, error) {
+	if res != nil {
+		res.Note = solverWords.Replace(res.Note)
+	}
+	if err == nil {
+		return res, nil
+	}
+	msg := solverWords.Replace(err.Error())
+	if msg == err.Error() {
+		return res, err
+	}
+	return res, &cliError{err: err, msg: msg}
+}
 
 // routingError rewords an error of the routing readers for the command
 // line: LoadOptions fields are flags here (--model sets Experts and
