@@ -163,6 +163,17 @@
 // most Options.MaxMoves slots per layer (or only moves worth
 // Problem.MoveCost).
 //
+// Problem.MaxImbalance caps every layer's busiest/mean in the joint plan,
+// whichever path made it: a layer above the cap is repaired by swaps
+// between the busiest GPU and the others that lower the GPUs' squared
+// excess over the cap, taking the cheapest on the exact cost of those
+// that meet it; a layer the swaps leave above it starts again from the
+// balance-first baseline's layer. Expert groups keep the swaps within a
+// node, and Current with Options.MaxMoves bounds the changed slots. A cap
+// no plan is found under is an *InfeasibleError with the worst layer, a
+// lower bound on its balance for the plan's copy counts (the expert that
+// sets it and the lightest copies beside it) and the fields to change.
+//
 // Under local dispatch (Problem.Dispatch = placement.DispatchLocal: a
 // token uses its own GPU's, else its node's copy) copies are capped at one
 // per node and packed and swapped only onto distinct nodes, whenever the
