@@ -322,18 +322,6 @@ func (ev *Evaluator) Delta(m Move) (float64, error) {
 	return d, nil
 }
 
-// DeltaTokens is Delta that also returns the routed tokens per GPU of
-// layer m.Layer after the move (what Tokens(m.Layer) would return once m
-// is applied). The slice belongs to the evaluator and is valid until the
-// next Delta, DeltaTokens, Apply or SetLayer.
-func (ev *Evaluator) DeltaTokens(m Move) (float64, []float64, error) {
-	d, err := ev.Delta(m)
-	if err != nil {
-		return 0, nil, err
-	}
-	return d, ev.trial.st[0].tokens, nil
-}
-
 // Apply applies m to the plan and updates every counter.
 func (ev *Evaluator) Apply(m Move) error {
 	if err := ev.try(m); err != nil {
@@ -371,7 +359,7 @@ func (ev *Evaluator) try(m Move) error {
 // (what Tokens(m.Layer) would return once m is applied) without pricing
 // the move: only the moved experts' tokens are recomputed, so it costs a
 // small part of Delta. The slice belongs to the evaluator and is valid
-// until the next call on it.
+// until its next Delta, TrialTokens, Apply or SetLayer.
 func (ev *Evaluator) TrialTokens(m Move) ([]float64, error) {
 	t := &ev.trial
 	if t.valid && t.m == m {

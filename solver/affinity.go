@@ -178,10 +178,6 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	return res, nil
 }
 
-// balanceOf certifies a replicated plan's busiest GPU per layer (rep is
-// its report) (its
-// tokens over its speed, under the problem's dispatch) against the bound
-// max(mean, largest replica).
 // sameCopies reports whether a and b put the same copies of every expert
 // on the same GPUs in every layer.
 func sameCopies(a, b *placement.Plan) bool {
@@ -205,6 +201,9 @@ func sameCopies(a, b *placement.Plan) bool {
 	return true
 }
 
+// balanceOf certifies a replicated plan's busiest GPU per layer (rep is
+// its report: its tokens over its speed, under the problem's dispatch)
+// against the bound max(mean, largest replica).
 func balanceOf(p Problem, rep *costmodel.Report) (*BalanceReport, error) {
 	mean, bound, err := replica.Bounds(replicaProblem(p, Options{}))
 	if err != nil {

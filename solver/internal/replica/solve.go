@@ -294,6 +294,18 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 		}
 	}
 	res := &Result{Plan: plan, Report: report}
+	br := balanceReport(p, bal, copies, speed)
+	res.Optimal = br.MaxGap <= 1e-9
+	res.TimedOut = opts.Work == 0 && time.Now().After(deadline)
+	res.Balance = br
+	return res, nil
+}
+
+// balanceReport sums the layers' certified balance bal of copies into
+// Result.Balance: the gaps, each workload's balance, and under local
+// dispatch without per-token paths the traffic gap.
+func balanceReport(p Problem, bal []LayerBalance, copies [][][]placement.GPU, speed []float64) *BalanceReport {
+	L := len(bal)
 	br := &BalanceReport{Layers: bal}
 	for _, b := range bal {
 		br.MaxGap = math.Max(br.MaxGap, b.Gap())
@@ -307,8 +319,6 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 			}
 		}
 	}
-	res.Optimal = br.MaxGap <= 1e-9
-	res.TimedOut = opts.Work == 0 && time.Now().After(deadline)
 	if p.Dispatch == placement.DispatchLocal && p.Stats.Patterns == nil {
 		t, tb := 0.0, 0.0
 		for _, b := range bal {
@@ -319,8 +329,29 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 			br.TrafficGap = t/tb - 1
 		}
 	}
-	res.Balance = br
-	return res, nil
+	return br
+}
+
+// Certify is Result.Balance for plan, a plan with p's slots that Solve
+// did not make (or that was changed after it): every layer's busiest load
+// against its bound, counted as Solve counts it.
+func Certify(p Problem, plan *placement.Plan) (*BalanceReport, error) {
+	lay, err := p.layout()
+	if err != nil {
+		return nil, err
+	}
+	G, L := p.Cluster.GPUs(), p.Stats.Layers
+	speed := make([]float64, G)
+	for g := range speed {
+		speed[g] = p.Cluster.SpeedOf(g)
+	}
+	copies := make([][][]placement.GPU, L)
+	bal := make([]LayerBalance, L)
+	for l := range L {
+		copies[l] = plan.ExpertGPUs(l)
+		bal[l] = layerBalance(p.Stats.Load[l], copies[l], speed, lay, G, p.localP())
+	}
+	return balanceReport(p, bal, copies, speed), nil
 }
 
 // busiestOverMean scores one layer of copies under a load vector (even
