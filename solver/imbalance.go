@@ -12,6 +12,7 @@ import (
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
+	"github.com/moetuner/moetuner/solver/internal/replica"
 )
 
 // layerRatio is a layer's busiest/mean load the way Problem.MaxImbalance
@@ -100,11 +101,10 @@ func imbalanceFloor(p Problem, l int, lp placement.LayerPlan, speed []float64) (
 }
 
 // capImbalance changes plan, in place, until every layer's busiest/mean
-// (layerRatio) is at most p.MaxImbalance, by swapping copies between the
-// busiest GPU and another (within its node under expert groups; within
-// Options.MaxMoves changed slots of p.Current), choosing at each step the
-// swap that meets the cap at the least modeled cost, else the one that
-// lowers the busiest GPU most. A layer the swaps cannot bring under the
+// (layerRatio; rep is plan's report, or nil) is at most
+// p.MaxImbalance, by swapping copies between the busiest GPU and another
+// (within its node under expert groups; within Options.MaxMoves changed
+// slots of p.Current): repairLayer. A layer the swaps cannot bring under the
 // cap starts again from the balance-first baseline's layer (fallback),
 // where its slots per GPU are the plan's. It stops at deadline; layers
 // still above the cap make an *InfeasibleError naming the worst and what
@@ -116,9 +116,11 @@ func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.
 	for g := range speed {
 		speed[g] = p.Cluster.SpeedOf(g)
 	}
+	// Without a report the evaluator, which the repair needs anyway, gives
+	// the tokens.
 	var ev *costmodel.Evaluator
+	var err error
 	if rep == nil {
-		var err error
 		if ev, err = p.Scenario().NewEvaluator(plan); err != nil {
 			return 0, err
 		}
@@ -139,7 +141,6 @@ func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.
 		return 0, nil
 	}
 	if ev == nil {
-		var err error
 		if ev, err = p.Scenario().NewEvaluator(plan); err != nil {
 			return 0, err
 		}
@@ -400,8 +401,8 @@ func capPlan(ctx context.Context, p Problem, opts Options, plan *placement.Plan,
 
 // enforceImbalance caps res.Plan's layers at p.MaxImbalance
 // (capPlan, until ctx ends) and, where it changed the plan, drops
-// what described the old one: the strategy's report and the layers'
-// certified balance are recomputed from the new plan.
+// what described the old one: the strategy's report, the layers'
+// certified balance and the gap are recomputed from the new plan.
 func enforceImbalance(ctx context.Context, p Problem, opts Options, res *Result) error {
 	deadline, ok := ctx.Deadline()
 	if !ok {
@@ -416,31 +417,22 @@ func enforceImbalance(ctx context.Context, p Problem, opts Options, res *Result)
 		return err
 	}
 	res.report = rep
-	if b := res.Balance; b != nil {
-		speed := make([]float64, res.Plan.GPUs)
-		for g := range speed {
-			speed[g] = p.Cluster.SpeedOf(g)
+	if res.Balance != nil {
+		// Certified as the path that made the plan certifies it.
+		var bal *BalanceReport
+		if useAffinity(p, defaultBudget) {
+			bal, err = balanceOf(p, rep)
+		} else {
+			var rb *replica.BalanceReport
+			rb, err = replica.Certify(replicaProblem(p, opts), res.Plan)
+			if err == nil {
+				bal = publicBalance(rb)
+			}
 		}
-		// The certified balance counts copies splitting evenly.
-		b.MaxGap, b.MeanGap = 0, 0
-		for l := range b.Layers {
-			lb, lp, load := &b.Layers[l], res.Plan.Layers[l], p.Stats.Load[l]
-			copies := make([]int, len(load))
-			for _, e := range lp.SlotExpert {
-				copies[e]++
-			}
-			gl := make([]float64, res.Plan.GPUs)
-			for s, e := range lp.SlotExpert {
-				gl[lp.SlotGPU[s]] += load[e] / float64(copies[e])
-			}
-			busiest := 0.0
-			for g, t := range gl {
-				busiest = max(busiest, t/speed[g])
-			}
-			lb.Busiest = busiest
-			b.MaxGap = max(b.MaxGap, lb.Gap())
-			b.MeanGap += lb.Gap() / float64(len(b.Layers))
+		if err != nil {
+			return err
 		}
+		res.Balance, res.Gap = bal, bal.MaxGap
 	}
 	res.Note = strings.TrimPrefix(res.Note+fmt.Sprintf("; %d layers repaired to meet Problem.MaxImbalance", changed), "; ")
 	return nil

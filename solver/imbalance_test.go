@@ -229,3 +229,60 @@ func TestMaxImbalanceInfeasible(t *testing.T) {
 		assert.Contains(t, err.Error(), "Problem.MaxImbalance")
 	}
 }
+
+// TestMaxImbalanceRefreshesBalance: FLAME on one node with copies takes
+// the replicated path, whose polish trades balance for communication; a
+// cap below its worst layer repairs layers, and the result's certified
+// balance and gap then describe the repaired plan, not the packing's.
+func TestMaxImbalanceRefreshesBalance(t *testing.T) {
+	p := flameProblem(t, 1, costmodel.FlowHome)
+	p.RedundantSlots = 8
+	free, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: time.Second})
+	require.NoError(t, err)
+	worst := 0.0
+	for _, r := range layerRatios(t, p, free.Plan) {
+		worst = max(worst, r)
+	}
+	require.Greater(t, worst, 1.005, "the uncapped plan must be above the cap for the test to mean anything")
+	// The tightest of a few caps below the worst layer that a plan meets.
+	var res *Result
+	for k := 1; k < 8; k++ {
+		p.MaxImbalance = worst - float64(k)*(worst-1)/8
+		r, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: time.Second})
+		if err != nil {
+			var inf *InfeasibleError
+			require.True(t, errors.As(err, &inf), "%v", err)
+			p.MaxImbalance = worst - float64(k-1)*(worst-1)/8
+			break
+		}
+		res = r
+	}
+	require.NotNil(t, res, "a cap below the worst layer must be met")
+	verify(t, p, res)
+	require.Contains(t, res.Note, "layers repaired")
+	for l, r := range layerRatios(t, p, res.Plan) {
+		assert.LessOrEqual(t, r, p.MaxImbalance*(1+1e-9), "layer %d", l)
+	}
+	require.NotNil(t, res.Balance)
+	maxGap := 0.0
+	for l, lb := range res.Balance.Layers {
+		// The replicated path certifies the even split.
+		lp := res.Plan.Layers[l]
+		copies := map[routing.Expert]int{}
+		for _, e := range lp.SlotExpert {
+			copies[e]++
+		}
+		tok := make([]float64, res.Plan.GPUs)
+		for s, e := range lp.SlotExpert {
+			tok[lp.SlotGPU[s]] += p.Stats.Load[l][e] / float64(copies[e])
+		}
+		busiest := 0.0
+		for g, v := range tok {
+			busiest = max(busiest, v/p.Cluster.SpeedOf(g))
+		}
+		assert.InDelta(t, busiest, lb.Busiest, 1e-9*busiest, "layer %d", l)
+		maxGap = max(maxGap, lb.Busiest/lb.Bound-1)
+	}
+	assert.InDelta(t, maxGap, res.Balance.MaxGap, 1e-12)
+	assert.InDelta(t, res.Balance.MaxGap, res.Gap, 1e-12, "the result's gap is the repaired plan's")
+}
