@@ -164,12 +164,16 @@
 // Problem.MoveCost).
 //
 // Problem.MaxImbalance caps every layer's busiest/mean in the joint plan,
-// whichever path made it: a layer above the cap is repaired by swaps
-// between the busiest GPU and the others that lower the GPUs' squared
-// excess over the cap, taking the cheapest on the exact cost of those
-// that meet it; a layer the swaps leave above it starts again from the
-// balance-first baseline's layer. Expert groups keep the swaps within a
-// node, and Current with Options.MaxMoves bounds the changed slots. A cap
+// whichever path made it: a layer above the cap is repaired by moves
+// off the busiest GPU that lower the GPUs' squared excess over the cap,
+// taking the cheapest on the exact cost of those that meet it. The moves
+// swap copies between the busiest GPU and the others, and re-apportion
+// copies where there are redundant slots: a slot whose expert has
+// another copy takes a copy of one of the busiest GPU's experts, or a
+// spare copy there holds a lighter expert (so a plan whose copy counts
+// fit old loads, from Current, follows new ones). A layer the moves
+// leave above it starts again from the balance-first baseline's layer.
+// Expert groups keep the moves within a node, and Current with Options.MaxMoves bounds the changed slots. A cap
 // no plan is found under is an *InfeasibleError with the worst layer, a
 // lower bound on its balance for the plan's copy counts (the expert that
 // sets it and the lightest copies beside it) and the fields to change.

@@ -35,3 +35,14 @@ func CapImbalance(p Problem, opts Options, plan *placement.Plan) (int, error) {
 	n, err := capPlan(context.Background(), p, opts, plan, nil, time.Now().Add(time.Hour))
 	return n, public(err)
 }
+
+// RepairImbalance is CapImbalance without the balance-first baseline to
+// fall back on: only the repair's own moves change the plan.
+func RepairImbalance(p Problem, opts Options, plan *placement.Plan) (int, error) {
+	p, err := p.withDefaults()
+	if err != nil {
+		return 0, err
+	}
+	n, err := capImbalance(context.Background(), p, opts, plan, nil, nil, time.Now().Add(time.Hour))
+	return n, public(err)
+}

@@ -103,9 +103,9 @@ func imbalanceFloor(p Problem, l int, lp placement.LayerPlan, speed []float64) (
 // capImbalance changes plan, in place, until every layer's busiest/mean
 // (layerRatio; rep is plan's report, or nil) is at most
 // p.MaxImbalance, by swapping copies between the busiest GPU and another
-// (within its node under expert groups; within Options.MaxMoves changed
-// slots of p.Current): repairLayer. A layer the swaps cannot bring under the
-// cap starts again from the balance-first baseline's layer (fallback),
+// and re-apportioning copies (within its node under expert groups; within
+// Options.MaxMoves changed slots of p.Current): repairLayer. A layer the
+// moves cannot bring under the cap starts again from the balance-first baseline's layer (fallback),
 // where its slots per GPU are the plan's. It stops at deadline; layers
 // still above the cap make an *InfeasibleError naming the worst and what
 // would fix it. It returns how many layers it changed.
@@ -189,7 +189,19 @@ func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.
 		}
 		fix := fmt.Sprintf("raise Problem.MaxImbalance to %.4g", worst.ratio)
 		if worst.floor > limit*(1+tol) && worst.expert >= 0 {
-			why = fmt.Sprintf("expert %d gives its GPU at least %.4g× the mean, even with the lightest copies beside it", worst.expert, worst.floor)
+			who := fmt.Sprintf("expert %d", worst.expert)
+			if lp := ev.Layer(worst.layer); len(lp.SlotExpert) > p.Stats.Experts {
+				// With copies the bound holds for the plan's copy counts,
+				// which the repair's retargets could not change enough.
+				n := 0
+				for _, e := range lp.SlotExpert {
+					if int(e) == worst.expert {
+						n++
+					}
+				}
+				who += fmt.Sprintf(" with its %d %s", n, map[bool]string{true: "copy", false: "copies"}[n == 1])
+			}
+			why = fmt.Sprintf("%s gives its GPU at least %.4g× the mean, even with the lightest copies beside it", who, worst.floor)
 		}
 		if p.RedundantSlots == 0 && p.SlotsPerGPU == nil {
 			fix += " or add redundant slots (Problem.RedundantSlots) so that hot experts get copies"
@@ -204,17 +216,19 @@ func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.
 	return changed, nil
 }
 
-// repairLayer runs capImbalance's swaps on layer l of ev and returns the
-// layer's busiest/mean at the end. A step ranks the swaps between a copy
-// on the busiest GPU and a copy with a smaller share (load over copies)
-// elsewhere by the peak of the two GPUs their shares predict, and reads
-// the exact tokens (TrialTokens: the dispatch may send a copy more or
-// less than its share) of the first ones, as many as there are GPUs and
-// on until one lowers the GPUs' excess over the cap. Of those that meet
-// the cap it prices, on the full cost (Delta), the one with the lowest
-// busiest GPU towards each node, the part of the cost a swap changes
-// most, and makes the cheapest; when none meets the cap, it makes the one
-// with the least excess.
+// repairLayer runs capImbalance's moves on layer l of ev and returns the
+// layer's busiest/mean at the end. A step ranks, by the busiest GPU their
+// shares (load over copies) predict, the swaps between a copy on the
+// busiest GPU and a copy with a smaller share elsewhere, and the
+// retargets: a slot elsewhere whose expert has another copy takes a copy
+// of an expert on the busiest GPU, or a spare copy on the busiest GPU
+// holds an expert whose share would be smaller. It reads the exact tokens
+// (TrialTokens: the dispatch may send a copy more or less than its share)
+// of the first ones, as many as there are GPUs and on until one lowers
+// the GPUs' excess over the cap. Of those that meet the cap it prices, on
+// the full cost (Delta), the one with the lowest busiest GPU towards each
+// node, the part of the cost a move changes most, and makes the cheapest;
+// when none meets the cap, it makes the one with the least excess.
 func repairLayer(ctx context.Context, p Problem, opts Options, ev *costmodel.Evaluator, l int, speed []float64, deadline time.Time) float64 {
 	limit := p.MaxImbalance
 	gpn := p.Cluster.GPUsPerNode
@@ -232,7 +246,7 @@ func repairLayer(ctx context.Context, p Problem, opts Options, ev *costmodel.Eva
 		}
 		level = limit * sum / ssum
 	}
-	// excess is what the swaps lower: the GPUs' squared tokens per unit
+	// excess is what the moves lower: the GPUs' squared tokens per unit
 	// of speed above the cap, 0 once it is met. Unlike the busiest GPU
 	// alone it falls when one of several GPUs at the peak comes down.
 	excess := func(tok []float64) float64 {
@@ -255,7 +269,9 @@ func repairLayer(ctx context.Context, p Problem, opts Options, ev *costmodel.Eva
 		lp := ev.Layer(l)
 		copies := make([]int, p.Stats.Experts)
 		holds := make(map[[2]int32]bool, len(lp.SlotExpert))
+		holders := make([][]placement.GPU, p.Stats.Experts)
 		for s, e := range lp.SlotExpert {
+			holders[e] = append(holders[e], lp.SlotGPU[s])
 			copies[e]++
 			holds[[2]int32{int32(lp.SlotGPU[s]), int32(e)}] = true
 		}
@@ -264,46 +280,88 @@ func repairLayer(ctx context.Context, p Problem, opts Options, ev *costmodel.Eva
 			fits[i] = cand{ratio: math.Inf(1)}
 		}
 		best := cand{ratio: math.Inf(1), exc: exc0}
-		// The swaps, by the pair's peak their shares predict.
-		type pair struct {
-			a, b int
-			est  float64
+		// The candidates, by the peak their shares predict: swaps of a
+		// copy on the busiest GPU with a copy of smaller share elsewhere,
+		// and, where an expert has copies to spare, retargets that give
+		// one of the busiest GPU's experts a copy more (a slot elsewhere
+		// whose expert has another copy) or take a spare copy off it.
+		var cands []repairCand
+		onNode := func(f routing.Expert, g int) bool { // f has a copy on g's node
+			for s, e := range lp.SlotExpert {
+				if e == f && int(lp.SlotGPU[s])/gpn == g/gpn {
+					return true
+				}
+			}
+			return false
 		}
-		var pairs []pair
+		after := func(e routing.Expert, c int) float64 { return load[e] / float64(c) }
+		// gain is the busiest of e's copies but the one on GPU x once each
+		// takes d tokens more (e lost a copy), per unit of speed.
+		gain := func(e routing.Expert, x int, d float64) float64 {
+			peak := 0.0
+			for _, g := range holders[e] {
+				if int(g) != x {
+					peak = max(peak, (tok[g]+d)/speed[g])
+				}
+			}
+			return peak
+		}
 		for a, ga := range lp.SlotGPU {
 			if int(ga) != gb {
 				continue
 			}
+			f := lp.SlotExpert[a]
+			sa := share(a)
 			for b, gh := range lp.SlotGPU {
 				h := int(gh)
-				sa, sb := share(a), share(b)
-				if h == gb || sb >= sa ||
-					(p.ExpertGroups > 0 && h/gpn != gb/gpn) ||
-					holds[[2]int32{int32(h), int32(lp.SlotExpert[a])}] || holds[[2]int32{int32(gb), int32(lp.SlotExpert[b])}] {
+				if h == gb || (p.ExpertGroups > 0 && h/gpn != gb/gpn) {
 					continue
 				}
-				pairs = append(pairs, pair{a, b, max((tok[gb]-sa+sb)/speed[gb], (tok[h]-sb+sa)/speed[h])})
+				e := lp.SlotExpert[b]
+				sb := share(b)
+				if sb < sa && !holds[[2]int32{int32(h), int32(f)}] && !holds[[2]int32{int32(gb), int32(e)}] {
+					cands = append(cands, repairCand{
+						m:    costmodel.Move{Kind: costmodel.MoveSwap, Layer: l, Slot: a, Other: b},
+						node: h / gpn, est: max((tok[gb]-sa+sb)/speed[gb], (tok[h]-sb+sa)/speed[h])})
+				}
+				// Slot b takes a copy of f: f's share on the busiest GPU
+				// falls, e's other copies take b's share.
+				if e != f && copies[e] > 1 && !holds[[2]int32{int32(h), int32(f)}] {
+					nf := after(f, copies[f]+1)
+					est := max((tok[gb]-sa+nf)/speed[gb], (tok[h]-sb+nf)/speed[h], gain(e, h, after(e, copies[e]-1)-sb))
+					cands = append(cands, repairCand{
+						m:    costmodel.Move{Kind: costmodel.MoveRetarget, Layer: l, Slot: b, Expert: f},
+						node: h / gpn, est: est})
+				}
+			}
+			// Slot a, a spare copy, holds another expert instead.
+			if copies[f] < 2 {
+				continue
+			}
+			for e := range p.Stats.Experts {
+				ex := routing.Expert(e)
+				if ex == f || holds[[2]int32{int32(gb), int32(e)}] || (p.ExpertGroups > 0 && !onNode(ex, gb)) {
+					continue
+				}
+				if nf := after(ex, copies[e]+1); nf < sa {
+					cands = append(cands, repairCand{
+						m:    costmodel.Move{Kind: costmodel.MoveRetarget, Layer: l, Slot: a, Expert: ex},
+						node: gb / gpn, est: max((tok[gb]-sa+nf)/speed[gb], gain(f, gb, after(f, copies[f]-1)-sa))})
+				}
 			}
 		}
-		slices.SortFunc(pairs, func(x, y pair) int { return cmp.Compare(x.est, y.est) })
+		slices.SortFunc(cands, func(x, y repairCand) int { return cmp.Compare(x.est, y.est) })
 		// The exact tokens of the most promising ones: as many as there
-		// are GPUs, and on down the list until one lowers the busiest GPU.
+		// are GPUs, and on down the list until one lowers the excess.
 		next := cloneLayer(lp)
-		for i, pr := range pairs {
+		for i, c := range cands {
 			if i >= len(speed) && best.exc < exc0 {
 				break
 			}
-			a, b, h := pr.a, pr.b, int(lp.SlotGPU[pr.b])
-			if budget {
-				next.SlotGPU[a], next.SlotGPU[b] = next.SlotGPU[b], next.SlotGPU[a]
-				n := placement.ChangedSlots(p.Current.Layers[l], next)
-				next.SlotGPU[a], next.SlotGPU[b] = next.SlotGPU[b], next.SlotGPU[a]
-				if n > opts.MaxMoves {
-					continue
-				}
+			if budget && changedAfter(p.Current.Layers[l], next, c.m) > opts.MaxMoves {
+				continue
 			}
-			m := costmodel.Move{Kind: costmodel.MoveSwap, Layer: l, Slot: a, Other: b}
-			nt, err := ev.TrialTokens(m)
+			nt, err := ev.TrialTokens(c.m)
 			if err != nil {
 				continue
 			}
@@ -312,11 +370,11 @@ func repairLayer(ctx context.Context, p Problem, opts Options, ev *costmodel.Eva
 				continue
 			}
 			r, _ := layerRatio(nt, speed)
-			if r <= limit && r < fits[h/gpn].ratio {
-				fits[h/gpn] = cand{m, r, x}
+			if r <= limit && r < fits[c.node].ratio {
+				fits[c.node] = cand{c.m, r, x}
 			}
 			if x < best.exc {
-				best = cand{m, r, x}
+				best = cand{c.m, r, x}
 			}
 		}
 		pick, cost := best, math.Inf(1)
@@ -335,6 +393,34 @@ func repairLayer(ctx context.Context, p Problem, opts Options, ev *costmodel.Eva
 			return ratio
 		}
 	}
+}
+
+// repairCand is one of repairLayer's moves: the node it moves tokens
+// towards and the busiest GPU per unit of speed its shares predict.
+type repairCand struct {
+	m    costmodel.Move
+	node int
+	est  float64
+}
+
+// changedAfter is placement.ChangedSlots(prev, next after m), with next
+// back as it was on return; m is a swap or a retarget of next's slots.
+func changedAfter(prev, next placement.LayerPlan, m costmodel.Move) int {
+	switch m.Kind {
+	case costmodel.MoveSwap:
+		a, b := m.Slot, m.Other
+		next.SlotGPU[a], next.SlotGPU[b] = next.SlotGPU[b], next.SlotGPU[a]
+		n := placement.ChangedSlots(prev, next)
+		next.SlotGPU[a], next.SlotGPU[b] = next.SlotGPU[b], next.SlotGPU[a]
+		return n
+	case costmodel.MoveRetarget:
+		old := next.SlotExpert[m.Slot]
+		next.SlotExpert[m.Slot] = m.Expert
+		n := placement.ChangedSlots(prev, next)
+		next.SlotExpert[m.Slot] = old
+		return n
+	}
+	return math.MaxInt
 }
 
 func cloneLayer(lp placement.LayerPlan) placement.LayerPlan {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -285,4 +286,127 @@ func TestMaxImbalanceRefreshesBalance(t *testing.T) {
 	}
 	assert.InDelta(t, maxGap, res.Balance.MaxGap, 1e-12)
 	assert.InDelta(t, res.Balance.MaxGap, res.Gap, 1e-12, "the result's gap is the repaired plan's")
+}
+
+// TestMaxImbalanceRetargetsFollowLoads: a plan made for one trace (EPLB's
+// copy counts fit its hot experts) meets the routing of another, whose
+// hot experts differ, so swapping copies cannot bring the busiest GPU
+// down: the copy counts must follow the new loads. With the cap at EPLB's
+// worst layer for the new trace, the repair alone (no baseline to fall
+// back on) must meet it by re-apportioning copies; every plan stays
+// valid, keeps its slots per GPU and never ends above where it started.
+func TestMaxImbalanceRetargetsFollowLoads(t *testing.T) {
+	rng := rand.New(rand.NewPCG(12, 4))
+	layers, met, over, retargeted, grouped, budgeted, floored := 0, 0, 0, 0, 0, 0, 0
+	for i := range 24 {
+		nodes, perNode := 1+i%2, 2+rng.IntN(3)
+		G := nodes * perNode
+		E := G * (2 + rng.IntN(2))
+		flow, disp := costmodel.FlowHome, []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal, placement.DispatchEven}[i/2%4]
+		if i/2%4 == 3 {
+			flow = costmodel.FlowChain
+		}
+		groups, strategy := 0, StrategyEPLB
+		if nodes > 1 && i%4 == 1 {
+			groups, strategy = nodes, StrategyEPLBHierarchical
+		}
+		mk := func(tr *routing.Trace) Problem {
+			return Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(nodes, perNode), Model: testkit.FakeModel(E, 2),
+				Flow: flow, Dispatch: disp, RedundantSlots: G, ExpertGroups: groups}
+		}
+		old := mk(testkit.RandomTrace(rng, 300, 3, E, 2))
+		p := mk(testkit.RandomTrace(rng, 300, 3, E, 2))
+		name := fmt.Sprintf("%d:%dx%d E=%d %v %v groups=%d", i, nodes, perNode, E, flow, disp, groups)
+		plan, err := Baseline(old, strategy)
+		require.NoError(t, err, name)
+		fresh, err := Baseline(p, strategy)
+		require.NoError(t, err, name)
+		capv := 0.0
+		for _, r := range layerRatios(t, p, fresh) {
+			capv = max(capv, r)
+		}
+		p.MaxImbalance = capv
+		before := layerRatios(t, p, plan)
+		var opts Options
+		if i%3 == 2 {
+			// A move budget: the plan in service may change little.
+			p.Current, opts.MaxMoves = plan.Clone(), 2+rng.IntN(4)
+		}
+		got := plan.Clone()
+		_, err = RepairImbalance(p, opts, got)
+		if err != nil {
+			var inf *InfeasibleError
+			require.True(t, errors.As(err, &inf), "%s: %v", name, err)
+			assert.Equal(t, plan, got, "%s: an unmet cap leaves the plan as it was", name)
+			if strings.Contains(err.Error(), "gives its GPU at least") {
+				// The bound is the plan's copy counts', which retargets change.
+				assert.Regexp(t, `expert \d+ with its \d+ cop(y|ies) gives`, err.Error(), name)
+				floored++
+			}
+		}
+		require.NoError(t, got.Validate(placement.ValidateOptions{Experts: E, Layers: 3}), name)
+		after := layerRatios(t, p, got)
+		for l := range after {
+			layers++
+			assert.True(t, sameCounts(plan.Layers[l].SlotGPU, got.Layers[l].SlotGPU, G), "%s: layer %d slots per GPU", name, l)
+			if opts.MaxMoves > 0 {
+				assert.LessOrEqual(t, placement.ChangedSlots(plan.Layers[l], got.Layers[l]), opts.MaxMoves, "%s: layer %d", name, l)
+			}
+			if groups > 0 {
+				node := map[int]int{} // group → node
+				for s, e := range got.Layers[l].SlotExpert {
+					g, n := int(e)/(E/groups), int(got.Layers[l].SlotGPU[s])/perNode
+					if m, ok := node[g]; ok {
+						assert.Equal(t, m, n, "%s: layer %d: group %d split", name, l, g)
+					}
+					node[g] = n
+				}
+			}
+			if before[l] <= capv*(1+1e-9) {
+				continue
+			}
+			if opts.MaxMoves == 0 {
+				over++ // within a budget the cap may be out of reach
+			}
+			if err == nil {
+				assert.LessOrEqual(t, after[l], capv*(1+1e-9), "%s: layer %d", name, l)
+				if opts.MaxMoves == 0 {
+					met++
+				}
+				if !sameCounts(plan.Layers[l].SlotExpert, got.Layers[l].SlotExpert, E) {
+					retargeted++
+					if groups > 0 {
+						grouped++
+					}
+					if opts.MaxMoves > 0 {
+						budgeted++
+					}
+				}
+			}
+		}
+	}
+	t.Logf("%d layers, %d above the cap without a budget, %d met it; %d met it with copies re-apportioned, %d of them under groups, %d within a budget", layers, over, met, retargeted, grouped, budgeted)
+	assert.GreaterOrEqual(t, over, layers/3, "the old plans must be above the new cap")
+	assert.GreaterOrEqual(t, met, over*3/4, "the repair must meet the cap on most layers")
+	assert.GreaterOrEqual(t, retargeted, met/2, "meeting it needs copies re-apportioned")
+	assert.Positive(t, grouped, "some under expert groups")
+	assert.Positive(t, budgeted, "some within a move budget")
+	assert.Positive(t, floored, "some refusals name a bound")
+}
+
+// sameCounts reports whether a and b hold every value in [0,n) as often.
+func sameCounts[T ~int16 | ~int32 | ~int](a, b []T, n int) bool {
+	c := make([]int, n)
+	for _, v := range a {
+		c[v]++
+	}
+	for _, v := range b {
+		c[v]--
+	}
+	for _, v := range c {
+		if v != 0 {
+			return false
+		}
+	}
+	return true
 }
