@@ -158,6 +158,49 @@ func (c *common) scoreFile(p solver.Problem, path string) (*solver.Result, error
 // fromFile reports whether r is a compare --plan file's row.
 func fromFile(r *solver.Result) bool { return strings.HasPrefix(string(r.Strategy), filePrefix) }
 
+// slotsNote says when a plan with fewer slots than joint's (no redundant
+// slots: contiguous, round-robin, greedy) is modeled faster than joint's:
+// every expert a GPU holds costs a weight read a layer, which the balance
+// redundant slots buy may not repay at the trace's loads. "" otherwise.
+func slotsNote(p solver.Problem, results []*solver.Result) string {
+	total := func(r *solver.Result) int {
+		n := 0
+		for l := range r.Plan.Layers {
+			n += r.Plan.Slots(l)
+		}
+		return n
+	}
+	var joint, best *solver.Result
+	for _, r := range results {
+		if r.Strategy == solver.StrategyJoint && r.Plan != nil {
+			joint = r
+		}
+	}
+	if joint == nil || len(joint.Plan.Layers) == 0 {
+		return ""
+	}
+	for _, r := range results {
+		if r.Plan != nil && len(r.Plan.Layers) == len(joint.Plan.Layers) && total(r) < total(joint) && r.Objective < joint.Objective && (best == nil || r.Objective < best.Objective) {
+			best = r
+		}
+	}
+	if best == nil {
+		return ""
+	}
+	L := len(joint.Plan.Layers)
+	per := func(r *solver.Result) string {
+		n := float64(total(r)) / float64(L)
+		if n == math.Round(n) {
+			return fmt.Sprintf("%.0f", n)
+		}
+		return fmt.Sprintf("%.1f", n)
+	}
+	_, perExpert := p.Cluster.Coefficients(p.Model)
+	return fmt.Sprintf("%s (%s slots a layer) is modeled %.1f%% faster than joint (%s): every expert a GPU holds costs a weight read of %s a layer, "+
+		"which the balance the extra slots buy does not repay at these loads; fewer --redundant-slots may be faster",
+		best.Strategy, per(best), 100*(joint.Objective-best.Objective)/joint.Objective, per(joint), dur(time.Duration(perExpert*1e9)))
+}
+
 // singleCopyEven reports whether plan has one copy of every expert and
 // the same number of experts on every GPU in every layer: the plans the
 // exact-cost lower bound holds for.
@@ -258,6 +301,9 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 		if p.Dispatch == placement.DispatchLocal && r.Balance != nil && p.Stats.Patterns == nil {
 			fmt.Fprintf(w, "%s: cross-node traffic %.2f%% above its lower bound for plans at least as balanced in every layer (local dispatch)\n", r.Strategy, 100*r.Balance.TrafficGap)
 		}
+	}
+	if note := slotsNote(p, results); note != "" {
+		fmt.Fprintln(w, note)
 	}
 	fmt.Fprintln(w, "token tail: Σ over layers of the busiest GPU's routed tokens; max/mean: mean over layers; all-to-all tail: Σ of dispatch+combine bottleneck times; layer time: Σ modeled layer times;")
 	fmt.Fprintln(w, "vs contiguous: how much lower the layer time is than Megatron's contiguous placement; gap: joint's proven gap to HiGHS's bound on its ILP model,")

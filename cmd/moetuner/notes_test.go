@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -71,4 +72,53 @@ func TestNotes(t *testing.T) {
 	code, _, stderr = runCLI(t, "stats", trace, "--path-error", "-1")
 	assert.Equal(t, 2, code)
 	assert.Contains(t, stderr, "--path-error -1: want 0 (every path) or a positive relative error")
+}
+
+// TestRedundantSlotsNote: every expert a GPU holds costs a weight read a
+// layer, so at small loads redundant slots can cost more than the balance
+// they buy. On the Mixtral popularity counts (1 × 4 GPUs, 4 redundant
+// slots) greedy, with 8 slots a layer, is modeled faster than joint with
+// 12, and compare says so with the flag to change; with no redundant
+// slots joint is fastest and nothing is said; with weight reads priced at
+// nothing (a cluster file's expert_cost) the redundant slots pay and
+// nothing is said either.
+func TestRedundantSlotsNote(t *testing.T) {
+	chdirRoot(t)
+	trace := "testdata/mixtral-8x7b/fiddler/expert_popularity_machine_learning.json"
+	base := []string{"compare", "--trace", trace, "--nodes", "1", "--gpus-per-node", "4", "--strategies", "greedy,eplb,joint", "--time-limit", "3s", "--quiet"}
+	code, stdout, stderr := runCLI(t, append(base, "--redundant-slots", "4")...)
+	require.Equal(t, 0, code, stderr)
+	greedy, joint := layerTimeOf(t, stdout, "greedy"), layerTimeOf(t, stdout, "joint")
+	require.Less(t, greedy, joint, stdout)
+	assert.Contains(t, stdout, "greedy (8 slots a layer) is modeled", stdout)
+	assert.Contains(t, stdout, "faster than joint (12)", stdout)
+	assert.Contains(t, stdout, "fewer --redundant-slots", stdout)
+
+	code, stdout, stderr = runCLI(t, append(base, "--redundant-slots", "0")...)
+	require.Equal(t, 0, code, stderr)
+	assert.NotContains(t, stdout, "slots a layer", stdout)
+
+	cluster := filepath.Join(t.TempDir(), "free-weights.yaml")
+	require.NoError(t, os.WriteFile(cluster, []byte("nodes: 1\ngpus_per_node: 4\nnvlink_gbps: 900\nnic_gbps: 400\ntflops: 989\nhbm_gbps: 3350\nexpert_cost: 1ns\n"), 0o644))
+	code, stdout, stderr = runCLI(t, "compare", "--trace", trace, "--cluster", cluster, "--strategies", "greedy,joint", "--time-limit", "3s", "--quiet", "--redundant-slots", "4")
+	require.Equal(t, 0, code, stderr)
+	require.Less(t, layerTimeOf(t, stdout, "joint"), layerTimeOf(t, stdout, "greedy"), stdout)
+	assert.NotContains(t, stdout, "slots a layer", stdout)
+}
+
+// layerTimeOf reads strategy's layer time, in seconds, from compare's
+// table.
+func layerTimeOf(t *testing.T, table, strategy string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(table, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 7 || strings.TrimSuffix(f[0], "*") != strategy {
+			continue
+		}
+		d, err := time.ParseDuration(strings.ReplaceAll(f[5], "µ", "u"))
+		require.NoError(t, err, line)
+		return d.Seconds()
+	}
+	t.Fatalf("no %s row in\n%s", strategy, table)
+	return 0
 }
