@@ -518,6 +518,14 @@ func bestBaseline(p Problem, deadline time.Time) (baselinePick, error) {
 // dispatch-time LP would (any strategy, so comparisons stay fair). Layers
 // with one copy per expert are left alone.
 func applyOptimalSplit(p Problem, res *Result) {
+	// The exact pair method's and the exhaustive search's bounds hold for
+	// even splits only; max(mean, largest replica) holds for any split.
+	var anySplit []float64
+	if res.Balance != nil {
+		if _, bound, err := replica.Bounds(replicaProblem(p, Options{})); err == nil && len(bound) == len(res.Balance.Layers) {
+			anySplit = bound
+		}
+	}
 	speed := make([]float64, res.Plan.GPUs)
 	for g := range speed {
 		speed[g] = p.Cluster.SpeedOf(g)
@@ -531,6 +539,9 @@ func applyOptimalSplit(p Problem, res *Result) {
 		lp.SlotShare = shares
 		if b := res.Balance; b != nil {
 			b.Layers[l].Busiest = math.Min(b.Layers[l].Busiest, busiest)
+			if anySplit != nil {
+				b.Layers[l].Bound = math.Min(b.Layers[l].Bound, anySplit[l])
+			}
 		}
 	}
 	if b := res.Balance; b != nil {
