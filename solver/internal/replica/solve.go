@@ -457,6 +457,20 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 			b.Bound = math.Max(b.Bound, math.Min(bound, b.Busiest))
 		}
 	}
+	// Few experts and slots: every copy count vector and packing can be
+	// searched (exactPack gives up at once where they are too many). A
+	// complete search proves the busiest load optimal.
+	if groups == 0 && p.Current == nil && len(w) == 1 && p.Dispatch == placement.DispatchEven && b.Gap() > 1e-6 {
+		better, _, complete := exactPack(p.Stats.Load[l], speed, lay.slots, b.Busiest, lim.Meter(ctx))
+		if better != nil {
+			if nb := layerBalance(p.Stats.Load[l], better, speed, lay, G, 0); nb.Busiest < b.Busiest {
+				cp, b = better, nb
+			}
+		}
+		if complete {
+			b.Bound = math.Max(b.Bound, b.Busiest)
+		}
+	}
 	return cp, b, nil
 }
 
