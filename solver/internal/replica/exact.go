@@ -21,9 +21,9 @@ import (
 // complete, in which case no plan with these slots is below that load.
 //
 // It stops when m is done, and as soon as the count vectors left, at the
-// fewest nodes each (one per slot), would take longer than the time or
-// work left at the rate measured so far: on layers with many experts it
-// gives up within its first check.
+// nodes a vector has taken so far (at least one per slot), would take
+// longer than the time or work left at the rate measured so far: on
+// layers with many experts it gives up within its first check.
 func exactPack(load, speed []float64, slots []int, hi float64, m *task.Meter) (copies [][]placement.GPU, busiest float64, complete bool) {
 	E, G := len(load), len(slots)
 	S := 0
@@ -105,7 +105,13 @@ func exactPack(load, speed []float64, slots []int, hi float64, m *task.Meter) (c
 			stopped = true
 			return true
 		}
-		left := math.Max(vectors-float64(done), 0) * float64(S)
+		// Nodes left: the vectors left at the nodes a vector has taken so
+		// far (at least one per slot).
+		per := float64(S)
+		if done > 0 {
+			per = math.Max(per, float64(nodes)/float64(done))
+		}
+		left := math.Max(vectors-float64(done), 0) * per
 		if m.Work() {
 			stopped = left > float64(m.Left())
 		} else if el := time.Since(start); el > 0 {
