@@ -210,7 +210,7 @@ func exactPack(load, speed []float64, slots []int, hi float64, m *task.Meter) (c
 	}
 	var count func(i, left int)
 	count = func(i, left int) {
-		if stopped {
+		if stop() { // the enumeration's steps count as nodes too
 			return
 		}
 		e := order[i]
