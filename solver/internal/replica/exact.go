@@ -21,9 +21,10 @@ import (
 // complete, in which case no plan with these slots is below that load.
 //
 // It stops when m is done, and as soon as the count vectors left, at the
-// nodes a vector has taken so far (at least one per slot), would take
-// longer than the time or work left at the rate measured so far: on
-// layers with many experts it gives up within its first check.
+// nodes a vector has taken so far (at least one per slot; the first
+// vector's nodes until it is done), would take longer than the time or
+// work left at the rate measured so far: on layers with many experts it
+// gives up within its first check.
 func exactPack(load, speed []float64, slots []int, hi float64, m *task.Meter) (copies [][]placement.GPU, busiest float64, complete bool) {
 	E, G := len(load), len(slots)
 	S := 0
@@ -89,6 +90,7 @@ func exactPack(load, speed []float64, slots []int, hi float64, m *task.Meter) (c
 
 	start := time.Now()
 	var nodes, done int64
+	var atStart int64 // nodes when the vector being packed began
 	stopped := false
 	// stop is checked every 1024 nodes: the meter, then the projection of
 	// what is left at the rate so far.
@@ -106,10 +108,12 @@ func exactPack(load, speed []float64, slots []int, hi float64, m *task.Meter) (c
 			return true
 		}
 		// Nodes left: the vectors left at the nodes a vector has taken so
-		// far (at least one per slot).
-		per := float64(S)
+		// far on average (at least one per slot); before the first vector
+		// is done, at what it has taken already, so a first packing that
+		// does not end (18 experts on 6 GPUs) is given up too.
+		per := math.Max(float64(S), float64(nodes-atStart))
 		if done > 0 {
-			per = math.Max(per, float64(nodes)/float64(done))
+			per = math.Max(float64(S), float64(nodes)/float64(done))
 		}
 		left := math.Max(vectors-float64(done), 0) * per
 		if m.Work() {
@@ -217,6 +221,7 @@ func exactPack(load, speed []float64, slots []int, hi float64, m *task.Meter) (c
 		if i == E-1 {
 			if left >= fewest[i] && left <= G {
 				cnt[e] = left
+				atStart = nodes
 				pack()
 				done++
 			}

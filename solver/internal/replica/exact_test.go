@@ -173,3 +173,22 @@ func TestExactPackGivesUp(t *testing.T) {
 	assert.False(t, complete)
 	assert.Equal(t, int64(budget-1024), m.Left(), "it must give up at its first check, not spend the budget")
 }
+
+// TestExactPackGivesUpOnAHardFirstVector: 18 experts on 6 GPUs with 4
+// slots each. The count vectors are few enough to try (about 10⁵) but
+// the first one's packing does not end; the search must see that before
+// any vector is done and give up, spending a sliver of a budget of 10⁹
+// nodes. Projecting one node per slot for that vector spends it all.
+func TestExactPackGivesUpOnAHardFirstVector(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	load := make([]float64, 18)
+	for e := range load {
+		load[e] = math.Round(100 + 1900*math.Pow(rng.Float64(), 2))
+	}
+	speed := []float64{1, 1, 1, 1, 1, 1}
+	const budget = 1_000_000_000
+	m := task.ByWork(context.Background(), budget)
+	_, _, complete := exactPack(load, speed, slices3(4, 6), math.Inf(1), m)
+	assert.False(t, complete)
+	assert.Greater(t, m.Left(), int64(budget-10_000_000), "it must give up early, not spend the budget")
+}
