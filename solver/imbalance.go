@@ -287,12 +287,7 @@ func repairLayer(ctx context.Context, p Problem, opts Options, ev *costmodel.Eva
 		// whose expert has another copy) or take a spare copy off it.
 		var cands []repairCand
 		onNode := func(f routing.Expert, g int) bool { // f has a copy on g's node
-			for s, e := range lp.SlotExpert {
-				if e == f && int(lp.SlotGPU[s])/gpn == g/gpn {
-					return true
-				}
-			}
-			return false
+			return slices.ContainsFunc(holders[f], func(x placement.GPU) bool { return int(x)/gpn == g/gpn })
 		}
 		after := func(e routing.Expert, c int) float64 { return load[e] / float64(c) }
 		// gain is the busiest of e's copies but the one on GPU x once each

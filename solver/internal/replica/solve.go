@@ -286,10 +286,7 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 			}
 			if after, err := p.Evaluate(polished); err == nil && after.TimeSec < before.TimeSec {
 				plan, report = polished, after
-				for l := range L {
-					copies[l] = plan.ExpertGPUs(l)
-					bal[l] = layerBalance(p.Stats.Load[l], copies[l], speed, lay, G, p.localP())
-				}
+				copies, bal = certifyLayers(p, plan, lay, speed)
 			}
 		}
 	}
@@ -340,18 +337,25 @@ func Certify(p Problem, plan *placement.Plan) (*BalanceReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	G, L := p.Cluster.GPUs(), p.Stats.Layers
-	speed := make([]float64, G)
+	speed := make([]float64, p.Cluster.GPUs())
 	for g := range speed {
 		speed[g] = p.Cluster.SpeedOf(g)
 	}
+	copies, bal := certifyLayers(p, plan, lay, speed)
+	return balanceReport(p, bal, copies, speed), nil
+}
+
+// certifyLayers is every layer's copies in plan and their balance
+// against the basic bound (layerBalance).
+func certifyLayers(p Problem, plan *placement.Plan, lay replicaLayout, speed []float64) ([][][]placement.GPU, []LayerBalance) {
+	L, G := len(plan.Layers), p.Cluster.GPUs()
 	copies := make([][][]placement.GPU, L)
 	bal := make([]LayerBalance, L)
 	for l := range L {
 		copies[l] = plan.ExpertGPUs(l)
 		bal[l] = layerBalance(p.Stats.Load[l], copies[l], speed, lay, G, p.localP())
 	}
-	return balanceReport(p, bal, copies, speed), nil
+	return copies, bal
 }
 
 // busiestOverMean scores one layer of copies under a load vector (even
