@@ -32,7 +32,7 @@ func CapImbalance(p Problem, opts Options, plan *placement.Plan) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, err := capPlan(context.Background(), p, opts, plan, nil, time.Now().Add(time.Hour))
+	n, err := capPlan(context.Background(), p, opts, plan, nil, nil, time.Now().Add(time.Hour))
 	return n, public(err)
 }
 
@@ -43,6 +43,6 @@ func RepairImbalance(p Problem, opts Options, plan *placement.Plan) (int, error)
 	if err != nil {
 		return 0, err
 	}
-	n, err := capImbalance(context.Background(), p, opts, plan, nil, nil, time.Now().Add(time.Hour))
+	n, err := capImbalance(context.Background(), p, opts, plan, nil, nil, nil, time.Now().Add(time.Hour))
 	return n, public(err)
 }

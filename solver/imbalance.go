@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,11 +42,21 @@ func layerRatio(tok, speed []float64) (ratio float64, busiest int) {
 // nothing otherwise: static and local dispatch may send it none). It
 // returns the bound and the expert that sets it (−1: none above 1).
 func imbalanceFloor(p Problem, l int, lp placement.LayerPlan, speed []float64) (float64, int) {
-	load := p.Stats.Load[l]
-	copies := make([]int, len(load))
+	copies := make([]int, p.Stats.Experts)
 	for _, e := range lp.SlotExpert {
 		copies[e]++
 	}
+	perGPU := make([]int, len(speed))
+	for _, g := range lp.SlotGPU {
+		perGPU[g]++
+	}
+	return countsFloor(p, l, copies, perGPU, speed)
+}
+
+// countsFloor is imbalanceFloor for any plan with these copy counts and
+// slots per GPU.
+func countsFloor(p Problem, l int, copies, perGPU []int, speed []float64) (float64, int) {
+	load := p.Stats.Load[l]
 	var sum, ssum float64
 	for _, v := range load {
 		sum += v
@@ -56,23 +67,21 @@ func imbalanceFloor(p Problem, l int, lp placement.LayerPlan, speed []float64) (
 	if sum <= 0 {
 		return 1, -1
 	}
-	perGPU := make([]int, len(speed))
-	for _, g := range lp.SlotGPU {
-		perGPU[g]++
-	}
 	fewest := slices.Min(perGPU)
 	// least[i]: what a slot brings at least, slots sorted by it.
 	type slotMin struct {
 		v float64
 		e routing.Expert
 	}
-	least := make([]slotMin, len(lp.SlotExpert))
-	for s, e := range lp.SlotExpert {
+	var least []slotMin
+	for e, c := range copies {
 		v := 0.0
-		if c := copies[e]; c == 1 || p.Dispatch == placement.DispatchEven {
-			v = load[e] / float64(c)
+		if c == 1 || p.Dispatch == placement.DispatchEven {
+			v = load[e] / float64(max(c, 1))
 		}
-		least[s] = slotMin{v, e}
+		for range c {
+			least = append(least, slotMin{v, routing.Expert(e)})
+		}
 	}
 	slices.SortFunc(least, func(x, y slotMin) int { return cmp.Compare(x.v, y.v) })
 	fast := slices.Max(speed)
@@ -108,8 +117,12 @@ func imbalanceFloor(p Problem, l int, lp placement.LayerPlan, speed []float64) (
 // moves cannot bring under the cap starts again from the balance-first baseline's layer (fallback),
 // where its slots per GPU are the plan's. It stops at deadline; layers
 // still above the cap make an *InfeasibleError naming the worst and what
-// would fix it. It returns how many layers it changed.
-func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.Plan, rep *costmodel.Report, fallback *placement.Plan, deadline time.Time) (int, error) {
+// would fix it. proven, when not nil, is per layer a lower bound on
+// busiest/mean that holds for every plan with these slots per GPU (the
+// solve's certificate): a layer whose bound, or imbalanceFloor where every
+// expert has one copy, is above the cap is refused at once, with no
+// repair. It returns how many layers it changed.
+func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.Plan, rep *costmodel.Report, fallback *placement.Plan, proven []float64, deadline time.Time) (int, error) {
 	limit := p.MaxImbalance
 	const tol = 1e-9
 	speed := make([]float64, plan.GPUs)
@@ -139,6 +152,9 @@ func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.
 	}
 	if len(over) == 0 {
 		return 0, nil
+	}
+	if err := refuseProven(p, plan, over, proven, speed, ev, rep); err != nil {
+		return 0, err
 	}
 	if ev == nil {
 		if ev, err = p.Scenario().NewEvaluator(plan); err != nil {
@@ -187,7 +203,8 @@ func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.
 		if time.Now().After(deadline) {
 			why = "the time limit ended before the search found a plan under it (raise Options.TimeLimit)"
 		}
-		fix := fmt.Sprintf("raise Problem.MaxImbalance to %.4g", worst.ratio)
+		d := digitsAbove(worst.ratio, limit)
+		fix := fmt.Sprintf("raise Problem.MaxImbalance to %s", roundTo(worst.ratio, d, math.Ceil))
 		if worst.floor > limit*(1+tol) && worst.expert >= 0 {
 			who := fmt.Sprintf("expert %d", worst.expert)
 			if lp := ev.Layer(worst.layer); len(lp.SlotExpert) > p.Stats.Experts {
@@ -201,7 +218,7 @@ func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.
 				}
 				who += fmt.Sprintf(" with its %d %s", n, map[bool]string{true: "copy", false: "copies"}[n == 1])
 			}
-			why = fmt.Sprintf("%s gives its GPU at least %.4g× the mean, even with the lightest copies beside it", who, worst.floor)
+			why = fmt.Sprintf("%s gives its GPU at least %s× the mean, even with the lightest copies beside it", who, roundTo(worst.floor, digitsAbove(worst.floor, limit), math.Floor))
 		}
 		if p.RedundantSlots == 0 && p.SlotsPerGPU == nil {
 			fix += " or add redundant slots (Problem.RedundantSlots) so that hot experts get copies"
@@ -209,11 +226,155 @@ func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.
 			fix += " or add redundant slots (Problem.RedundantSlots)"
 		}
 		return changed, &InfeasibleError{Constraint: "max imbalance", Detail: fmt.Sprintf(
-			"%d of %d layers stay above Problem.MaxImbalance %.4g; the worst, layer %d, is at %.4g: %s; %s",
-			len(misses), len(plan.Layers), limit, worst.layer, worst.ratio, why, fix)}
+			"%d of %d layers stay above Problem.MaxImbalance %s; the worst, layer %d, is at %s: %s; %s",
+			len(misses), len(plan.Layers), strconv.FormatFloat(limit, 'f', -1, 64), worst.layer, roundTo(worst.ratio, d, math.Ceil), why, fix)}
 	}
 	*plan = *ev.Plan()
 	return changed, nil
+}
+
+// refuseProven returns an *InfeasibleError when one of the layers over the
+// cap cannot be brought under it by any plan with these slots per GPU:
+// its proven bound (the solve's certificate), or where every expert has
+// one copy imbalanceFloor, which then holds for every plan, is above the
+// cap. nil when no layer is proven out of reach.
+func refuseProven(p Problem, plan *placement.Plan, over []int, proven, speed []float64, ev *costmodel.Evaluator, rep *costmodel.Report) error {
+	single := func(l int) (float64, int) {
+		if lp := plan.Layers[l]; len(lp.SlotExpert) == p.Stats.Experts {
+			return imbalanceFloor(p, l, lp, speed)
+		}
+		return 0, -1
+	}
+	ratio := func(l int) float64 {
+		var tok []float64
+		if ev != nil {
+			tok = ev.Tokens(l)
+		} else {
+			tok = rep.Layers[l].Tokens
+		}
+		r, _ := layerRatio(tok, speed)
+		return r
+	}
+	return provenError(p, over, proven, single, ratio)
+}
+
+// refuseBeforeSolve returns an *InfeasibleError, before any search, when
+// some layer cannot meet p.MaxImbalance with p's slots per GPU: the mean
+// and the largest replica (replica.Bounds) hold under any dispatch and
+// split, and without redundant slots, where every expert has one copy,
+// imbalanceFloor holds for every plan. nil when no layer is out of reach
+// by these bounds (the solve may still find none under the cap).
+func refuseBeforeSolve(p Problem) error {
+	if len(p.Workloads) > 0 {
+		return nil
+	}
+	rp := replicaProblem(p, Options{})
+	mean, bound, err := replica.Bounds(rp)
+	if err != nil {
+		return nil // the strategy reports the layout's error in its own words
+	}
+	slots, err := replica.Slots(rp)
+	if err != nil {
+		return nil
+	}
+	speed := make([]float64, len(slots))
+	for g := range speed {
+		speed[g] = p.Cluster.SpeedOf(g)
+	}
+	proven := make([]float64, len(mean))
+	all := make([]int, len(mean))
+	for l := range mean {
+		all[l] = l
+		if mean[l] > 0 {
+			proven[l] = bound[l] / mean[l]
+		}
+	}
+	total := 0
+	for _, s := range slots {
+		total += s
+	}
+	ones := make([]int, p.Stats.Experts)
+	for e := range ones {
+		ones[e] = 1
+	}
+	single := func(l int) (float64, int) {
+		if total != p.Stats.Experts {
+			return 0, -1
+		}
+		return countsFloor(p, l, ones, slots, speed)
+	}
+	return provenError(p, all, proven, single, nil)
+}
+
+// provenError is refuseProven's and refuseBeforeSolve's error: among
+// layers, those whose floor, the larger of proven[l] (nil: none) and
+// single(l) (a floor set by one expert, which it names), is above the
+// cap, and the layer with the highest floor, the least cap that might be
+// met. ratio, when not nil, gives that layer's busiest/mean in the plan
+// at hand. nil when no layer's floor is above the cap.
+func provenError(p Problem, layers []int, proven []float64, single func(int) (float64, int), ratio func(int) float64) error {
+	const tol = 1e-9
+	limit := p.MaxImbalance
+	n, worst, expert, floor := 0, -1, -1, 0.0
+	for _, l := range layers {
+		f, e := 0.0, -1
+		if proven != nil {
+			f = proven[l]
+		}
+		if g, who := single(l); g > f {
+			f, e = g, who
+		}
+		if f <= limit*(1+tol) {
+			continue
+		}
+		n++
+		if worst < 0 || f > floor {
+			worst, expert, floor = l, e, f
+		}
+	}
+	if worst < 0 {
+		return nil
+	}
+	d := digitsAbove(floor, limit)
+	lo, hi := roundTo(floor, d, math.Floor), roundTo(floor, d, math.Ceil)
+	why := fmt.Sprintf("the certified bound puts its busiest GPU at no less than %s× the mean on any plan with these slots per GPU", lo)
+	if expert >= 0 {
+		why = fmt.Sprintf("expert %d gives its GPU at least %s× the mean, even with the lightest copies beside it", expert, lo)
+	}
+	at := ""
+	if ratio != nil {
+		at = ", is at " + roundTo(ratio(worst), d, math.Ceil)
+	}
+	return &InfeasibleError{Constraint: "max imbalance", Detail: fmt.Sprintf(
+		"%d of %d layers cannot be brought under Problem.MaxImbalance %s by any plan with these slots; the worst, layer %d%s: %s; raise Problem.MaxImbalance to at least %s or add redundant slots (Problem.RedundantSlots)",
+		n, p.Stats.Layers, strconv.FormatFloat(limit, 'f', -1, 64), worst, at, why, hi)}
+}
+
+// digitsAbove is the fewest decimals, from 4 to 9, at which x rounded
+// down still reads above limit, so that a floor and the cap it exceeds
+// print differently.
+func digitsAbove(x, limit float64) int {
+	d := 4
+	for ; d < 9; d++ {
+		if v, _ := strconv.ParseFloat(roundTo(x, d, math.Floor), 64); v > limit {
+			break
+		}
+	}
+	return d
+}
+
+// roundTo prints x with d decimals, rounded by round (math.Floor for a
+// claim that must not overstate a bound, math.Ceil for a cap that must
+// not understate it). x is first moved by a
+// relative 1e-12 against the rounding, so that float noise on a value
+// that prints exactly does not move it a whole decimal.
+func roundTo(x float64, d int, round func(float64) float64) string {
+	p := math.Pow(10, float64(d))
+	nudge := 1 + 1e-12
+	if round(0.5) > 0.5 { // rounding up
+		nudge = 1 - 1e-12
+	}
+	return strconv.FormatFloat(round(x*p*nudge)/p, 'f', d, 64)
 }
 
 // repairLayer runs capImbalance's moves on layer l of ev and returns the
@@ -463,7 +624,7 @@ func imbalanceEvals(p Problem) float64 {
 // capPlan is capImbalance with the balance-first baseline of p's shape as
 // the fallback: hierarchical EPLB under expert groups, EPLB with
 // redundant slots, greedy without.
-func capPlan(ctx context.Context, p Problem, opts Options, plan *placement.Plan, rep *costmodel.Report, deadline time.Time) (int, error) {
+func capPlan(ctx context.Context, p Problem, opts Options, plan *placement.Plan, rep *costmodel.Report, proven []float64, deadline time.Time) (int, error) {
 	var fallback *placement.Plan
 	var err error
 	switch {
@@ -477,7 +638,24 @@ func capPlan(ctx context.Context, p Problem, opts Options, plan *placement.Plan,
 	if err != nil {
 		fallback = nil // capImbalance then repairs the plan's own layers only
 	}
-	return capImbalance(ctx, p, opts, plan, rep, fallback, deadline)
+	return capImbalance(ctx, p, opts, plan, rep, fallback, proven, deadline)
+}
+
+// provenFloors is, per layer, res's certified lower bound on busiest/mean
+// (Bound over Mean), which holds for every plan with p's slots per GPU
+// under p's dispatch; nil where res has none, and under an optimal split
+// or workloads, where the cap is not measured the way the bound is.
+func provenFloors(p Problem, res *Result) []float64 {
+	if res.Balance == nil || len(res.Balance.Layers) != p.Stats.Layers || p.Split == SplitOptimal || len(p.Workloads) > 0 {
+		return nil
+	}
+	out := make([]float64, p.Stats.Layers)
+	for l, lb := range res.Balance.Layers {
+		if lb.Mean > 0 {
+			out[l] = lb.Bound / lb.Mean
+		}
+	}
+	return out
 }
 
 // enforceImbalance caps res.Plan's layers at p.MaxImbalance
@@ -489,7 +667,7 @@ func enforceImbalance(ctx context.Context, p Problem, opts Options, res *Result)
 	if !ok {
 		deadline = time.Now().Add(opts.TimeLimit)
 	}
-	changed, err := capPlan(ctx, p, opts, res.Plan, res.report, deadline)
+	changed, err := capPlan(ctx, p, opts, res.Plan, res.report, provenFloors(p, res), deadline)
 	if err != nil || changed == 0 {
 		return err
 	}

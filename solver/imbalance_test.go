@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -213,7 +214,7 @@ func TestMaxImbalanceInfeasible(t *testing.T) {
 	require.True(t, errors.As(err, &inf), "%v", err)
 	// The floor: expert 0 and the lightest copy beside it, (1000+10) over
 	// the mean 1030/2, which the best plan reaches.
-	for _, want := range []string{"layer 1", "expert 0 gives its GPU at least 1.961×", "Problem.MaxImbalance", "Problem.RedundantSlots"} {
+	for _, want := range []string{"layer 1", "expert 0 gives its GPU at least 1.9611×", "Problem.MaxImbalance", "Problem.RedundantSlots"} {
 		assert.Contains(t, err.Error(), want)
 	}
 	// With two redundant slots the hot expert gets copies and the cap is met.
@@ -409,4 +410,181 @@ func sameCounts[T ~int16 | ~int32 | ~int](a, b []T, n int) bool {
 		}
 	}
 	return true
+}
+
+// TestMaxImbalanceProvenRefusal: on small replicated layers the solve
+// proves each layer's best busiest/mean (exhaustive search, under a work
+// budget so the proof does not depend on the machine's load). A cap just
+// above the worst optimum is met; a cap below it is refused at once, and
+// the refusal's claims are true: the floor it names is above the cap and
+// at most the named layer's brute-force optimum, the cap it suggests is
+// at least that floor, and it counts exactly the layers whose optimum is
+// above the cap.
+func TestMaxImbalanceProvenRefusal(t *testing.T) {
+	rng := rand.New(rand.NewPCG(53, 11))
+	num := func(s, pat string) float64 {
+		i := strings.Index(s, pat)
+		require.GreaterOrEqual(t, i, 0, "%q not in %s", pat, s)
+		var v float64
+		_, err := fmt.Sscanf(s[i+len(pat):], "%g", &v)
+		require.NoError(t, err, s)
+		return v
+	}
+	refused, budgeted := 0, 0
+	for it := range 10 {
+		G := 2 + rng.IntN(3)
+		per := 3 + rng.IntN(2)
+		E := max(per, min(7, G*per-1-rng.IntN(G)))
+		L := 3
+		load := make([][]float64, L)
+		for l := range load {
+			load[l] = make([]float64, E)
+			for e := range load[l] {
+				load[l][e] = math.Round(100 + 1900*math.Pow(rng.Float64(), 2))
+			}
+		}
+		slots := make([]int, G)
+		for g := range slots {
+			slots[g] = per
+		}
+		p := Problem{Stats: routing.StatsFromLoad(load, 2), Cluster: testkit.SmallCluster(1, G), Model: testkit.FakeModel(E, 2), SlotsPerGPU: slots}
+		name := fmt.Sprintf("%d: load %v slots %v", it, load, slots)
+		opts := Options{Strategy: StrategyJoint, Effort: 100}
+		opt := make([]float64, L)
+		worst := 0.0
+		for l := range load {
+			sum := 0.0
+			for _, v := range load[l] {
+				sum += v
+			}
+			opt[l] = testkit.BruteBusiestSlots(load[l], slots) / (sum / float64(G))
+			worst = max(worst, opt[l])
+		}
+		res, err := Solve(context.Background(), p, opts)
+		require.NoError(t, err, name)
+		proven := res.Status == StatusOptimal
+		// From a scrambled plan with two moves a layer, the certificate
+		// is the largest replica's: a refusal must not claim more.
+		{
+			q := p
+			q.Current = res.Plan.Clone()
+			scramble(rng, q.Current, G, false)
+			q.MaxImbalance = worst * (1 + 1e-6)
+			_, err := Solve(context.Background(), q, Options{Strategy: StrategyJoint, Effort: 100, MaxMoves: 2})
+			if err != nil && strings.Contains(err.Error(), "cannot be brought under") {
+				msg := err.Error()
+				var l int
+				_, err = fmt.Sscanf(msg[strings.Index(msg, "the worst, layer ")+len("the worst, layer "):], "%d", &l)
+				require.NoError(t, err, msg)
+				floor := num(msg, "no less than ")
+				assert.LessOrEqual(t, floor, opt[l]*(1+1e-9), msg)
+			} else if err != nil {
+				budgeted++
+			}
+		}
+		if !proven {
+			// The search gave up on a layer: its certificate is the
+			// largest replica, and the claims below must hold all the same.
+			t.Logf("%s: %v, gap %.4f", name, res.Status, res.Gap)
+		} else {
+			p.MaxImbalance = worst * (1 + 1e-6)
+			res, err = Solve(context.Background(), p, opts)
+			require.NoError(t, err, name)
+			for l, r := range layerRatios(t, p, res.Plan) {
+				assert.LessOrEqual(t, r, p.MaxImbalance, "%s layer %d", name, l)
+			}
+		}
+
+		if worst < 1+1e-3 {
+			continue
+		}
+		p.MaxImbalance = (1 + worst) / 2
+		_, err = Solve(context.Background(), p, opts)
+		var inf *InfeasibleError
+		require.True(t, errors.As(err, &inf), "%s: %v", name, err)
+		msg := err.Error()
+		if !proven && !strings.Contains(msg, "cannot be brought under") {
+			continue // refused after the repair, as an unproven layer is
+		}
+		require.Contains(t, msg, "cannot be brought under Problem.MaxImbalance", name)
+		refused++
+		var n, l int
+		_, err = fmt.Sscanf(msg[strings.Index(msg, "max imbalance: ")+len("max imbalance: "):], "%d of", &n)
+		require.NoError(t, err, msg)
+		want := 0
+		for _, o := range opt {
+			if o > p.MaxImbalance {
+				want++
+			}
+		}
+		if proven {
+			assert.Equal(t, want, n, msg)
+		} else {
+			assert.LessOrEqual(t, n, want, msg)
+		}
+		_, err = fmt.Sscanf(msg[strings.Index(msg, "the worst, layer ")+len("the worst, layer "):], "%d", &l)
+		require.NoError(t, err, msg)
+		var floor float64
+		if strings.Contains(msg, "no less than ") {
+			floor = num(msg, "no less than ")
+		} else {
+			floor = num(msg, "at least ")
+		}
+		assert.Greater(t, floor, p.MaxImbalance, msg)
+		assert.LessOrEqual(t, floor, opt[l]*(1+1e-9), msg)
+		if proven {
+			assert.InDelta(t, worst, opt[l], 1e-9, "the named layer is the one the cap is furthest from: %s", msg)
+		}
+		assert.GreaterOrEqual(t, num(msg, "raise Problem.MaxImbalance to at least "), floor, msg)
+	}
+	t.Logf("%d refusals checked, %d refused under a move budget after the repair", refused, budgeted)
+	assert.Greater(t, budgeted, 2)
+	assert.Greater(t, refused, 5)
+}
+
+// TestMaxImbalanceRefusedBeforeSearch: a cap that a bound for every plan
+// with these slots rules out is refused before the search starts (no
+// stage reports progress), in the same words as after it; a cap at that
+// bound is searched for and met.
+func TestMaxImbalanceRefusedBeforeSearch(t *testing.T) {
+	load := [][]float64{{100, 90, 80, 70, 60, 50, 40, 30}, {1000, 10, 10, 10, 10, 10, 10, 10}}
+	single := replicatedProblem(load, 1, 4, 0)
+	spare := single
+	spare.SlotsPerGPU = []int{2, 2, 2, 3}
+	for _, tc := range []struct {
+		name string
+		p    Problem
+		cap  float64
+		want string
+	}{
+		// One copy each, two slots a GPU: expert 0 and the lightest
+		// expert beside it, (1000+10) over the mean 1070/4.
+		{"single copies", single, 3, "expert 0 gives its GPU at least 3.7757×"},
+		// One spare slot: expert 0 has at most two copies, each with 500
+		// tokens over the mean: the largest replica.
+		{"largest replica", spare, 1.5, "no less than 1.8691× the mean"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := tc.p
+			p.MaxImbalance = tc.cap
+			stages := 0
+			opts := Options{Strategy: StrategyJoint, TimeLimit: 10 * time.Second, Progress: func(Progress) { stages++ }}
+			_, err := Solve(context.Background(), p, opts)
+			var inf *InfeasibleError
+			require.True(t, errors.As(err, &inf), "%v", err)
+			assert.Contains(t, err.Error(), "1 of 2 layers cannot be brought under Problem.MaxImbalance")
+			assert.Contains(t, err.Error(), "the worst, layer 1: ")
+			assert.Contains(t, err.Error(), tc.want)
+			assert.Zero(t, stages, "the search ran before the refusal")
+
+			p.MaxImbalance = 4
+			stages = 0
+			res, err := Solve(context.Background(), p, opts)
+			require.NoError(t, err)
+			assert.Positive(t, stages)
+			for l, r := range layerRatios(t, p, res.Plan) {
+				assert.LessOrEqual(t, r, p.MaxImbalance, "layer %d", l)
+			}
+		})
+	}
 }

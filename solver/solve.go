@@ -291,6 +291,13 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	}
 	opts = opts.withDefaults()
 	st := opts.Strategy
+	if p.MaxImbalance > 0 && st == StrategyJoint {
+		// A cap no plan with these slots can meet is refused before the
+		// search spends its time.
+		if err := refuseBeforeSolve(p); err != nil {
+			return nil, public(err)
+		}
+	}
 	start := time.Now()
 	// byContext: the context's deadline, not TimeLimit, is the budget, so
 	// a strategy that runs out of it without a plan was cut short by the

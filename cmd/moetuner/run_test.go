@@ -466,14 +466,15 @@ func TestMaxImbalanceFlag(t *testing.T) {
 		assert.Equal(t, 2, code, bad)
 		assert.Contains(t, stderr, "--max-imbalance "+bad+": want 0 (no cap) or a busiest/mean ratio of at least 1", bad)
 	}
-	// Mixtral on 4 GPUs without copies: two experts a GPU keep every
-	// layer above a cap of 1.001; with one redundant slot per GPU a cap
-	// of 1.02 is met.
+	// Mixtral on 4 GPUs without copies: two experts a GPU keep 17 layers
+	// above a cap of 1.001 on any plan, which is refused before the
+	// search; with one redundant slot per GPU a cap of 1.02 is met.
 	shape := []string{"--nodes", "1", "--gpus-per-node", "4", "--time-limit", "5s"}
 	out := filepath.Join(dir, "tight.json")
 	code, _, stderr := runCLI(t, append([]string{"plan", "--max-imbalance", "1.001", "--out", out}, shape...)...)
 	assert.Equal(t, 1, code, stderr)
-	assert.Contains(t, stderr, "stay above --max-imbalance 1.001")
+	assert.Contains(t, stderr, "17 of 32 layers cannot be brought under --max-imbalance 1.001 by any plan with these slots")
+	assert.Contains(t, stderr, "raise --max-imbalance to at least 1.0960")
 	assert.Contains(t, stderr, "--redundant-slots")
 	assert.NotContains(t, stderr, "Problem.")
 	assert.NoFileExists(t, out)

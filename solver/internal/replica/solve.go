@@ -591,6 +591,12 @@ func countsTraffic(load []float64, cnt []int, N int) float64 {
 	return t
 }
 
+// Slots returns the expert slots of every GPU in p's layout.
+func Slots(p Problem) ([]int, error) {
+	lay, err := p.layout()
+	return lay.slots, err
+}
+
 // Bounds returns, per layer, the mean load per unit of speed and a lower
 // bound on the busiest GPU's load of any plan with p's slots: max(mean,
 // largest replica under the apportionment that minimises it over the
