@@ -186,6 +186,11 @@
 // no plan is found under is an *InfeasibleError with the worst layer, a
 // lower bound on its balance for the plan's copy counts (the expert that
 // sets it and the lightest copies beside it) and the fields to change.
+// A cap below a bound that holds for every plan with these slots (the
+// mean and the largest replica, and without copies one expert with the
+// lightest beside it) is refused before the search, and one below the
+// solve's certificate for a layer (exhaustive search on small layers)
+// before the repair, naming the least cap that might be met.
 //
 // Under local dispatch (Problem.Dispatch = placement.DispatchLocal: a
 // token uses its own GPU's, else its node's copy) copies are capped at one
