@@ -147,7 +147,13 @@
 //	busiest ≥ max(Σ_e P_e / Σ_g speed_g, min_c max_e P_e/c_e / max_g speed_g)
 //
 // (the second term is the apportionment's optimum), reported in
-// Result.Balance and Result.Gap. When every GPU has the same speed and one
+// Result.Balance and Result.Gap. With ExpertGroups (up to 12 groups) the
+// bound also holds the groups to nodes: whichever groups a node holds,
+// their tokens land on its GPUs and their copies on its slots, so the
+// busiest GPU is at least the least, over every assignment of groups to
+// nodes that fills the nodes' slots, of the largest node's load over its
+// speed and largest replica (a dynamic program over subsets of groups).
+// When every GPU has the same speed and one
 // or two slots (and a MIP backend is given), the layer is then solved by
 // the exact pair method: for a threshold T, the copy counts
 // that reach it are an ILP over Hall's condition for pairing large copies
@@ -162,7 +168,8 @@
 // (or work) at the rate measured, so only small layers (Mixtral's 8
 // experts on 4 GPUs with 4 redundant slots: 8 to 90 ms a layer) run it, and a
 // complete search proves the layer optimal. Both bounds hold for even
-// splits; under SplitOptimal the certificate falls back to the first. With
+// splits; under SplitOptimal the certificate falls back to the first
+// (and the groups' bound, which holds for any split). With
 // per-token statistics the plan is then
 // polished on the exact cost model (slot swaps that keep copies on distinct
 // GPUs), trading balance for communication. Problem.Split = SplitOptimal

@@ -337,7 +337,11 @@ func provenError(p Problem, layers []int, proven []float64, single func(int) (fl
 	}
 	d := digitsAbove(floor, limit)
 	lo, hi := roundTo(floor, d, math.Floor), roundTo(floor, d, math.Ceil)
-	why := fmt.Sprintf("the certified bound puts its busiest GPU at no less than %s× the mean on any plan with these slots per GPU", lo)
+	kept := "these slots per GPU"
+	if p.ExpertGroups > 0 {
+		kept += " and expert groups on nodes"
+	}
+	why := fmt.Sprintf("the certified bound puts its busiest GPU at no less than %s× the mean on any plan with %s", lo, kept)
 	if expert >= 0 {
 		why = fmt.Sprintf("expert %d gives its GPU at least %s× the mean, even with the lightest copies beside it", expert, lo)
 	}
@@ -346,8 +350,8 @@ func provenError(p Problem, layers []int, proven []float64, single func(int) (fl
 		at = ", is at " + roundTo(ratio(worst), d, math.Ceil)
 	}
 	return &InfeasibleError{Constraint: "max imbalance", Detail: fmt.Sprintf(
-		"%d of %d layers cannot be brought under Problem.MaxImbalance %s by any plan with these slots; the worst, layer %d%s: %s; raise Problem.MaxImbalance to at least %s or add redundant slots (Problem.RedundantSlots)",
-		n, p.Stats.Layers, strconv.FormatFloat(limit, 'f', -1, 64), worst, at, why, hi)}
+		"%d of %d layers cannot be brought under Problem.MaxImbalance %s by any plan with %s; the worst, layer %d%s: %s; raise Problem.MaxImbalance to at least %s or add redundant slots (Problem.RedundantSlots)",
+		n, p.Stats.Layers, strconv.FormatFloat(limit, 'f', -1, 64), kept, worst, at, why, hi)}
 }
 
 // digitsAbove is the fewest decimals, from 4 to 9, at which x rounded

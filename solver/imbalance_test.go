@@ -551,6 +551,8 @@ func TestMaxImbalanceRefusedBeforeSearch(t *testing.T) {
 	single := replicatedProblem(load, 1, 4, 0)
 	spare := single
 	spare.SlotsPerGPU = []int{2, 2, 2, 3}
+	grouped := replicatedProblem([][]float64{{50, 50, 50, 50}, {100, 100, 1, 1}}, 2, 1, 0)
+	grouped.ExpertGroups = 2
 	for _, tc := range []struct {
 		name string
 		p    Problem
@@ -563,6 +565,10 @@ func TestMaxImbalanceRefusedBeforeSearch(t *testing.T) {
 		// One spare slot: expert 0 has at most two copies, each with 500
 		// tokens over the mean: the largest replica.
 		{"largest replica", spare, 1.5, "no less than 1.8691× the mean"},
+		// Two groups of two on two one-GPU nodes: the node with experts
+		// 0 and 1 gets 200 tokens over the mean 101, though no expert
+		// alone is above the mean.
+		{"expert groups", grouped, 1.5, "no less than 1.9801× the mean on any plan with these slots per GPU and expert groups on nodes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := tc.p

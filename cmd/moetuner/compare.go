@@ -307,7 +307,8 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 	}
 	fmt.Fprintln(w, "token tail: Σ over layers of the busiest GPU's routed tokens; max/mean: mean over layers; all-to-all tail: Σ of dispatch+combine bottleneck times; layer time: Σ modeled layer times;")
 	fmt.Fprintln(w, "vs contiguous: how much lower the layer time is than Megatron's contiguous placement; gap: joint's proven gap to HiGHS's bound on its ILP model,")
-	fmt.Fprintln(w, "or, with replication, the largest per-layer gap between the busiest GPU's load and its lower bound max(mean, largest replica);")
+	fmt.Fprintln(w, "or, with replication, the largest per-layer gap between the busiest GPU's load and its lower bound max(mean, largest replica)")
+	fmt.Fprintln(w, "(with --expert-groups, also the best split of the groups over the nodes);")
 	if multi {
 		fmt.Fprintln(w, "remote/token: token copies sent to other nodes per token and layer in the dispatch (home flow: remote nodes reached; chain flow: cross-node transitions);")
 		fmt.Fprintln(w, "busiest NIC: the copies through the busiest NIC port, per token of one GPU's share and layer (1 would be one copy for every token the GPU hosts);")

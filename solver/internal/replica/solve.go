@@ -76,6 +76,9 @@ type BalanceReport struct {
 type replicaLayout struct {
 	slots []int // per GPU per layer
 	total int
+	// groups > 0: expert groups kept on nodes of perNode GPUs, which
+	// groupBound's certificate accounts for.
+	groups, perNode int
 }
 
 func (p Problem) layout() (replicaLayout, error) {
@@ -100,6 +103,7 @@ func (p Problem) layout() (replicaLayout, error) {
 	for _, s := range lay.slots {
 		lay.total += s
 	}
+	lay.groups, lay.perNode = p.ExpertGroups, p.Cluster.GPUsPerNode
 	if lay.total < E {
 		return lay, &task.Infeasible{Constraint: "slots", Detail: fmt.Sprintf("%d slots per layer cannot hold %d experts", lay.total, E)}
 	}
@@ -529,6 +533,7 @@ func layerBalance(load []float64, copies [][]placement.GPU, speed []float64, lay
 	if cnt, err := apportion(load, experts, lay.total, G); err == nil {
 		b.Bound = math.Max(mean, maxReplica(load, cnt)/maxSp)
 	}
+	b.Bound = math.Max(b.Bound, groupBound(load, speed, lay.slots, lay.groups, lay.perNode))
 	if P > 0 {
 		N := G / P
 		b.Traffic = nodeTraffic(load, copies, P, N)
@@ -627,6 +632,11 @@ func Bounds(p Problem) (mean, bound []float64, err error) {
 		if cnt, err := apportion(load, experts, lay.total, G); err == nil {
 			b = math.Max(m, maxReplica(load, cnt)/maxSp)
 		}
+		speed := make([]float64, G)
+		for g := range speed {
+			speed[g] = p.Cluster.SpeedOf(g)
+		}
+		b = math.Max(b, groupBound(load, speed, lay.slots, lay.groups, lay.perNode))
 		mean, bound = append(mean, m), append(bound, b)
 	}
 	return mean, bound, nil
