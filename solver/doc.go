@@ -153,6 +153,12 @@
 // busiest GPU is at least the least, over every assignment of groups to
 // nodes that fills the nodes' slots, of the largest node's load over its
 // speed and largest replica (a dynamic program over subsets of groups).
+// Under even dispatch a grouped layer whose gap stays open is searched
+// node by node: for every node and set of groups below the incumbent,
+// the node's exhaustive search, then the same program over what they
+// found (the plan, taken where there are no token paths, whose traffic
+// the groups' node choice was traded for) and over what they proved
+// (the bound: their optimum where complete, the groups' bound where not).
 // When every GPU has the same speed and one
 // or two slots (and a MIP backend is given), the layer is then solved by
 // the exact pair method: for a threshold T, the copy counts

@@ -341,7 +341,7 @@ func provenError(p Problem, layers []int, proven []float64, single func(int) (fl
 	if p.ExpertGroups > 0 {
 		kept += " and expert groups on nodes"
 	}
-	why := fmt.Sprintf("the certified bound puts its busiest GPU at no less than %s× the mean on any plan with %s", lo, kept)
+	why := fmt.Sprintf("its certified bound puts its busiest GPU at no less than %s× the mean", lo)
 	if expert >= 0 {
 		why = fmt.Sprintf("expert %d gives its GPU at least %s× the mean, even with the lightest copies beside it", expert, lo)
 	}

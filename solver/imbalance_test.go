@@ -568,7 +568,7 @@ func TestMaxImbalanceRefusedBeforeSearch(t *testing.T) {
 		// Two groups of two on two one-GPU nodes: the node with experts
 		// 0 and 1 gets 200 tokens over the mean 101, though no expert
 		// alone is above the mean.
-		{"expert groups", grouped, 1.5, "no less than 1.9801× the mean on any plan with these slots per GPU and expert groups on nodes"},
+		{"expert groups", grouped, 1.5, "by any plan with these slots per GPU and expert groups on nodes; the worst, layer 1: its certified bound puts its busiest GPU at no less than 1.9801× the mean"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := tc.p

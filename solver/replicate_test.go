@@ -471,3 +471,62 @@ func TestReplicatedExactSmallLayers(t *testing.T) {
 		assert.Equal(t, StatusOptimal, res.Status, name)
 	}
 }
+
+// TestReplicatedExactGroups: small layers under expert groups (two or
+// three nodes, one or two GPUs each, spare slots) are solved node by node
+// and proven: the busiest GPU is the brute-force optimum over every
+// grouped plan, with status optimal and gap 0, and the plan keeps each
+// group on one node. Without the grouped search the gap stays open.
+func TestReplicatedExactGroups(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 2))
+	solved := 0
+	for it := range 150 {
+		N := 2 + rng.IntN(2)
+		per := 1 + rng.IntN(2)
+		groups := N * (1 + rng.IntN(2))
+		size := 1 + rng.IntN(2)
+		E := groups * size
+		G := N * per
+		if E > 8 || E < G {
+			continue
+		}
+		redundant := G * (1 + rng.IntN(2))
+		if (E+redundant)%G != 0 {
+			continue
+		}
+		load := make([]float64, E)
+		for e := range load {
+			load[e] = math.Round(100 + 1900*math.Pow(rng.Float64(), 2))
+		}
+		slots := make([]int, G)
+		speed := make([]float64, G)
+		for g := range slots {
+			slots[g], speed[g] = (E+redundant)/G, 1
+		}
+		opt := testkit.BruteBusiestGrouped(load, speed, slots, groups, per)
+		if math.IsInf(opt, 1) {
+			continue
+		}
+		p := Problem{Stats: routing.StatsFromLoad([][]float64{load}, 2), Cluster: testkit.SmallCluster(N, per), Model: testkit.FakeModel(E, 2),
+			RedundantSlots: redundant, ExpertGroups: groups}
+		name := fmt.Sprintf("%d: load %v, %d × %d GPUs, %d redundant slots, %d groups", it, load, N, per, redundant, groups)
+		res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 100})
+		require.NoError(t, err, name)
+		verify(t, p, res)
+		solved++
+		assert.InDelta(t, opt, res.Balance.Layers[0].Busiest, 1e-9*opt, name)
+		assert.InDelta(t, opt, res.Report.Layers[0].MaxTokens, 1e-9*opt, name)
+		assert.LessOrEqual(t, res.Gap, 1e-9, name)
+		assert.Equal(t, StatusOptimal, res.Status, name)
+		lp := res.Plan.Layers[0]
+		nodeOf := map[int]int{}
+		for s, e := range lp.SlotExpert {
+			k, nd := int(e)/size, int(lp.SlotGPU[s])/per
+			if was, ok := nodeOf[k]; ok {
+				assert.Equal(t, was, nd, "%s: group %d on two nodes", name, k)
+			}
+			nodeOf[k] = nd
+		}
+	}
+	assert.Greater(t, solved, 20)
+}

@@ -479,6 +479,22 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 			b.Bound = math.Max(b.Bound, b.Busiest)
 		}
 	}
+	// The same under expert groups, node by node, with the assignment of
+	// groups to nodes searched over what the nodes' searches found. The
+	// plan is taken only where the statistics have no token paths: with
+	// them, which groups share a node sets the traffic packGroups traded
+	// for, and the search only certifies.
+	if groups > 0 && p.Current == nil && len(w) == 1 && p.Dispatch == placement.DispatchEven && b.Gap() > 1e-6 {
+		better, busiest, bound := exactGroups(p.Stats.Load[l], speed, lay.slots, groups, p.Cluster.GPUsPerNode, b.Busiest, lim.Meter(ctx))
+		if better != nil && p.Stats.Patterns == nil {
+			if nb := layerBalance(p.Stats.Load[l], better, speed, lay, G, 0); nb.Busiest < b.Busiest && math.Abs(nb.Busiest-busiest) <= 1e-9*busiest {
+				cp, b = better, nb
+			}
+		}
+		// The bound holds whichever plan is kept; it is at most the
+		// busiest load the searches found, hence at most b's.
+		b.Bound = math.Max(b.Bound, math.Min(bound, b.Busiest))
+	}
 	return cp, b, nil
 }
 

@@ -6,6 +6,7 @@ package testkit
 
 import (
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -327,4 +328,75 @@ func popcount(m int) int {
 		n++
 	}
 	return n
+}
+
+// BruteBusiestGrouped is the smallest busiest load per unit of speed over every
+// plan of one layer that keeps each group of consecutive experts, and its
+// copies, on one node: every assignment of groups to nodes, then every
+// way of filling each GPU with slots[g] distinct experts of its node's
+// groups (each expert at least once), tokens split evenly over copies.
+// +Inf when no plan exists.
+func BruteBusiestGrouped(load, speed []float64, slots []int, groups, perNode int) float64 {
+	E, G := len(load), len(slots)
+	N, size := G/perNode, E/groups
+	best := math.Inf(1)
+	nodeOf := make([]int, groups)
+	choice := make([]int, G)
+	var fill func(g int)
+	fill = func(g int) {
+		if g == G {
+			cnt := make([]int, E)
+			for _, m := range choice {
+				for e := range E {
+					cnt[e] += m >> e & 1
+				}
+			}
+			for _, c := range cnt {
+				if c == 0 {
+					return
+				}
+			}
+			busiest := 0.0
+			for h, m := range choice {
+				t := 0.0
+				for e := range E {
+					if m>>e&1 == 1 {
+						t += load[e] / float64(cnt[e])
+					}
+				}
+				busiest = math.Max(busiest, t/speed[h])
+			}
+			best = math.Min(best, busiest)
+			return
+		}
+		allowed := 0
+		for e := range E {
+			if nodeOf[e/size] == g/perNode {
+				allowed |= 1 << e
+			}
+		}
+		for m := allowed; m > 0; m = (m - 1) & allowed {
+			if bits.OnesCount(uint(m)) == slots[g] {
+				choice[g] = m
+				fill(g + 1)
+			}
+		}
+		if slots[g] == 0 {
+			choice[g] = 0
+			fill(g + 1)
+		}
+	}
+	var assign func(k int)
+	assign = func(k int) {
+		if k == groups {
+			fill(0)
+			return
+		}
+		for nd := range N {
+			nodeOf[k] = nd
+			assign(k + 1)
+		}
+	}
+	assign(0)
+	return best
 }
