@@ -350,7 +350,7 @@ func provenError(p Problem, layers []int, proven []float64, single func(int) (fl
 		at = ", is at " + roundTo(ratio(worst), d, math.Ceil)
 	}
 	return &InfeasibleError{Constraint: "max imbalance", Detail: fmt.Sprintf(
-		"%d of %d layers cannot be brought under Problem.MaxImbalance %s by any plan with %s; the worst, layer %d%s: %s; raise Problem.MaxImbalance to at least %s or add redundant slots (Problem.RedundantSlots)",
+		"at least %d of %d layers cannot be brought under Problem.MaxImbalance %s by any plan with %s; the worst, layer %d%s: %s; raise Problem.MaxImbalance to at least %s or add redundant slots (Problem.RedundantSlots)",
 		n, p.Stats.Layers, strconv.FormatFloat(limit, 'f', -1, 64), kept, worst, at, why, hi)}
 }
 

@@ -509,7 +509,7 @@ func TestMaxImbalanceProvenRefusal(t *testing.T) {
 		require.Contains(t, msg, "cannot be brought under Problem.MaxImbalance", name)
 		refused++
 		var n, l int
-		_, err = fmt.Sscanf(msg[strings.Index(msg, "max imbalance: ")+len("max imbalance: "):], "%d of", &n)
+		_, err = fmt.Sscanf(msg[strings.Index(msg, "max imbalance: at least ")+len("max imbalance: at least "):], "%d of", &n)
 		require.NoError(t, err, msg)
 		want := 0
 		for _, o := range opt {
@@ -578,7 +578,7 @@ func TestMaxImbalanceRefusedBeforeSearch(t *testing.T) {
 			_, err := Solve(context.Background(), p, opts)
 			var inf *InfeasibleError
 			require.True(t, errors.As(err, &inf), "%v", err)
-			assert.Contains(t, err.Error(), "1 of 2 layers cannot be brought under Problem.MaxImbalance")
+			assert.Contains(t, err.Error(), "at least 1 of 2 layers cannot be brought under Problem.MaxImbalance")
 			assert.Contains(t, err.Error(), "the worst, layer 1: ")
 			assert.Contains(t, err.Error(), tc.want)
 			assert.Zero(t, stages, "the search ran before the refusal")

@@ -473,7 +473,7 @@ func TestMaxImbalanceFlag(t *testing.T) {
 	out := filepath.Join(dir, "tight.json")
 	code, _, stderr := runCLI(t, append([]string{"plan", "--max-imbalance", "1.001", "--out", out}, shape...)...)
 	assert.Equal(t, 1, code, stderr)
-	assert.Contains(t, stderr, "17 of 32 layers cannot be brought under --max-imbalance 1.001 by any plan with these slots")
+	assert.Contains(t, stderr, "at least 17 of 32 layers cannot be brought under --max-imbalance 1.001 by any plan with these slots")
 	assert.Contains(t, stderr, "raise --max-imbalance to at least 1.0960")
 	assert.Contains(t, stderr, "--redundant-slots")
 	assert.NotContains(t, stderr, "Problem.")
