@@ -14,6 +14,36 @@ import (
 	"github.com/moetuner/moetuner/solver/internal/testkit"
 )
 
+// randomGroupedLayer draws a layer small enough for the brute force: 2–3
+// nodes of 1–2 GPUs of two speeds, 1–2 groups a node of 1–2 experts (at
+// most 8), 1–3 slots a GPU; ok is false when it draws more than 8
+// experts or fewer slots than experts.
+func randomGroupedLayer(rng *rand.Rand) (load, speed []float64, slots []int, groups, perNode int, ok bool) {
+	N := 2 + rng.IntN(2)
+	perNode = 1 + rng.IntN(2)
+	groups = N * (1 + rng.IntN(2))
+	E := groups * (1 + rng.IntN(2))
+	if E > 8 {
+		return nil, nil, nil, 0, 0, false
+	}
+	G := N * perNode
+	load = make([]float64, E)
+	for e := range load {
+		load[e] = math.Round(10 + 990*math.Pow(rng.Float64(), 3))
+	}
+	speed = make([]float64, G)
+	for g := range speed {
+		speed[g] = []float64{1, 1.5}[rng.IntN(2)]
+	}
+	slots = make([]int, G)
+	total := 0
+	for g := range slots {
+		slots[g] = 1 + rng.IntN(3)
+		total += slots[g]
+	}
+	return load, speed, slots, groups, perNode, total >= E
+}
+
 // TestGroupBoundBruteForce: on random grouped layers (1–3 groups a node,
 // one or two GPUs a node of two speeds, spare slots) groupBound is never
 // above the brute-force optimum, never below the basic bound it adds to
@@ -23,31 +53,13 @@ func TestGroupBoundBruteForce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(17, 3))
 	raised, checked := 0, 0
 	for it := range 1000 {
-		N := 2 + rng.IntN(2)
-		perNode := 1 + rng.IntN(2)
-		groups := N * (1 + rng.IntN(2))
-		size := 1 + rng.IntN(2)
-		E := groups * size
-		if E > 8 {
+		load, speed, slots, groups, perNode, ok := randomGroupedLayer(rng)
+		if !ok {
 			continue
 		}
-		G := N * perNode
-		load := make([]float64, E)
-		for e := range load {
-			load[e] = math.Round(10 + 990*math.Pow(rng.Float64(), 3))
-		}
-		speed := make([]float64, G)
-		for g := range speed {
-			speed[g] = []float64{1, 1.5}[rng.IntN(2)]
-		}
-		slots := make([]int, G)
-		total := 0
-		for g := range slots {
-			slots[g] = 1 + rng.IntN(3)
-			total += slots[g]
-		}
-		if total < E {
-			continue
+		G, total := len(slots), 0
+		for _, n := range slots {
+			total += n
 		}
 		name := fmt.Sprintf("%d: load %v speed %v slots %v groups %d perNode %d", it, load, speed, slots, groups, perNode)
 		opt := testkit.BruteBusiestGrouped(load, speed, slots, groups, perNode)
@@ -78,27 +90,11 @@ func TestExactGroupsBruteForce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(29, 4))
 	checked := 0
 	for it := range 1000 {
-		N := 2 + rng.IntN(2)
-		perNode := 1 + rng.IntN(2)
-		groups := N * (1 + rng.IntN(2))
-		size := 1 + rng.IntN(2)
-		E := groups * size
-		if E > 8 {
+		load, speed, slots, groups, perNode, ok := randomGroupedLayer(rng)
+		if !ok {
 			continue
 		}
-		G := N * perNode
-		load := make([]float64, E)
-		for e := range load {
-			load[e] = math.Round(10 + 990*math.Pow(rng.Float64(), 3))
-		}
-		speed := make([]float64, G)
-		for g := range speed {
-			speed[g] = []float64{1, 1.5}[rng.IntN(2)]
-		}
-		slots := make([]int, G)
-		for g := range slots {
-			slots[g] = 1 + rng.IntN(3)
-		}
+		E := len(load)
 		opt := testkit.BruteBusiestGrouped(load, speed, slots, groups, perNode)
 		if math.IsInf(opt, 1) {
 			continue
@@ -110,7 +106,7 @@ func TestExactGroupsBruteForce(t *testing.T) {
 		assert.InDelta(t, opt, b, 1e-9*opt, name)
 		assert.InDelta(t, b, busiestOf(t, load, speed, slots, cp), 1e-9*b, name)
 		assert.InDelta(t, opt, bound, 1e-9*opt, "%s: the bound proves it", name)
-		size = E / groups
+		size := E / groups
 		for k := range groups {
 			node := -1
 			for e := k * size; e < (k+1)*size; e++ {

@@ -283,28 +283,7 @@ func BruteBusiestSlots(load []float64, slots []int) float64 {
 	var rec func(g, from int)
 	rec = func(g, from int) {
 		if g == len(slots) {
-			cnt := make([]int, E)
-			for _, m := range choice {
-				for e := range E {
-					cnt[e] += m >> e & 1
-				}
-			}
-			for _, c := range cnt {
-				if c == 0 {
-					return
-				}
-			}
-			busiest := 0.0
-			for _, m := range choice {
-				t := 0.0
-				for e := range E {
-					if m>>e&1 == 1 {
-						t += load[e] / float64(cnt[e])
-					}
-				}
-				busiest = math.Max(busiest, t)
-			}
-			best = math.Min(best, busiest)
+			best = math.Min(best, masksBusiest(load, nil, choice))
 			return
 		}
 		start := 0
@@ -320,6 +299,38 @@ func BruteBusiestSlots(load []float64, slots []int) float64 {
 	}
 	rec(0, 0)
 	return best
+}
+
+// masksBusiest is the busiest load per unit of speed (speed nil: 1) when
+// GPU g holds the experts in the bit mask choice[g], tokens split evenly
+// over copies; +Inf when some expert has no copy.
+func masksBusiest(load, speed []float64, choice []int) float64 {
+	E := len(load)
+	cnt := make([]int, E)
+	for _, m := range choice {
+		for e := range E {
+			cnt[e] += m >> e & 1
+		}
+	}
+	for _, c := range cnt {
+		if c == 0 {
+			return math.Inf(1)
+		}
+	}
+	busiest := 0.0
+	for h, m := range choice {
+		t := 0.0
+		for e := range E {
+			if m>>e&1 == 1 {
+				t += load[e] / float64(cnt[e])
+			}
+		}
+		if speed != nil {
+			t /= speed[h]
+		}
+		busiest = math.Max(busiest, t)
+	}
+	return busiest
 }
 
 func popcount(m int) int {
@@ -345,28 +356,7 @@ func BruteBusiestGrouped(load, speed []float64, slots []int, groups, perNode int
 	var fill func(g int)
 	fill = func(g int) {
 		if g == G {
-			cnt := make([]int, E)
-			for _, m := range choice {
-				for e := range E {
-					cnt[e] += m >> e & 1
-				}
-			}
-			for _, c := range cnt {
-				if c == 0 {
-					return
-				}
-			}
-			busiest := 0.0
-			for h, m := range choice {
-				t := 0.0
-				for e := range E {
-					if m>>e&1 == 1 {
-						t += load[e] / float64(cnt[e])
-					}
-				}
-				busiest = math.Max(busiest, t/speed[h])
-			}
-			best = math.Min(best, busiest)
+			best = math.Min(best, masksBusiest(load, speed, choice))
 			return
 		}
 		allowed := 0
