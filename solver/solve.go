@@ -67,8 +67,9 @@ type Problem struct {
 	// value of 1.02 allows the busiest GPU 2 % above the mean. The plan is
 	// repaired where a layer is above it, and a cap no plan is found
 	// under is an *InfeasibleError that names the layer and what would
-	// fix it (before the search when a bound rules out every plan). With Workloads it applies to Stats, their sum. The other
-	// strategies ignore it (compare shows their balance). 0: no cap.
+	// fix it (before the search when a bound rules out every plan). With
+	// Workloads it applies to Stats, their sum. The other strategies
+	// ignore it (compare shows their balance). 0: no cap.
 	MaxImbalance float64
 	// MoveCost, with Current, is what one changed slot costs in units of
 	// busiest/mean load: a swap (two slots) is made only if it lowers the

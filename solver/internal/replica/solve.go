@@ -628,10 +628,12 @@ func Bounds(p Problem) (mean, bound []float64, err error) {
 		return nil, nil, err
 	}
 	G := p.Cluster.GPUs()
+	speed := make([]float64, G)
 	sp, maxSp := 0.0, 0.0
-	for g := 0; g < G; g++ {
-		sp += p.Cluster.SpeedOf(g)
-		maxSp = math.Max(maxSp, p.Cluster.SpeedOf(g))
+	for g := range speed {
+		speed[g] = p.Cluster.SpeedOf(g)
+		sp += speed[g]
+		maxSp = math.Max(maxSp, speed[g])
 	}
 	E := p.Stats.Experts
 	experts := make([]int, E)
@@ -647,10 +649,6 @@ func Bounds(p Problem) (mean, bound []float64, err error) {
 		b := m
 		if cnt, err := apportion(load, experts, lay.total, G); err == nil {
 			b = math.Max(m, maxReplica(load, cnt)/maxSp)
-		}
-		speed := make([]float64, G)
-		for g := range speed {
-			speed[g] = p.Cluster.SpeedOf(g)
 		}
 		b = math.Max(b, groupBound(load, speed, lay.slots, lay.groups, lay.perNode))
 		mean, bound = append(mean, m), append(bound, b)
