@@ -139,6 +139,7 @@ func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.
 		}
 	}
 	var over []int
+	ratios := make([]float64, len(plan.Layers))
 	for l := range plan.Layers {
 		var tok []float64
 		if ev != nil {
@@ -146,14 +147,14 @@ func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.
 		} else {
 			tok = rep.Layers[l].Tokens
 		}
-		if r, _ := layerRatio(tok, speed); r > limit*(1+tol) {
+		if ratios[l], _ = layerRatio(tok, speed); ratios[l] > limit*(1+tol) {
 			over = append(over, l)
 		}
 	}
 	if len(over) == 0 {
 		return 0, nil
 	}
-	if err := refuseProven(p, plan, over, proven, speed, ev, rep); err != nil {
+	if err := refuseProven(p, plan, over, proven, speed, ratios); err != nil {
 		return 0, err
 	}
 	if ev == nil {
@@ -237,25 +238,16 @@ func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.
 // cap cannot be brought under it by any plan with these slots per GPU:
 // its proven bound (the solve's certificate), or where every expert has
 // one copy imbalanceFloor, which then holds for every plan, is above the
-// cap. nil when no layer is proven out of reach.
-func refuseProven(p Problem, plan *placement.Plan, over []int, proven, speed []float64, ev *costmodel.Evaluator, rep *costmodel.Report) error {
+// cap. ratios are the plan's busiest/mean by layer. nil when no layer is
+// proven out of reach.
+func refuseProven(p Problem, plan *placement.Plan, over []int, proven, speed, ratios []float64) error {
 	single := func(l int) (float64, int) {
 		if lp := plan.Layers[l]; len(lp.SlotExpert) == p.Stats.Experts {
 			return imbalanceFloor(p, l, lp, speed)
 		}
 		return 0, -1
 	}
-	ratio := func(l int) float64 {
-		var tok []float64
-		if ev != nil {
-			tok = ev.Tokens(l)
-		} else {
-			tok = rep.Layers[l].Tokens
-		}
-		r, _ := layerRatio(tok, speed)
-		return r
-	}
-	return provenError(p, over, proven, single, ratio)
+	return provenError(p, over, proven, single, ratios)
 }
 
 // refuseBeforeSolve returns an *InfeasibleError, before any search, when
@@ -310,9 +302,9 @@ func refuseBeforeSolve(p Problem) error {
 // layers, those whose floor, the larger of proven[l] (nil: none) and
 // single(l) (a floor set by one expert, which it names), is above the
 // cap, and the layer with the highest floor, the least cap that might be
-// met. ratio, when not nil, gives that layer's busiest/mean in the plan
+// met. ratios, when not nil, give each layer's busiest/mean in the plan
 // at hand. nil when no layer's floor is above the cap.
-func provenError(p Problem, layers []int, proven []float64, single func(int) (float64, int), ratio func(int) float64) error {
+func provenError(p Problem, layers []int, proven []float64, single func(int) (float64, int), ratios []float64) error {
 	const tol = 1e-9
 	limit := p.MaxImbalance
 	n, worst, expert, floor := 0, -1, -1, 0.0
@@ -346,8 +338,8 @@ func provenError(p Problem, layers []int, proven []float64, single func(int) (fl
 		why = fmt.Sprintf("expert %d gives its GPU at least %s× the mean, even with the lightest copies beside it", expert, lo)
 	}
 	at := ""
-	if ratio != nil {
-		at = ", is at " + roundTo(ratio(worst), d, math.Ceil)
+	if ratios != nil {
+		at = ", is at " + roundTo(ratios[worst], d, math.Ceil)
 	}
 	return &InfeasibleError{Constraint: "max imbalance", Detail: fmt.Sprintf(
 		"at least %d of %d layers cannot be brought under Problem.MaxImbalance %s by any plan with %s; the worst, layer %d%s: %s; raise Problem.MaxImbalance to at least %s or add redundant slots (Problem.RedundantSlots)",
