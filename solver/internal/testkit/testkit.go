@@ -5,6 +5,7 @@
 package testkit
 
 import (
+	"cmp"
 	"math"
 	"math/bits"
 	"math/rand/v2"
@@ -389,4 +390,112 @@ func BruteBusiestGrouped(load, speed []float64, slots []int, groups, perNode int
 	}
 	assign(0)
 	return best
+}
+
+// Planted describes a trace with a planted node structure: every layer
+// splits its experts at random into Nodes blocks, and a token of topic b
+// takes each of its TopK experts from block b (one in Stray from any
+// block), by a Zipf popularity of exponent Skew (0: uniform) drawn per
+// layer. A token's topic is its home's node when HomeTopics is set (the
+// home flow's structure), else drawn at random (the chain flow's: blocks
+// that persist over the layers). Homes are GPUs at random.
+type Planted struct {
+	Nodes, GPUsPerNode, SlotsPerGPU int
+	Layers, TopK, Tokens            int
+	Stray                           int
+	Skew                            float64
+	HomeTopics                      bool
+}
+
+// Trace draws the trace and returns it with the planted plan: block b of
+// every layer on node b, one copy of every expert, packed over the node's
+// GPUs largest first by the trace's counts.
+func (pl Planted) Trace(rng *rand.Rand) (*routing.Trace, *placement.Plan) {
+	N, P, S, L, K := pl.Nodes, pl.GPUsPerNode, pl.SlotsPerGPU, pl.Layers, pl.TopK
+	G := N * P
+	E := G * S
+	block := make([][][]int, L)
+	cum := make([][][]float64, L) // [l][b]: cumulative popularity of block b's experts
+	all := make([][]float64, L)
+	for l := range L {
+		perm := rng.Perm(E)
+		rank := rng.Perm(E)
+		block[l] = make([][]int, N)
+		for i, e := range perm {
+			block[l][i*N/E] = append(block[l][i*N/E], e)
+		}
+		pop := func(e int) float64 { return math.Pow(float64(rank[e]+1), -pl.Skew) }
+		cum[l] = make([][]float64, N)
+		for b, es := range block[l] {
+			s := 0.0
+			for _, e := range es {
+				s += pop(e)
+				cum[l][b] = append(cum[l][b], s)
+			}
+		}
+		s := 0.0
+		for e := range E {
+			s += pop(e)
+			all[l] = append(all[l], s)
+		}
+	}
+	draw := func(c []float64) int {
+		i, _ := slices.BinarySearch(c, rng.Float64()*c[len(c)-1])
+		return min(i, len(c)-1)
+	}
+	t := &routing.Trace{Tokens: pl.Tokens, Layers: L, TopK: K, Experts: E, Source: make([]int32, pl.Tokens), IDs: make([]int16, 0, pl.Tokens*L*K)}
+	pick := make([]int, 0, K)
+	for tok := range pl.Tokens {
+		h := rng.IntN(G)
+		t.Source[tok] = int32(h)
+		b := rng.IntN(N)
+		if pl.HomeTopics {
+			b = h / P
+		}
+		for l := range L {
+			pick = pick[:0]
+			for len(pick) < K {
+				var e int
+				if pl.Stray > 0 && rng.IntN(pl.Stray) == 0 {
+					e = draw(all[l])
+				} else {
+					e = block[l][b][draw(cum[l][b])]
+				}
+				if !slices.Contains(pick, e) {
+					pick = append(pick, e)
+				}
+			}
+			for _, e := range pick {
+				t.IDs = append(t.IDs, int16(e))
+			}
+		}
+	}
+	load := make([][]float64, L)
+	for l := range load {
+		load[l] = make([]float64, E)
+	}
+	for i, e := range t.IDs {
+		load[i/K%L][e]++
+	}
+	copies := make([][][]placement.GPU, L)
+	for l := range copies {
+		copies[l] = make([][]placement.GPU, E)
+		for b, es := range block[l] {
+			es = slices.Clone(es)
+			slices.SortStableFunc(es, func(x, y int) int { return cmp.Compare(load[l][y], load[l][x]) })
+			on, cnt := make([]float64, P), make([]int, P)
+			for _, e := range es {
+				g := -1
+				for i := range P {
+					if cnt[i] < S && (g < 0 || on[i] < on[g]) {
+						g = i
+					}
+				}
+				on[g] += load[l][e]
+				cnt[g]++
+				copies[l][e] = []placement.GPU{placement.GPU(b*P + g)}
+			}
+		}
+	}
+	return t, placement.FromReplicas(G, copies, "planted")
 }
