@@ -828,8 +828,10 @@ func balanceNodes(copies [][]int32, load []float64, slots []int, speed []float64
 // SolveChain improves p.Start for the chain flow: the layers are coupled
 // through their transitions, so one annealing of the cross-layer proxy
 // places every layer's copies on GPUs (on nodes for the receivers, on GPUs
-// for the senders and the balance); where the statistics have no paths,
-// each node's copies are then balanced over its GPUs.
+// for the senders and the balance), stopping now and then to relabel the
+// nodes so that every layer lines up with the one before (relabel); where
+// the statistics have no paths, each node's copies are then balanced over
+// its GPUs.
 func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	st, c := p.Stats, p.Cluster
 	if p.Flow != costmodel.FlowChain {
