@@ -16,10 +16,12 @@ import (
 // With --effort the same inputs give byte-identical plans whatever the
 // process's parallelism and the machine's load: each path (the one-node
 // ILP, polish and annealing; replicas on two nodes with the affinity
-// search; the chain flow is left out for its minutes under load) runs once with GOMAXPROCS=1 and once with
+// search; the chain flow's affinity search on 2 × 8 GPUs, on the first 256
+// tokens to keep it to seconds) runs once with GOMAXPROCS=1 and once with
 // GOMAXPROCS=2 while busy loops hold every core. A search that read the
-// clock (a deadline, a temperature that follows time) or merged parallel
-// results in completion order gives different bytes.
+// clock (a deadline, a temperature that follows time), merged parallel
+// results in completion order or split its work by the number of cores
+// (as the chain's exact annealing did) gives different bytes.
 func TestEffortReproducible(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and solves each path twice")
@@ -28,9 +30,18 @@ func TestEffortReproducible(t *testing.T) {
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	require.NoError(t, err)
 	flame := filepath.Join(root, "testdata", "flame-moe-290m", "trace.jsonl")
+	data, err := os.ReadFile(flame)
+	require.NoError(t, err)
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	require.Greater(t, len(lines), 257, "%s: header and 256 tokens", flame)
+	short := filepath.Join(t.TempDir(), "flame-256.jsonl")
+	require.NoError(t, os.WriteFile(short, bytes.Join(lines[:257], nil), 0o644))
 	cases := map[string][]string{
 		"one-node":          {"--trace", flame},
 		"replicas-affinity": {"--trace", flame, "--nodes", "2", "--redundant-slots", "16", "--dispatch", "static"},
+		// 64 experts on 16 GPUs is past the joint ILP's size: the chain
+		// search with its exact annealing in blocks of layers.
+		"chain-affinity": {"--trace", short, "--nodes", "2", "--gpus-per-node", "8", "--flow", "chain"},
 	}
 	for name, args := range cases {
 		t.Run(name, func(t *testing.T) {

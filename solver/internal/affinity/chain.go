@@ -1020,9 +1020,15 @@ func exactChain(ctx context.Context, p Problem, opts Options, spare int64, res *
 	for l := range tcap {
 		tcap[l] = max(start.Layers[l].ComputeTail.Seconds()+1e-9, cx.tail(l, -1, -1, 0)) * (1 + 1e-12)
 	}
-	// One schedule per worker (at most one per three layers, as anneal
-	// runs them), the work split among them.
+	// One schedule per block of layers (at most one per three layers, as
+	// anneal runs them). By time, a block per worker; by work, as many
+	// blocks as the layers allow, whatever the machine, each with its
+	// share of the work, so that the plan does not depend on how many
+	// cores ran them.
 	W := max(1, min(opts.Parallel, L/3))
+	if lim.ByWork() {
+		W = max(1, L/3)
+	}
 	scs := make([]*schedule, W)
 	for w := range scs {
 		wl := lim
@@ -1032,7 +1038,7 @@ func exactChain(ctx context.Context, p Problem, opts Options, spare int64, res *
 		scs[w] = newSchedule(ctx, wl, 1)
 	}
 	neigh := annealSweeps * float64(L*cx.E*cx.G)
-	gpu, n := cx.anneal(uint64(L)<<32|0x657861, scs, func(rate float64) bool {
+	gpu, n := cx.anneal(uint64(L)<<32|0x657861, scs, opts.Parallel, func(rate float64) bool {
 		if lim.ByWork() {
 			return float64(lim.Work) >= neigh
 		}

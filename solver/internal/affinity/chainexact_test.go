@@ -150,13 +150,14 @@ func TestChainExactNotForReplicas(t *testing.T) {
 	require.Nil(t, newChainExact(Problem{Scenario: sc, Slots: slots, Start: plan}, copies, []float64{1, 1}))
 }
 
-// TestChainExactAnnealParallel: the exact annealing with two workers on
-// their blocks of layers keeps every layer's GPUs (the same slots, one
-// copy of every expert), no layer's compute tail above its cap, and ends
-// no worse than it started (better on some: one that does nothing fails); the same seed gives the same plan, and the
-// counters after it equal counters built afresh for the plan (a worker
-// that wrote into the other's block would break them, and go test -race
-// reports it).
+// TestChainExactAnnealParallel: the exact annealing with a goroutine per
+// block of layers keeps every layer's GPUs (the same slots, one copy of
+// every expert), no layer's compute tail above its cap, and ends no worse
+// than it started (better on some: one that does nothing fails); the same
+// seed gives the same plan, the same blocks on one goroutine give it too
+// (what --effort promises on any machine), and the counters after it
+// equal counters built afresh for the plan (a block that wrote into
+// another's would break them, and go test -race reports it).
 func TestChainExactAnnealParallel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 1))
 	improved := 0
@@ -166,21 +167,28 @@ func TestChainExactAnnealParallel(t *testing.T) {
 		L := 6 + rng.IntN(4)
 		sc, plan, slots := randomInstance(t, rng, N, P, E, 2, L, 60+rng.IntN(60), 0, placement.DispatchEven, it%2 == 0)
 		p, copies := chainExactProblem(sc, plan, slots)
-		run := func() ([][]int16, *chainExact, []float64) {
+		blocks := max(1, L/3)
+		run := func(blocks, procs int) ([][]int16, *chainExact, []float64) {
 			tcap := make([]float64, L)
 			cx := newChainExact(p, copies, tcap)
 			for l := range tcap {
 				tcap[l] = cx.tail(l, -1, -1, 0) * (1 + 1e-12)
 			}
-			scs := []*schedule{newSchedule(t.Context(), task.Limit{Work: 3000}, 1), newSchedule(t.Context(), task.Limit{Work: 3000}, 1)}
-			gpu, n := cx.anneal(7, scs, func(float64) bool { return false })
+			scs := make([]*schedule, blocks)
+			for w := range scs {
+				scs[w] = newSchedule(t.Context(), task.Limit{Work: 3000}, 1)
+			}
+			gpu, n := cx.anneal(7, scs, procs, func(float64) bool { return false })
 			require.Positive(t, n)
 			return gpu, cx, tcap
 		}
 		start := newChainExact(p, copies, make([]float64, L)).cost()
-		gpu, cx, tcap := run()
-		again, _, _ := run()
+		gpu, cx, tcap := run(blocks, blocks)
+		again, _, _ := run(blocks, blocks)
 		require.Equal(t, gpu, again, "instance %d: not deterministic", it)
+		// The blocks, not the goroutines that run them, decide the plan.
+		one, _, _ := run(blocks, 1)
+		require.Equal(t, gpu, one, "instance %d: %d blocks on one goroutine and on %d differ", it, blocks, blocks)
 		fresh := newChainExact(p, gpuCopies(gpu), tcap)
 		require.LessOrEqual(t, fresh.cost(), start*(1+1e-12), "instance %d", it)
 		if fresh.cost() < start*(1-1e-9) {
@@ -202,4 +210,32 @@ func TestChainExactAnnealParallel(t *testing.T) {
 		require.True(t, fresh.cost() <= end.cost()*(1+1e-12), "instance %d: not the best plan", it)
 	}
 	require.Positive(t, improved, "the annealing improved no instance")
+}
+
+// TestSolveChainByWorkAnyParallel: under a work budget the chain search
+// gives the same plan whatever Options.Parallel is (the number of cores it
+// defaults to), as --effort promises: the exact annealing's blocks of
+// layers, their random streams and their shares of the work follow the
+// instance, not the workers. Each instance must reach the exact annealing
+// (single copies, several layers to a block) for the check to mean
+// something.
+func TestSolveChainByWorkAnyParallel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(31, 5))
+	for it := range 4 {
+		N, P := 2+rng.IntN(2), 1+rng.IntN(2)
+		E := N * P * (2 + rng.IntN(3))
+		L := 6 + rng.IntN(4)
+		sc, plan, slots := randomInstance(t, rng, N, P, E, 2, L, 60+rng.IntN(60), 0, placement.DispatchEven, it%2 == 0)
+		p, copies := chainExactProblem(sc, plan, slots)
+		require.NotNil(t, newChainExact(p, copies, make([]float64, L)), "instance %d: the exact counters must apply", it)
+		var plans [][][][]placement.GPU
+		for _, par := range []int{1, 2, 3} {
+			res, err := SolveChain(t.Context(), p, Options{Limit: task.Limit{Work: 20000}, Parallel: par})
+			require.NoError(t, err)
+			checkPlan(t, res.Copies, E, slots)
+			plans = append(plans, res.Copies)
+		}
+		require.Equal(t, plans[0], plans[1], "instance %d: Parallel 1 and 2 differ", it)
+		require.Equal(t, plans[0], plans[2], "instance %d: Parallel 1 and 3 differ", it)
+	}
 }

@@ -196,7 +196,7 @@ func TestExperimentChainCeiling(t *testing.T) {
 	lim, _ := time.ParseDuration(os.Getenv("LIMIT"))
 	dl := time.Now().Add(lim)
 	scs := []*schedule{newSchedule(t.Context(), task.Limit{Deadline: dl}, 1), newSchedule(t.Context(), task.Limit{Deadline: dl}, 1)}
-	gpu, n := cx.anneal(1, scs, func(float64) bool { return true })
+	gpu, n := cx.anneal(1, scs, len(scs), func(float64) bool { return true })
 	rep1, err := sc.Evaluate(placement.FromReplicas(c.GPUs(), gpuCopies(gpu), "ceiling"))
 	require.NoError(t, err)
 	t.Logf("%d swaps; cross-node %.4g → %.4g (%.2f%%), time %.4g → %.4g (%.2f%%), imbalance %.4f → %.4f", n, rep0.CrossNodeBytes, rep1.CrossNodeBytes, (rep1.CrossNodeBytes/rep0.CrossNodeBytes-1)*100, rep0.TimeSec, rep1.TimeSec, (rep1.TimeSec/rep0.TimeSec-1)*100, rep0.MeanImbalance, rep1.MeanImbalance)
