@@ -150,6 +150,19 @@ func TestChainExactNotForReplicas(t *testing.T) {
 	require.Nil(t, newChainExact(Problem{Scenario: sc, Slots: slots, Start: plan}, copies, []float64{1, 1}))
 }
 
+// randomChainExact draws a chain-flow problem for the exact annealing: 2
+// or 3 nodes of 1 or 2 GPUs, 2 to 4 experts a GPU (one copy each), top-2,
+// 6 to 9 layers (two or three blocks of layers), 60 to 119 tokens, with
+// homes on even it and without on odd.
+func randomChainExact(t *testing.T, rng *rand.Rand, it int) (Problem, [][][]placement.GPU, []int) {
+	N, P := 2+rng.IntN(2), 1+rng.IntN(2)
+	E := N * P * (2 + rng.IntN(3))
+	L := 6 + rng.IntN(4)
+	sc, plan, slots := randomInstance(t, rng, N, P, E, 2, L, 60+rng.IntN(60), 0, placement.DispatchEven, it%2 == 0)
+	p, copies := chainExactProblem(sc, plan, slots)
+	return p, copies, slots
+}
+
 // TestChainExactAnnealParallel: the exact annealing with a goroutine per
 // block of layers keeps every layer's GPUs (the same slots, one copy of
 // every expert), no layer's compute tail above its cap, and ends no worse
@@ -162,13 +175,10 @@ func TestChainExactAnnealParallel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(8, 1))
 	improved := 0
 	for it := range 4 {
-		N, P := 2+rng.IntN(2), 1+rng.IntN(2)
-		E := N * P * (2 + rng.IntN(3))
-		L := 6 + rng.IntN(4)
-		sc, plan, slots := randomInstance(t, rng, N, P, E, 2, L, 60+rng.IntN(60), 0, placement.DispatchEven, it%2 == 0)
-		p, copies := chainExactProblem(sc, plan, slots)
+		p, copies, _ := randomChainExact(t, rng, it)
+		L, E := len(copies), len(copies[0])
 		blocks := max(1, L/3)
-		run := func(blocks, procs int) ([][]int16, *chainExact, []float64) {
+		run := func(procs int) ([][]int16, *chainExact, []float64) {
 			tcap := make([]float64, L)
 			cx := newChainExact(p, copies, tcap)
 			for l := range tcap {
@@ -183,11 +193,11 @@ func TestChainExactAnnealParallel(t *testing.T) {
 			return gpu, cx, tcap
 		}
 		start := newChainExact(p, copies, make([]float64, L)).cost()
-		gpu, cx, tcap := run(blocks, blocks)
-		again, _, _ := run(blocks, blocks)
+		gpu, cx, tcap := run(blocks)
+		again, _, _ := run(blocks)
 		require.Equal(t, gpu, again, "instance %d: not deterministic", it)
 		// The blocks, not the goroutines that run them, decide the plan.
-		one, _, _ := run(blocks, 1)
+		one, _, _ := run(1)
 		require.Equal(t, gpu, one, "instance %d: %d blocks on one goroutine and on %d differ", it, blocks, blocks)
 		fresh := newChainExact(p, gpuCopies(gpu), tcap)
 		require.LessOrEqual(t, fresh.cost(), start*(1+1e-12), "instance %d", it)
@@ -222,11 +232,8 @@ func TestChainExactAnnealParallel(t *testing.T) {
 func TestSolveChainByWorkAnyParallel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(31, 5))
 	for it := range 4 {
-		N, P := 2+rng.IntN(2), 1+rng.IntN(2)
-		E := N * P * (2 + rng.IntN(3))
-		L := 6 + rng.IntN(4)
-		sc, plan, slots := randomInstance(t, rng, N, P, E, 2, L, 60+rng.IntN(60), 0, placement.DispatchEven, it%2 == 0)
-		p, copies := chainExactProblem(sc, plan, slots)
+		p, copies, slots := randomChainExact(t, rng, it)
+		L, E := len(copies), len(copies[0])
 		require.NotNil(t, newChainExact(p, copies, make([]float64, L)), "instance %d: the exact counters must apply", it)
 		var plans [][][][]placement.GPU
 		for _, par := range []int{1, 2, 3} {
