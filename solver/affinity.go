@@ -19,13 +19,24 @@ import (
 // useAffinity reports whether the joint strategy runs the production-scale
 // affinity search (see the package doc): the home flow on several nodes
 // with per-token paths, even or per-source dispatch without a per-slot
-// split, one workload, no running plan and no expert groups; and either
-// replicas, or a single-copy layer too large for the joint ILP (more than
-// EffortMaxCols assignment columns, E·G, per layer).
-func useAffinity(p Problem, b budget) bool {
+// split, one workload and no expert groups; and either replicas, or a
+// single-copy layer too large for the joint ILP (more than EffortMaxCols
+// assignment columns, E·G, per layer). A running plan (Current) is
+// searched from under a move budget in the home flow only, and only when
+// it has the problem's slots on every GPU; with free moves it is only a
+// plan to beat.
+func useAffinity(p Problem, opts Options, b budget) bool {
 	s := p.Stats
-	if p.Cluster.Nodes < 2 || p.Split == SplitOptimal || len(p.Workloads) > 0 || p.Current != nil || p.ExpertGroups > 0 {
+	if p.Cluster.Nodes < 2 || p.Split == SplitOptimal || len(p.Workloads) > 0 || p.ExpertGroups > 0 {
 		return false
+	}
+	if p.Current != nil {
+		if movesBudgeted(p, opts) && p.Flow != costmodel.FlowHome || !currentFits(p) {
+			return false
+		}
+		if !movesBudgeted(p, opts) {
+			p.Current = nil
+		}
 	}
 	switch p.Flow {
 	case costmodel.FlowHome:
@@ -40,10 +51,38 @@ func useAffinity(p Problem, b budget) bool {
 	return p.replicated() || s.Experts*p.Cluster.GPUs() > b.EffortMaxCols
 }
 
+// movesBudgeted reports whether p's running plan bounds or prices the
+// moves (Options.MaxMoves, Problem.MoveCost).
+func movesBudgeted(p Problem, opts Options) bool {
+	return p.Current != nil && (opts.MaxMoves > 0 || p.MoveCost > 0)
+}
+
+// currentFits reports whether p.Current has p's layers, GPUs and slots per
+// GPU in every layer.
+func currentFits(p Problem) bool {
+	c := p.Current
+	if c == nil || c.GPUs != p.Cluster.GPUs() || len(c.Layers) != p.Stats.Layers || c.Experts != p.Stats.Experts {
+		return false
+	}
+	want := p.slotCounts()
+	for l := range c.Layers {
+		if !slices.Equal(c.SlotsPerGPU(l), want) {
+			return false
+		}
+	}
+	return true
+}
+
 // solveAffinity starts from a balanced plan (the replicated path's packing,
 // or the best baseline without replicas) and improves it with the affinity
 // search; the better of the two by the cost model is returned.
 func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Options, b budget, start time.Time) (*Result, error) {
+	// With free moves the running plan bounds nothing: plan afresh, and
+	// keep the running plan only if it is better.
+	var running *placement.Plan
+	if p.Current != nil && !movesBudgeted(p, opts) {
+		running, p.Current = p.Current, nil
+	}
 	sc := p.Scenario()
 	W := int64(opts.Effort) * 1_000_000
 	limit := opts.TimeLimit
@@ -142,7 +181,11 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	if p.Flow == costmodel.FlowChain {
 		solve = affinity.SolveChain
 	}
-	ar, err := solve(ctx, affinity.Problem{Scenario: sc, Slots: slots, Start: first, StartReport: firstRep, EvalTime: evalTime}, ao)
+	ap := affinity.Problem{Scenario: sc, Slots: slots, Start: first, StartReport: firstRep, EvalTime: evalTime}
+	if movesBudgeted(p, opts) {
+		ap.Current, ap.MaxMoves, ap.MoveCost = p.Current, opts.MaxMoves, p.MoveCost
+	}
+	ar, err := solve(ctx, ap, ao)
 	if err != nil {
 		return nil, err
 	}
@@ -156,8 +199,19 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		if err != nil {
 			return nil, err
 		}
-		if r.TimeSec <= firstRep.TimeSec {
+		if r.TimeSec <= firstRep.TimeSec && withinMoves(p, opts, plan) {
 			res.Plan, rep = plan, r
+		}
+	}
+	kept := false
+	if running != nil {
+		r, err := sc.Evaluate(running)
+		if err != nil {
+			return nil, err
+		}
+		if r.TimeSec < rep.TimeSec {
+			res.Plan, rep = running, r
+			kept = true
 		}
 	}
 	res.report = rep
@@ -175,7 +229,24 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		res.Gap = bal.MaxGap
 	}
 	res.Note = "affinity search"
+	if kept {
+		res.Note += "; the running plan (Problem.Current) kept: nothing better found"
+	}
 	return res, nil
+}
+
+// withinMoves reports whether plan changes at most Options.MaxMoves slots
+// of p.Current in every layer (always, without a bound).
+func withinMoves(p Problem, opts Options, plan *placement.Plan) bool {
+	if p.Current == nil || opts.MaxMoves <= 0 {
+		return true
+	}
+	for l := range plan.Layers {
+		if placement.ChangedSlots(p.Current.Layers[l], plan.Layers[l]) > opts.MaxMoves {
+			return false
+		}
+	}
+	return true
 }
 
 // sameCopies reports whether a and b put the same copies of every expert

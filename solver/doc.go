@@ -222,4 +222,28 @@
 // balanced (within 0.1 % of the bound). The same rule applied to the final
 // busiest load is a lower bound on the traffic of every plan at least as
 // balanced (Result.Balance.TrafficGap).
+//
+// # Several nodes with per-token paths (the affinity search)
+//
+// On several nodes, with per-token paths, one workload, no expert groups
+// and no per-slot split, joint with replicas (or with layers past the
+// ILP's size) starts from the replicated path's packing (or the best
+// baseline) and runs the affinity search (solver/internal/affinity):
+// per layer, exact per-token node counters, a proxy annealed over
+// nodes, exact node-level swaps, largest-first packing within nodes and
+// an annealing on the full surrogate; the chain flow anneals across the
+// layers. The plan is kept only if the cost model scores it no slower
+// than the start.
+//
+// With a running plan (Current) that has the problem's slots on every
+// GPU: under Options.MaxMoves or Problem.MoveCost (the home flow only;
+// the chain flow keeps the replicated path) the search starts from the
+// replicated path's budgeted plan, skips the proxy and the packing
+// (they move copies freely), refuses every move that would take a layer
+// past MaxMoves changed slots (placement.ChangedSlots against Current)
+// and charges each changed slot MoveCost times the layer's mean GPU
+// compute; the plan is checked against the budget again before it is
+// kept. With free moves Current bounds nothing: the layers are planned
+// afresh and Current is returned only when the cost model scores it
+// faster (Result.Note says so).
 package solver

@@ -675,7 +675,7 @@ func enforceImbalance(ctx context.Context, p Problem, opts Options, res *Result)
 	if res.Balance != nil {
 		// Certified as the path that made the plan certifies it.
 		var bal *BalanceReport
-		if useAffinity(p, defaultBudget) {
+		if useAffinity(p, opts, defaultBudget) {
 			bal, err = balanceOf(p, rep)
 		} else {
 			var rb *replica.BalanceReport

@@ -530,3 +530,50 @@ func TestReplicatedExactGroups(t *testing.T) {
 	}
 	assert.Greater(t, solved, 20)
 }
+
+// Re-placement from a running plan on several nodes with per-token paths
+// runs the affinity search: with free moves the plan is at least as good
+// as planning afresh and as the running plan; under a budget of k slots
+// per layer (and under a move cost) every layer changes at most k slots
+// and the plan beats the running one, on a trace whose home nodes'
+// tokens favour blocks of experts that the running plan (EPLB's, one
+// redundant slot per GPU) ignores.
+// The balance-only path this replaces moved no token off a NIC and fails
+// the budgeted case's margin.
+func TestRunningPlanAffinityMoves(t *testing.T) {
+	pl := testkit.Planted{Nodes: 2, GPUsPerNode: 2, SlotsPerGPU: 4, Layers: 3, TopK: 2, Tokens: 800, Stray: 10, Skew: 0.8, HomeTopics: true}
+	tr, _ := pl.Trace(rand.New(rand.NewPCG(3, 1)))
+	require.NoError(t, tr.Validate())
+	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 2), Model: testkit.FakeModel(16, 2), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStatic, RedundantSlots: 4}
+	ctx := context.Background()
+	eplb, err := Solve(ctx, p, Options{Strategy: StrategyEPLB})
+	require.NoError(t, err)
+	fresh, err := Solve(ctx, p, Options{Strategy: StrategyJoint, Effort: 1})
+	require.NoError(t, err)
+	q := p
+	q.Current = eplb.Plan
+	free, err := Solve(ctx, q, Options{Strategy: StrategyJoint, Effort: 1})
+	require.NoError(t, err)
+	verify(t, q, free)
+	assert.Contains(t, free.Note, "affinity search")
+	assert.LessOrEqual(t, free.Objective, fresh.Objective*(1+1e-12))
+	assert.LessOrEqual(t, free.Objective, eplb.Objective*(1+1e-12))
+	for _, c := range []struct {
+		k    int
+		cost float64
+	}{{4, 0}, {8, 0}, {0, 0.002}} {
+		q.MoveCost = c.cost
+		res, err := Solve(ctx, q, Options{Strategy: StrategyJoint, Effort: 1, MaxMoves: c.k})
+		require.NoError(t, err)
+		verify(t, q, res)
+		assert.Contains(t, res.Note, "affinity search")
+		for l := range res.Plan.Layers {
+			n := placement.ChangedSlots(eplb.Plan.Layers[l], res.Plan.Layers[l])
+			if c.k > 0 {
+				assert.LessOrEqual(t, n, c.k, "k=%d layer %d", c.k, l)
+			}
+			assert.Positive(t, n, "k=%d cost %g layer %d: no move made", c.k, c.cost, l)
+		}
+		assert.Less(t, res.Objective, eplb.Objective*0.99, "k=%d cost %g: %.4g against the running plan's %.4g", c.k, c.cost, res.Objective, eplb.Objective)
+	}
+}

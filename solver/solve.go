@@ -58,7 +58,10 @@ type Problem struct {
 	Dispatch placement.Dispatch
 	// Current is the running plan for incremental re-placement: the joint
 	// strategy starts from it and changes at most Options.MaxMoves slots
-	// per layer.
+	// per layer. With free moves (no MaxMoves, no MoveCost) on the
+	// affinity search's path (several nodes, per-token paths; see the
+	// package doc) it is only a plan to beat: the layers are planned
+	// afresh and Current kept if faster.
 	Current *placement.Plan
 	// MaxImbalance, when positive, caps every layer's busiest/mean load
 	// in the joint strategy's plan: the busiest GPU's routed tokens per
@@ -326,7 +329,7 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			res.Note = "E/G experts per cluster"
 		}
 	case StrategyJoint:
-		if useAffinity(p, b) {
+		if useAffinity(p, opts, b) {
 			res, err = solveAffinity(ctx, p, opts.Backend, opts, b, start)
 			break
 		}

@@ -42,6 +42,20 @@ type layer struct {
 	// share[h·E+e] is the fraction of expert e's tokens sourced on GPU h
 	// (what the cost model uses for per-source dispatch); nil = even.
 	share []float64
+	// bud, when set, bounds and prices the slots that differ from a
+	// running plan (Problem.Current).
+	bud *budget
+}
+
+// budget is one layer's move budget against the running plan: run[g·E+e]
+// reports whether GPU g holds expert e there; a plan changes a slot for
+// every copy it puts where the running plan has none (as
+// placement.ChangedSlots counts). At most max changed slots (0: no bound),
+// each costing sec seconds in the surrogate.
+type budget struct {
+	run []bool
+	max int
+	sec float64
 }
 
 func (ly *layer) tokensFrom(e, h int) []int32 {
@@ -114,6 +128,9 @@ type state struct {
 	kappa float64
 	// tie, with kappa 0, breaks the busiest port's ties by the others.
 	tie bool
+	// changed is the slots that differ from the running plan (with a
+	// budget).
+	changed int
 
 	frac []float64 // scratch G×n
 	tr   trial
@@ -197,6 +214,15 @@ func newState(ly *layer, copies [][]int32) *state {
 	}
 	s.resync()
 	s.kappa = s.portImbalance()
+	if b := ly.bud; b != nil {
+		for g, es := range s.held {
+			for _, e := range es {
+				if !b.run[g*sh.E+int(e)] {
+					s.changed++
+				}
+			}
+		}
+	}
 	return s
 }
 
@@ -332,7 +358,13 @@ func (s *state) cost(tok, out, in []float64, lv level) float64 {
 }
 
 // Cost is the current surrogate cost.
-func (s *state) costNow(lv level) float64 { return s.cost(s.tok, s.out, s.in, lv) }
+func (s *state) costNow(lv level) float64 {
+	c := s.cost(s.tok, s.out, s.in, lv)
+	if b := s.ly.bud; b != nil {
+		c += b.sec * float64(s.changed)
+	}
+	return c
+}
 
 // imbalance is the busiest GPU's (or node's mean GPU's) tokens over the
 // mean.

@@ -82,11 +82,40 @@ func (s *state) valid(mv move) bool {
 			return false
 		}
 		f := int(s.held[mv.b][mv.ib])
-		return e != f && !s.holds(mv.b, e) && !s.holds(mv.a, f)
+		if e == f || s.holds(mv.b, e) || s.holds(mv.a, f) {
+			return false
+		}
 	case moveRetarget:
-		return mv.f >= 0 && mv.f < len(s.cs) && mv.f != e && len(s.cs[e].gpus) > 1 && !s.holds(mv.a, mv.f)
+		if mv.f < 0 || mv.f >= len(s.cs) || mv.f == e || len(s.cs[e].gpus) <= 1 || s.holds(mv.a, mv.f) {
+			return false
+		}
+	default:
+		return false
 	}
-	return false
+	b := s.ly.bud
+	return b == nil || b.max <= 0 || s.changed+s.dChanged(mv) <= b.max
+}
+
+// dChanged is how many more slots differ from the running plan after mv
+// (which must be valid; 0 without a budget).
+func (s *state) dChanged(mv move) int {
+	b := s.ly.bud
+	if b == nil {
+		return 0
+	}
+	E := len(s.cs)
+	off := func(g, e int) int {
+		if b.run[g*E+e] {
+			return 0
+		}
+		return 1
+	}
+	e := int(s.held[mv.a][mv.ia])
+	if mv.kind == moveRetarget {
+		return off(mv.a, mv.f) - off(mv.a, e)
+	}
+	f := int(s.held[mv.b][mv.ib])
+	return off(mv.b, e) + off(mv.a, f) - off(mv.a, e) - off(mv.b, f)
 }
 
 // setChange fills change c for expert e whose copy on GPU from moves to GPU
@@ -154,7 +183,11 @@ func (s *state) try(mv move, lv level) float64 {
 		tr.o2[g] = s.out[g] + tr.dOut[g]
 		tr.i2[g] = s.in[g] + tr.dIn[g]
 	}
-	return s.cost(tr.t2, tr.o2, tr.i2, lv) - s.costNow(lv)
+	d := s.cost(tr.t2, tr.o2, tr.i2, lv) - s.cost(s.tok, s.out, s.in, lv)
+	if b := s.ly.bud; b != nil {
+		d += b.sec * float64(s.dChanged(mv))
+	}
+	return d
 }
 
 // factor is what one move does to one token's counters at node b: z
@@ -294,6 +327,7 @@ func (s *state) apply(mv move) {
 	if !tr.valid || tr.mv != mv {
 		s.try(mv, levelGPU)
 	}
+	s.changed += s.dChanged(mv)
 	s.tokenDeltas(true)
 	for g := range s.tok {
 		s.tok[g] += tr.dTok[g]

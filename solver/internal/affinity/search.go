@@ -328,17 +328,38 @@ func (se *searcher) anneal(rng *rand.Rand, sc *schedule, lv level, hot float64) 
 	s := se.s
 	sh := s.ly.sh
 	G := sh.G
+	// Under a full move budget a random move is mostly refused: half the
+	// moves then start from a changed slot, and half of their partners
+	// are changed slots too (a swap of two changed slots never adds to
+	// the count; one back to the running plan frees the budget).
+	bud := s.ly.bud
 	pick := func() (move, bool) {
 		for range 64 {
 			a := rng.IntN(G)
-			if len(s.held[a]) == 0 {
-				continue
+			full := bud != nil && bud.max > 0 && s.changed >= bud.max-1
+			var ia int
+			if full && rng.IntN(2) == 0 {
+				var ok bool
+				if a, ia, ok = s.changedSlot(rng); !ok {
+					continue
+				}
+			} else {
+				if len(s.held[a]) == 0 {
+					continue
+				}
+				ia = rng.IntN(len(s.held[a]))
 			}
-			mv := move{kind: moveSwap, a: a, ia: rng.IntN(len(s.held[a]))}
+			mv := move{kind: moveSwap, a: a, ia: ia}
 			// One retarget in every slots-per-GPU moves: re-apportioning
 			// copies is as likely as moving any one slot of a GPU.
 			if rng.IntN(len(s.held[a])+1) == 0 {
 				mv.kind, mv.f = moveRetarget, rng.IntN(sh.E)
+			} else if full && rng.IntN(2) == 0 {
+				b, ib, ok := s.changedSlot(rng)
+				if !ok {
+					continue
+				}
+				mv.b, mv.ib = b, ib
 			} else {
 				mv.b = rng.IntN(G)
 				if len(s.held[mv.b]) == 0 {
@@ -401,4 +422,26 @@ func (se *searcher) anneal(rng *rand.Rand, sc *schedule, lv level, hot float64) 
 			}
 		}
 	}
+}
+
+// changedSlot returns a slot, uniformly at random, whose copy the running
+// plan does not have there (false when none or without a budget).
+func (s *state) changedSlot(rng *rand.Rand) (g, i int, ok bool) {
+	b := s.ly.bud
+	if b == nil || s.changed == 0 {
+		return 0, 0, false
+	}
+	E := len(s.cs)
+	n := rng.IntN(s.changed)
+	for g, es := range s.held {
+		for i, e := range es {
+			if !b.run[g*E+int(e)] {
+				if n == 0 {
+					return g, i, true
+				}
+				n--
+			}
+		}
+	}
+	return 0, 0, false
 }

@@ -29,6 +29,22 @@ type Problem struct {
 	// scenario (0: unknown, the chain flow then times its own evaluation
 	// of Start, or skips its exact polish when it has none to time).
 	EvalTime time.Duration
+	// Current, when set with MaxMoves or MoveCost, is the running plan
+	// (same layers and slots): the home flow's search then changes at
+	// most MaxMoves slots per layer against it (0: no bound, as
+	// placement.ChangedSlots counts them) and charges MoveCost per
+	// changed slot, in units of the layer's busiest/mean load (one
+	// changed slot costs MoveCost times the mean GPU's compute). Start
+	// must already be within MaxMoves. The chain flow ignores them (its
+	// caller keeps budgets off it).
+	Current  *placement.Plan
+	MaxMoves int
+	MoveCost float64
+}
+
+// budgeted reports whether p bounds or prices the moves.
+func (p Problem) budgeted() bool {
+	return p.Current != nil && (p.MaxMoves > 0 || p.MoveCost > 0)
 }
 
 // Options bound a solve.
@@ -136,7 +152,27 @@ func buildLayer(p Problem, sh *shape, l int) *layer {
 			}
 		}
 	}
-	return newLayer(sh, l, ex, st.Load[l], share)
+	ly := newLayer(sh, l, ex, st.Load[l], share)
+	if p.budgeted() {
+		b := &budget{run: make([]bool, G*E), max: p.MaxMoves}
+		for e, gs := range p.Current.ExpertGPUs(l) {
+			for _, g := range gs {
+				b.run[int(g)*E+e] = true
+			}
+		}
+		tok, sp := 0.0, 0.0
+		for _, v := range st.Load[l] {
+			tok += v
+		}
+		for _, v := range sh.speed {
+			sp += v
+		}
+		if sp > 0 {
+			b.sec = p.MoveCost * tok * sh.perTok / sp
+		}
+		ly.bud = b
+	}
+	return ly
 }
 
 // debugf, when set, receives a line per layer (tests).
@@ -234,8 +270,12 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x6d6f65))
 	var tries int64
-	// 1. Nodes on the proxy.
+	// 1. Nodes on the proxy (not under a move budget: the proxy and the
+	// repacking below move copies freely).
 	a := sh.Proxy
+	if ly.bud != nil {
+		a = 0
+	}
 	if s.ly.sh.N > 1 && a > 0 {
 		px := newProxy(s)
 		if px.cut > 0 {
@@ -254,8 +294,10 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	i1 := s.imbalance(levelGPU)
 	// 3. Balance within nodes.
 	c := b + sh.GPUs
-	se.s = repack(s)
-	s = se.s
+	if ly.bud == nil {
+		se.s = repack(s)
+		s = se.s
+	}
 	se.m = phase(b, c).Meter(ctx)
 	se.gpuPhase()
 	r2, i2 := s.remote(), s.imbalance(levelGPU)

@@ -174,3 +174,161 @@ func allPlacements(E, G, S int) [][][]placement.GPU {
 	slices.Reverse(out)
 	return out
 }
+
+// layerChanged is placement.ChangedSlots between a running plan's layer l
+// and one layer of copies on G GPUs.
+func layerChanged(run *placement.Plan, l, G int, cp [][]placement.GPU) int {
+	return placement.ChangedSlots(run.Layers[l], placement.FromReplicas(G, [][][]placement.GPU{cp}, "x").Layers[0])
+}
+
+// TestSolveKeepsMoveBudget: from a running plan with a move budget, on
+// random home-flow instances (every dispatch, with and without replicas
+// and sources), every layer of the plan is valid, changes at most
+// MaxMoves slots of the running plan (as placement.ChangedSlots counts
+// them) and has a surrogate cost, moves charged, no higher than the
+// running plan's; a prohibitive MoveCost keeps the running plan. The same
+// searches without the budget change more slots than it allows (checked
+// below), so a search that ignores the budget, or counts it wrongly, fails.
+func TestSolveKeepsMoveBudget(t *testing.T) {
+	rng := rand.New(rand.NewPCG(23, 9))
+	over := 0
+	for it := range 18 {
+		N, P := 2+rng.IntN(2), 1+rng.IntN(3)
+		E, K := 6+rng.IntN(10), 1+rng.IntN(3)
+		red := 0
+		if it%2 == 1 {
+			red = N * P
+		}
+		red = fillSlots(E, N*P, red)
+		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal}[it%3]
+		t.Run(fmt.Sprintf("%d-%s-N%dP%dE%dR%d", it, d, N, P, E, red), func(t *testing.T) {
+			sc, run, slots := randomInstance(t, rng, N, P, E, K, 3, 80+rng.IntN(80), red, d, it%5 == 0)
+			G := N * P
+			opts := Options{Limit: task.Limit{Work: 3000}, Parallel: 2, Shares: Shares{Proxy: 0.4, Nodes: 0.25, GPUs: 0.15}}
+			free, err := Solve(context.Background(), Problem{Scenario: sc, Slots: slots, Start: run}, opts)
+			require.NoError(t, err)
+			k := 1 + rng.IntN(4)
+			for l := range free.Copies {
+				if layerChanged(run, l, G, free.Copies[l]) > k {
+					over++
+				}
+			}
+			p := Problem{Scenario: sc, Slots: slots, Start: run, Current: run, MaxMoves: k}
+			if it%3 == 2 {
+				p.MoveCost = 0.01
+			}
+			res, err := Solve(context.Background(), p, opts)
+			require.NoError(t, err)
+			checkPlan(t, res.Copies, E, slots)
+			sh, err := newShape(p)
+			require.NoError(t, err)
+			for l := range res.Copies {
+				require.LessOrEqual(t, layerChanged(run, l, G, res.Copies[l]), k, "layer %d", l)
+				ly := buildLayer(p, sh, l)
+				before := newStateKappa(ly, int32Copies(run.ExpertGPUs(l)), 0).costNow(levelGPU)
+				after := newStateKappa(ly, int32Copies(res.Copies[l]), 0)
+				require.Equal(t, layerChanged(run, l, G, res.Copies[l]), after.changed, "layer %d: the state's count", l)
+				assert.LessOrEqual(t, after.costNow(levelGPU), before*(1+1e-12), "layer %d", l)
+			}
+			p.MaxMoves, p.MoveCost = 0, 1e6
+			res, err = Solve(context.Background(), p, opts)
+			require.NoError(t, err)
+			for l := range res.Copies {
+				require.Zero(t, layerChanged(run, l, G, res.Copies[l]), "layer %d moved at a prohibitive MoveCost", l)
+			}
+		})
+	}
+	require.Greater(t, over, 10, "the unbudgeted searches must want more moves than the budgets allow")
+}
+
+// TestBudgetCountersMatchRecount: under a move budget every tried delta
+// (moves charged) is the applied change, the state's changed slots are
+// placement.ChangedSlots of its copies against the running plan after
+// every move, and no valid move takes them past the budget. A count
+// that misses the swap's second slot, or a retarget's, fails it.
+func TestBudgetCountersMatchRecount(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 2))
+	for it := range 16 {
+		N, P := 2+rng.IntN(2), 1+rng.IntN(3)
+		E, K := 6+rng.IntN(10), 1+rng.IntN(3)
+		red := fillSlots(E, N*P, rng.IntN(3)*N*P)
+		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal}[it%3]
+		t.Run(fmt.Sprintf("%d-%s-N%dP%dE%dR%d", it, d, N, P, E, red), func(t *testing.T) {
+			sc, run, slots := randomInstance(t, rng, N, P, E, K, 1, 60+rng.IntN(60), red, d, false)
+			G := N * P
+			k := rng.IntN(6) // 0: no bound
+			p := Problem{Scenario: sc, Slots: slots, Start: run, Current: run, MaxMoves: k, MoveCost: 0.05}
+			sh, err := newShape(p)
+			require.NoError(t, err)
+			ly := buildLayer(p, sh, 0)
+			require.NotNil(t, ly.bud)
+			require.Greater(t, ly.bud.sec, 0.0)
+			s := newState(ly, int32Copies(run.ExpertGPUs(0)))
+			require.Zero(t, s.changed)
+			for range 80 {
+				mv, ok := randomMove(rng, s)
+				if !ok {
+					break
+				}
+				lv := level(rng.IntN(2))
+				before := s.costNow(lv)
+				dlt := s.try(mv, lv)
+				s.apply(mv)
+				require.InDelta(t, before+dlt, s.costNow(lv), 1e-12*math.Max(1, before), "move %+v", mv)
+				cp := make([][]placement.GPU, E)
+				for e, gs := range s.copies() {
+					for _, g := range gs {
+						cp[e] = append(cp[e], placement.GPU(g))
+					}
+				}
+				require.Equal(t, layerChanged(run, 0, G, cp), s.changed, "move %+v", mv)
+				if k > 0 {
+					require.LessOrEqual(t, s.changed, k)
+				}
+			}
+		})
+	}
+}
+
+// TestBudgetReachesBruteForceOptimum: on small one-layer home-flow
+// instances (as TestReachesBruteForceOptimum) with a running plan and a
+// budget of two changed slots, the search's plan has the exact cost
+// model's least layer time over every valid placement within the budget,
+// found by enumeration. A search that stops at its first improving move,
+// or refuses the moves that undo a change to make a better one, fails it.
+func TestBudgetReachesBruteForceOptimum(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 4))
+	const N, P, S, k = 2, 2, 2, 2
+	G := N * P
+	improved := 0
+	for it := range 12 {
+		E := 8 - 2*(it%2)
+		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic}[(it/2)%2]
+		t.Run(fmt.Sprintf("%d-%s-E%d", it, d, E), func(t *testing.T) {
+			sc, run, slots := randomInstance(t, rng, N, P, E, 2+rng.IntN(2), 1, 60+rng.IntN(60), G*S-E, d, false)
+			sc.Cluster.NVLinkGBps = 1e9
+			runRep, err := sc.Evaluate(run)
+			require.NoError(t, err)
+			best := math.Inf(1)
+			for _, cp := range allPlacements(E, G, S) {
+				if layerChanged(run, 0, G, cp) > k {
+					continue
+				}
+				rep, err := sc.Evaluate(placement.FromReplicas(G, [][][]placement.GPU{cp}, "brute"))
+				require.NoError(t, err)
+				best = math.Min(best, rep.TimeSec)
+			}
+			p := Problem{Scenario: sc, Slots: slots, Start: run, Current: run, MaxMoves: k}
+			res, err := Solve(context.Background(), p, Options{Limit: task.Limit{Work: 100000}, Parallel: 1, Shares: Shares{Proxy: 0.05, Nodes: 0.05, GPUs: 0.05}})
+			require.NoError(t, err)
+			require.LessOrEqual(t, layerChanged(run, 0, G, res.Copies[0]), k)
+			rep, err := sc.Evaluate(placement.FromReplicas(G, res.Copies, "affinity"))
+			require.NoError(t, err)
+			assert.InDelta(t, best, rep.TimeSec, 1e-9*best, "search %.9g, optimum within the budget %.9g", rep.TimeSec, best)
+			if best < runRep.TimeSec*(1-1e-9) {
+				improved++
+			}
+		})
+	}
+	require.Greater(t, improved, 6, "most running plans must have a better plan within the budget")
+}
