@@ -18,8 +18,9 @@ import (
 
 // useAffinity reports whether the joint strategy runs the production-scale
 // affinity search (see the package doc): the home flow on several nodes
-// with per-token paths, even or per-source dispatch without a per-slot
-// split, one workload and no expert groups; and either replicas, or a
+// with per-token paths, any dispatch (under SplitOptimal the shares are
+// chosen after the search, as for every strategy), one workload and no
+// expert groups; and either replicas, or a
 // single-copy layer too large for the joint ILP (more than EffortMaxCols
 // assignment columns, E·G, per layer). A running plan (Current) is
 // searched from under a move budget in the home flow only, and only when
@@ -27,7 +28,7 @@ import (
 // plan to beat.
 func useAffinity(p Problem, opts Options, b budget) bool {
 	s := p.Stats
-	if p.Cluster.Nodes < 2 || p.Split == SplitOptimal || len(p.Workloads) > 0 || p.ExpertGroups > 0 {
+	if p.Cluster.Nodes < 2 || len(p.Workloads) > 0 || p.ExpertGroups > 0 {
 		return false
 	}
 	if p.Current != nil {
@@ -130,7 +131,13 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	// that report), about as long as one evaluation, and as much again
 	// for the layers' last moves and the certificate; and the repair
 	// to Problem.MaxImbalance when there is a cap.
-	reserve := time.Duration((2 + imbalanceEvals(p)) * float64(evalTime))
+	after := 2 + imbalanceEvals(p)
+	if p.Split == SplitOptimal {
+		// The optimal splits' flows (about one evaluation) and the
+		// plan's evaluation after them.
+		after += 2
+	}
+	reserve := time.Duration(after * float64(evalTime))
 	report := reporter(opts, start)
 	stage := "baseline " + string(res.Baseline)
 	if p.replicated() {

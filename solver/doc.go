@@ -225,15 +225,17 @@
 //
 // # Several nodes with per-token paths (the affinity search)
 //
-// On several nodes, with per-token paths, one workload, no expert groups
-// and no per-slot split, joint with replicas (or with layers past the
-// ILP's size) starts from the replicated path's packing (or the best
+// On several nodes, with per-token paths, one workload and no expert
+// groups, joint with replicas (or with layers past the ILP's size)
+// starts from the replicated path's packing (or the best
 // baseline) and runs the affinity search (solver/internal/affinity):
 // per layer, exact per-token node counters, a proxy annealed over
 // nodes, exact node-level swaps, largest-first packing within nodes and
 // an annealing on the full surrogate; the chain flow anneals across the
 // layers. The plan is kept only if the cost model scores it no slower
-// than the start.
+// than the start. Under SplitOptimal the search places copies as for
+// even splits, and the shares are chosen afterwards, as for every
+// strategy.
 //
 // With a running plan (Current) that has the problem's slots on every
 // GPU: under Options.MaxMoves or Problem.MoveCost (the home flow only;
