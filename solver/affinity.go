@@ -132,6 +132,10 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	// for the layers' last moves and the certificate; and the repair
 	// to Problem.MaxImbalance when there is a cap.
 	after := 2 + imbalanceEvals(p)
+	if running != nil {
+		// The running plan's evaluation, to compare.
+		after++
+	}
 	if p.Split == SplitOptimal {
 		// The optimal splits' flows (about one evaluation) and the
 		// plan's evaluation after them.
