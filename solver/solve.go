@@ -167,7 +167,13 @@ type Options struct {
 	// Effort, when positive, replaces the clock by a work budget of Effort
 	// million scored moves (an annealing proposal, a swap delta, a packing
 	// swap; a branch-and-bound node counts as a thousand), split among
-	// the phases in the same shares as the time. The same inputs then
+	// the phases in the same shares as the time, with one exception: the
+	// chain flow's affinity search gives its cross-layer proxy all the
+	// work up to what saturates it (64 sweeps of its neighbourhood, at ten
+	// proxy moves a unit; 3.0 M units on DeepSeek-V3 over 4 × 8 GPUs),
+	// then half of the rest to the exact annealing and the rest to the
+	// polish on the full cost model, whose moves count one each though
+	// each evaluates the layer. The same inputs then
 	// give the same plan, byte for byte, on any machine and however
 	// loaded. TimeLimit, when also set, stays a safety limit that, if it
 	// stops the solve first, makes the result depend on the clock again
