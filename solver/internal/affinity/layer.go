@@ -20,6 +20,11 @@ type shape struct {
 	nicLat         float64
 	sigma, chunks  float64
 	overlapped     bool
+	// nv: the state also counts every token's reach per GPU and the
+	// NVLink ports (nvSec seconds a copy), for clusters whose NVLink can
+	// set a phase's time (see nvlinkMatters).
+	nv    bool
+	nvSec float64
 
 	// The sample: T tokens, each with a source GPU (tokens without one are
 	// given one, spread round-robin, so that the sample's homes are even)
@@ -108,6 +113,9 @@ type copyset struct {
 	gpus []int32
 	nf   []float64
 	cl   []float64
+	// gf[h·n+i] is the fraction of source h's tokens that copy i serves
+	// (with shape.nv).
+	gf []float64
 }
 
 // state is one layer's placement with the counters its cost is computed
@@ -123,6 +131,15 @@ type state struct {
 	out  []float64 // G: NIC copies sent per source GPU (sample-weighted)
 	in   []float64 // G: NIC copies received per GPU
 	tok  []float64 // G: routed tokens (exact loads)
+	// With shape.nv, per token and GPU the certain copies (zg) and the
+	// product of the others' misses (pg), and every GPU's NVLink copies
+	// out and in (a token reaching GPU g enters g's node at the GPU x
+	// with its home's local index, its home's node at the home itself,
+	// and crosses NVLink from x to g when x ≠ g).
+	zg    []uint8   // T×G
+	pg    []float64 // T×G
+	nvOut []float64 // G
+	nvIn  []float64 // G
 	// kappa is the NIC ports' imbalance (max/mean − 1) the search keeps
 	// for free: the start plan's.
 	kappa float64
@@ -157,12 +174,20 @@ func (s *state) fill(e int, cs *copyset) {
 	clear(cs.nf)
 	cs.cl = slices.Grow(cs.cl[:0], n)[:n]
 	clear(cs.cl)
+	if sh.nv {
+		cs.gf = slices.Grow(cs.gf[:0], G*n)[:G*n]
+	}
 	if n == 1 {
 		b := int(cs.gpus[0]) / P
 		for h := 0; h < G; h++ {
 			cs.nf[h*N+b] = 1
 		}
 		cs.cl[0] = s.ly.load[e]
+		if sh.nv {
+			for h := range cs.gf {
+				cs.gf[h] = 1
+			}
+		}
 		return
 	}
 	if cap(s.frac) < G*n {
@@ -170,6 +195,17 @@ func (s *state) fill(e int, cs *copyset) {
 	}
 	frac := s.frac[:G*n]
 	sh.dispatch.Split(cs.gpus, G, P, frac)
+	if sh.nv {
+		for i, q := range frac {
+			switch {
+			case q >= 1-eps:
+				q = 1
+			case q <= eps:
+				q = 0
+			}
+			cs.gf[i] = q
+		}
+	}
 	x := s.ly.load[e]
 	for h := 0; h < G; h++ {
 		xh := x * s.ly.srcShare(h, e)
@@ -203,6 +239,12 @@ func newState(ly *layer, copies [][]int32) *state {
 		out:  make([]float64, sh.G),
 		in:   make([]float64, sh.G),
 		tok:  make([]float64, sh.G),
+	}
+	if sh.nv {
+		s.zg = make([]uint8, sh.T*sh.G)
+		s.pg = make([]float64, sh.T*sh.G)
+		s.nvOut = make([]float64, sh.G)
+		s.nvIn = make([]float64, sh.G)
 	}
 	s.tr.init(sh)
 	for e, gs := range copies {
@@ -277,6 +319,44 @@ func (s *state) resync() {
 		}
 		s.out[h] += r
 	}
+	if sh.nv {
+		s.resyncNV()
+	}
+}
+
+// resyncNV recomputes the per-GPU reach and the NVLink ports.
+func (s *state) resyncNV() {
+	sh := s.ly.sh
+	G, K, P := sh.G, sh.K, sh.P
+	clear(s.nvOut)
+	clear(s.nvIn)
+	for t := 0; t < sh.T; t++ {
+		h := int(sh.src[t])
+		z, pr := s.zg[t*G:(t+1)*G], s.pg[t*G:(t+1)*G]
+		clear(z)
+		for g := range pr {
+			pr[g] = 1
+		}
+		for _, e := range s.ly.ex[t*K : (t+1)*K] {
+			cs := &s.cs[e]
+			n := len(cs.gpus)
+			for i, g := range cs.gpus {
+				switch q := cs.gf[h*n+i]; {
+				case q == 1:
+					z[g]++
+				case q > 0:
+					pr[g] *= 1 - q
+				}
+			}
+		}
+		for g := 0; g < G; g++ {
+			if x := g/P*P + h%P; x != g {
+				u := sh.w[t] * used(z[g], pr[g])
+				s.nvOut[x] += u
+				s.nvIn[g] += u
+			}
+		}
+	}
 }
 
 // portImbalance is max(NIC port)/mean − 1 (0 without NIC traffic).
@@ -316,7 +396,7 @@ const (
 // phases whose NIC time is the mean port plus whatever the busiest port
 // exceeds the start's imbalance by (with no allowance left, the busiest
 // port's, plus half the mean's where tie asks to break its ties).
-func (s *state) cost(tok, out, in []float64, lv level) float64 {
+func (s *state) cost(tok, out, in, nvo, nvi []float64, lv level) float64 {
 	sh := s.ly.sh
 	tail := 0.0
 	if lv == levelGPU {
@@ -347,6 +427,13 @@ func (s *state) cost(tok, out, in []float64, lv level) float64 {
 		nic = mx + mean/2
 	}
 	phase := nic * sh.copySec
+	if sh.nv {
+		nv := 0.0
+		for g := range nvo {
+			nv = math.Max(nv, math.Max(nvo[g], nvi[g]))
+		}
+		phase = math.Max(phase, nv*sh.nvSec)
+	}
 	if tot > 0 {
 		phase += sh.nicLat
 	}
@@ -359,7 +446,7 @@ func (s *state) cost(tok, out, in []float64, lv level) float64 {
 
 // Cost is the current surrogate cost.
 func (s *state) costNow(lv level) float64 {
-	c := s.cost(s.tok, s.out, s.in, lv)
+	c := s.cost(s.tok, s.out, s.in, s.nvOut, s.nvIn, lv)
 	if b := s.ly.bud; b != nil {
 		c += b.sec * float64(s.changed)
 	}

@@ -160,6 +160,8 @@ func TestCountersMatchCostModel(t *testing.T) {
 			sc, plan, slots := randomInstance(t, rng, N, P, E, K, 2, 60+rng.IntN(100), red, d, false)
 			sh, err := newShape(Problem{Scenario: sc, Slots: slots, Start: plan})
 			require.NoError(t, err)
+			// Count the NVLink ports whether or not they matter here.
+			sh.nv = sh.nvSec > 0
 			for l := range 2 {
 				ly := buildLayer(Problem{Scenario: sc, Slots: slots}, sh, l)
 				s := newState(ly, int32Copies(plan.ExpertGPUs(l)))
@@ -219,10 +221,34 @@ func checkAgainstModel(t *testing.T, sc costmodel.Scenario, s *state, l int) {
 		assert.InDelta(t, in/tb, s.in[g], 1e-6*math.Max(1, in/tb), "NIC in of GPU %d", g)
 	}
 	assert.InDelta(t, lr.CrossNodeBytes/2/tb, s.remote(), 1e-6*math.Max(1, s.remote()))
+	if sh.nv {
+		// The NVLink ports of the dispatch, forwarding included.
+		for g := 0; g < G; g++ {
+			out, in := 0.0, 0.0
+			for d := 0; d < G; d++ {
+				if d/P == g/P {
+					out += lr.Dispatch[g][d]
+					in += lr.Dispatch[d][g]
+				}
+			}
+			assert.InDelta(t, out/tb, s.nvOut[g], 1e-6*math.Max(1, out/tb), "NVLink out of GPU %d", g)
+			assert.InDelta(t, in/tb, s.nvIn[g], 1e-6*math.Max(1, in/tb), "NVLink in of GPU %d", g)
+		}
+	}
 	// The incremental counters equal a fresh computation.
 	z, pr := slices.Clone(s.z), slices.Clone(s.pr)
 	out, in, tok := slices.Clone(s.out), slices.Clone(s.in), slices.Clone(s.tok)
+	zg, pg := slices.Clone(s.zg), slices.Clone(s.pg)
+	nvo, nvi := slices.Clone(s.nvOut), slices.Clone(s.nvIn)
 	s.resync()
+	assert.Equal(t, zg, s.zg)
+	for i := range pg {
+		require.InDelta(t, pg[i], s.pg[i], 1e-9)
+	}
+	for g := range nvo {
+		assert.InDelta(t, nvo[g], s.nvOut[g], 1e-9*math.Max(1, nvo[g]))
+		assert.InDelta(t, nvi[g], s.nvIn[g], 1e-9*math.Max(1, nvi[g]))
+	}
 	assert.Equal(t, z, s.z)
 	for i := range pr {
 		require.InDelta(t, pr[i], s.pr[i], 1e-9)

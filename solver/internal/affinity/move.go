@@ -32,6 +32,17 @@ type change struct {
 	nw    copyset
 	dOff  []int32 // G+1
 	dNode []int16
+	// With shape.nv, per source GPU h the GPUs whose copy serves a
+	// different fraction of h's tokens: dGPU[gOff[h]:gOff[h+1]].
+	gOff []int32 // G+1
+	dGPU []gpuFrac
+}
+
+// gpuFrac is a GPU whose copy's fraction of one source's tokens goes from
+// qo to qn.
+type gpuFrac struct {
+	g      int16
+	qo, qn float64
 }
 
 // trial is the scratch of one tried move.
@@ -50,6 +61,10 @@ type trial struct {
 	dR    float64 // change of the sample's remote-node copies
 	valid bool
 	mv    move
+	// With shape.nv: per-GPU factors and the NVLink ports' changes.
+	gfac       [3][]factor
+	dNvO, dNvI []float64
+	nvo2, nvi2 []float64
 }
 
 func (tr *trial) init(sh *shape) {
@@ -63,6 +78,15 @@ func (tr *trial) init(sh *shape) {
 	tr.o2 = make([]float64, sh.G)
 	tr.i2 = make([]float64, sh.G)
 	tr.t2 = make([]float64, sh.G)
+	if sh.nv {
+		for i := range tr.ch {
+			tr.ch[i].gOff = make([]int32, sh.G+1)
+		}
+		tr.dNvO = make([]float64, sh.G)
+		tr.dNvI = make([]float64, sh.G)
+		tr.nvo2 = make([]float64, sh.G)
+		tr.nvi2 = make([]float64, sh.G)
+	}
 }
 
 // holds reports whether GPU g holds a copy of e.
@@ -149,6 +173,42 @@ func (s *state) setChange(c *change, e, from, to int) {
 		}
 	}
 	c.dOff[G] = int32(len(c.dNode))
+	if sh.nv {
+		s.setGPUChange(c)
+	}
+}
+
+// setGPUChange fills c's per-GPU fraction changes for every source.
+func (s *state) setGPUChange(c *change) {
+	G := s.ly.sh.G
+	og, ng := c.old.gpus, c.nw.gpus
+	no, nn := len(og), len(ng)
+	c.dGPU = c.dGPU[:0]
+	for h := 0; h < G; h++ {
+		c.gOff[h] = int32(len(c.dGPU))
+		// Both lists are sorted: walk them together.
+		i, j := 0, 0
+		for i < no || j < nn {
+			var g int32
+			qo, qn := 0.0, 0.0
+			switch {
+			case j == nn || i < no && og[i] < ng[j]:
+				g, qo = og[i], c.old.gf[h*no+i]
+				i++
+			case i == no || ng[j] < og[i]:
+				g, qn = ng[j], c.nw.gf[h*nn+j]
+				j++
+			default:
+				g, qo, qn = og[i], c.old.gf[h*no+i], c.nw.gf[h*nn+j]
+				i++
+				j++
+			}
+			if qo != qn {
+				c.dGPU = append(c.dGPU, gpuFrac{g: int16(g), qo: qo, qn: qn})
+			}
+		}
+	}
+	c.gOff[G] = int32(len(c.dGPU))
 }
 
 // try scores mv (which must be valid) and returns the change of the
@@ -183,7 +243,13 @@ func (s *state) try(mv move, lv level) float64 {
 		tr.o2[g] = s.out[g] + tr.dOut[g]
 		tr.i2[g] = s.in[g] + tr.dIn[g]
 	}
-	d := s.cost(tr.t2, tr.o2, tr.i2, lv) - s.cost(s.tok, s.out, s.in, lv)
+	if s.ly.sh.nv {
+		for g := range tr.nvo2 {
+			tr.nvo2[g] = s.nvOut[g] + tr.dNvO[g]
+			tr.nvi2[g] = s.nvIn[g] + tr.dNvI[g]
+		}
+	}
+	d := s.cost(tr.t2, tr.o2, tr.i2, tr.nvo2, tr.nvi2, lv) - s.cost(s.tok, s.out, s.in, s.nvOut, s.nvIn, lv)
 	if b := s.ly.bud; b != nil {
 		d += b.sec * float64(s.dChanged(mv))
 	}
@@ -230,6 +296,36 @@ func factors(dst []factor, h, N int, cs ...*change) []factor {
 	return dst
 }
 
+// gpuFactors is factors at GPU level (with shape.nv): for source h, the
+// factors of the changes in cs at every GPU where one of them differs.
+func gpuFactors(dst []factor, h int, cs ...*change) []factor {
+	n0 := len(dst)
+	for _, c := range cs {
+		for _, gf := range c.dGPU[c.gOff[h]:c.gOff[h+1]] {
+			i := n0
+			for ; i < len(dst) && dst[i].b != gf.g; i++ {
+			}
+			if i == len(dst) {
+				dst = append(dst, factor{b: gf.g, mul: 1})
+			}
+			f := &dst[i]
+			switch {
+			case gf.qo == 1:
+				f.dz--
+			case gf.qo > 0:
+				f.mul /= 1 - gf.qo
+			}
+			switch {
+			case gf.qn == 1:
+				f.dz++
+			case gf.qn > 0:
+				f.mul *= 1 - gf.qn
+			}
+		}
+	}
+	return dst
+}
+
 // tokenDeltas computes, for every sampled token whose reach the trial's
 // changes alter, the change of the NIC ports and of the remote-node
 // copies; with commit it also updates the tokens' counters.
@@ -245,15 +341,23 @@ func (s *state) tokenDeltas(commit bool) {
 	both, done := tr.gen, tr.gen+1
 	clear(tr.dOut)
 	clear(tr.dIn)
+	nv := sh.nv
+	if nv {
+		clear(tr.dNvO)
+		clear(tr.dNvI)
+	}
 	tr.dR = 0
 	c0 := &tr.ch[0]
 	var c1 *change
 	if tr.nch == 2 {
 		c1 = &tr.ch[1]
 	}
-	diff := func(c *change, h int) bool { return c != nil && c.dOff[h+1] > c.dOff[h] }
-	// visit applies the factors fs to token t from source h.
-	visit := func(t, h int, fs []factor) {
+	diff := func(c *change, h int) bool {
+		return c != nil && (c.dOff[h+1] > c.dOff[h] || nv && c.gOff[h+1] > c.gOff[h])
+	}
+	// visit applies the factors fs (nodes) and gs (GPUs) to token t from
+	// source h.
+	visit := func(t, h int, fs, gs []factor) {
 		home, port := h/P, h%P
 		w := sh.w[t]
 		dr := 0.0
@@ -274,8 +378,22 @@ func (s *state) tokenDeltas(commit bool) {
 		}
 		tr.dOut[h] += w * dr
 		tr.dR += w * dr
+		for _, f := range gs {
+			g := int(f.b)
+			k := t*G + g
+			oz, op := s.zg[k], s.pg[k]
+			nz, np := uint8(int(oz)+int(f.dz)), op*f.mul
+			if commit {
+				s.zg[k], s.pg[k] = nz, np
+			}
+			if x := g/P*P + port; x != g {
+				du := w * (used(nz, np) - used(oz, op))
+				tr.dNvO[x] += du
+				tr.dNvI[g] += du
+			}
+		}
 	}
-	var f0, f1, f01 []factor
+	var f0, f1, f01, g0, g1, g01 []factor
 	for h := 0; h < G; h++ {
 		d0, d1 := diff(c0, h), diff(c1, h)
 		if !d0 && !d1 {
@@ -286,20 +404,34 @@ func (s *state) tokenDeltas(commit bool) {
 			// A token using both experts sees only c0's change here.
 			f0 = factors(tr.fac[0][:0], h, N, c0)
 			tr.fac[0] = f0
+			if nv {
+				g0 = gpuFactors(tr.gfac[0][:0], h, c0)
+				tr.gfac[0] = g0
+			}
 			for _, t := range s.ly.tokensFrom(c0.e, h) {
-				visit(int(t), h, f0)
+				visit(int(t), h, f0, g0)
 			}
 		case d1 && !d0:
 			f1 = factors(tr.fac[1][:0], h, N, c1)
 			tr.fac[1] = f1
+			if nv {
+				g1 = gpuFactors(tr.gfac[1][:0], h, c1)
+				tr.gfac[1] = g1
+			}
 			for _, t := range s.ly.tokensFrom(c1.e, h) {
-				visit(int(t), h, f1)
+				visit(int(t), h, f1, g1)
 			}
 		default:
 			f0 = factors(tr.fac[0][:0], h, N, c0)
 			f1 = factors(tr.fac[1][:0], h, N, c1)
 			f01 = factors(tr.fac[2][:0], h, N, c0, c1)
 			tr.fac[0], tr.fac[1], tr.fac[2] = f0, f1, f01
+			if nv {
+				g0 = gpuFactors(tr.gfac[0][:0], h, c0)
+				g1 = gpuFactors(tr.gfac[1][:0], h, c1)
+				g01 = gpuFactors(tr.gfac[2][:0], h, c0, c1)
+				tr.gfac[0], tr.gfac[1], tr.gfac[2] = g0, g1, g01
+			}
 			for _, t := range s.ly.tokensFrom(c1.e, h) {
 				tr.stamp[t] = both
 			}
@@ -307,14 +439,14 @@ func (s *state) tokenDeltas(commit bool) {
 				t := int(t32)
 				if tr.stamp[t] == both {
 					tr.stamp[t] = done
-					visit(t, h, f01)
+					visit(t, h, f01, g01)
 					continue
 				}
-				visit(t, h, f0)
+				visit(t, h, f0, g0)
 			}
 			for _, t32 := range s.ly.tokensFrom(c1.e, h) {
 				if t := int(t32); tr.stamp[t] != done {
-					visit(t, h, f1)
+					visit(t, h, f1, g1)
 				}
 			}
 		}
@@ -333,6 +465,10 @@ func (s *state) apply(mv move) {
 		s.tok[g] += tr.dTok[g]
 		s.out[g] += tr.dOut[g]
 		s.in[g] += tr.dIn[g]
+	}
+	for g := range s.nvOut {
+		s.nvOut[g] += tr.dNvO[g]
+		s.nvIn[g] += tr.dNvI[g]
 	}
 	for ci := 0; ci < tr.nch; ci++ {
 		c := &tr.ch[ci]
