@@ -232,8 +232,12 @@
 // per layer, exact per-token node counters, a proxy annealed over
 // nodes, exact node-level swaps, largest-first packing within nodes and
 // an annealing on the full surrogate; the chain flow anneals across the
-// layers. The plan is kept only if the cost model scores it no slower
-// than the start. Under SplitOptimal the search places copies as for
+// layers. Where the start's busiest NVLink port takes at least half the
+// busiest NIC port's time in some layer (PCIe-class nodes), the home
+// flow's counters also hold every token's reach per GPU and the NVLink
+// ports, forwarding included, and a phase costs the slower of the two.
+// The plan is kept only if the cost model scores it no slower than the
+// start. Under SplitOptimal the search places copies as for
 // even splits, and the shares are chosen afterwards, as for every
 // strategy.
 //
