@@ -217,6 +217,43 @@ func TestSplitFlag(t *testing.T) {
 	assert.Contains(t, stderr, "want one of even, optimal")
 }
 
+// --from keeps the running plan's slot layout for every strategy: without
+// --redundant-slots, EPLB and joint plan for the file's 4 redundant slots
+// (3 per GPU), and joint changes at most --max-moves of them; a
+// --redundant-slots or --slots-per-gpu the file contradicts is refused,
+// naming both. Before, EPLB planned for the flags' 2 slots per GPU while
+// joint kept the file's 3.
+func TestFromKeepsRunningSlots(t *testing.T) {
+	chdirRoot(t)
+	dir := t.TempDir()
+	run := filepath.Join(dir, "r.json")
+	code, _, stderr := runCLI(t, "plan", "--redundant-slots", "4", "--out", run, "--quiet")
+	require.Equal(t, 0, code, stderr)
+	running, err := placement.ReadFile(run)
+	require.NoError(t, err)
+	for _, st := range []string{"eplb", "joint"} {
+		out := filepath.Join(dir, st+".json")
+		code, _, stderr = runCLI(t, "plan", "--from", run, "--max-moves", "2", "--strategy", st, "--out", out, "--quiet")
+		require.Equal(t, 0, code, stderr)
+		plan, err := placement.ReadFile(out)
+		require.NoError(t, err)
+		for l := range plan.Layers {
+			require.Equal(t, []int{3, 3, 3, 3}, plan.SlotsPerGPU(l), "%s layer %d", st, l)
+			if st == "joint" {
+				assert.LessOrEqual(t, placement.ChangedSlots(running.Layers[l], plan.Layers[l]), 2, "layer %d", l)
+			}
+		}
+	}
+	code, _, stderr = runCLI(t, "plan", "--from", run, "--redundant-slots", "8", "--out", filepath.Join(dir, "x.json"), "--quiet")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "has 4 redundant slots per layer (12 slots on 4 GPUs) but --redundant-slots is 8; drop --redundant-slots")
+	code, _, stderr = runCLI(t, "plan", "--from", run, "--slots-per-gpu", "4,4,2,2", "--out", filepath.Join(dir, "x.json"), "--quiet")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "has [3 3 3 3] slots per GPU but --slots-per-gpu gives [4 4 2 2]; drop --slots-per-gpu")
+	code, _, stderr = runCLI(t, "plan", "--from", run, "--redundant-slots", "4", "--out", filepath.Join(dir, "x.json"), "--quiet")
+	assert.Equal(t, 0, code, stderr)
+}
+
 func TestHeterogeneousAndSteps(t *testing.T) {
 	chdirRoot(t)
 	dir := t.TempDir()

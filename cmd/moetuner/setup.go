@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,7 +38,8 @@ type common struct {
 	equalSizes   bool
 	effort       int
 	timeLimitSet bool
-	started      time.Time // when the command began: --time-limit counts from here
+	fs           *flag.FlagSet // the flags, to tell which were given
+	started      time.Time     // when the command began: --time-limit counts from here
 	redundant    int
 	groups       int
 	across       string
@@ -75,6 +77,7 @@ type common struct {
 }
 
 func (c *common) register(fs *flag.FlagSet, solve bool) {
+	c.fs = fs
 	c.started = time.Now()
 	c.solving = solve
 	fs.Var(&c.traces, "trace", "routing trace file or directory (repeatable; stats are added up)")
@@ -250,8 +253,61 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		if p.Current, err = c.readPlan(c.from, cluster); err != nil {
 			return p, nil, err
 		}
+		if err := c.runningSlots(&p); err != nil {
+			return p, nil, err
+		}
 	}
 	return p, sources, nil
+}
+
+// given reports whether the flag name was on the command line.
+func (c *common) given(name string) bool {
+	found := false
+	if c.fs != nil {
+		c.fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
+	}
+	return found
+}
+
+// runningSlots gives p the running plan's slots (--from): a service
+// re-placed keeps its slot layout, so every strategy, the baselines
+// included, is planned for it. A --redundant-slots or --slots-per-gpu
+// that disagrees with the file, or a file whose layers differ, is an
+// error.
+func (c *common) runningSlots(p *solver.Problem) error {
+	cur := p.Current
+	var per []int
+	for l := range cur.Layers {
+		s := cur.SlotsPerGPU(l)
+		if per == nil {
+			per = s
+			continue
+		}
+		if !slices.Equal(s, per) {
+			return fmt.Errorf("--from %s: layer %d has %v slots per GPU but layer 0 has %v; moetuner re-places a plan with the same slots in every layer", c.from, l, s, per)
+		}
+	}
+	total, uniform := 0, true
+	for _, v := range per {
+		total += v
+		uniform = uniform && v == per[0]
+	}
+	red := total - p.Stats.Experts
+	switch {
+	case p.SlotsPerGPU != nil:
+		if !slices.Equal(p.SlotsPerGPU, per) {
+			return fmt.Errorf("--from %s has %v slots per GPU but --slots-per-gpu gives %v; drop --slots-per-gpu to keep the running plan's slots", c.from, per, p.SlotsPerGPU)
+		}
+	case c.given("redundant-slots"):
+		if !uniform || red != c.redundant {
+			return fmt.Errorf("--from %s has %d redundant slots per layer (%d slots on %d GPUs) but --redundant-slots is %d; drop --redundant-slots to keep the running plan's slots", c.from, red, total, len(per), c.redundant)
+		}
+	case uniform:
+		p.RedundantSlots = red
+	default:
+		p.SlotsPerGPU = per
+	}
+	return nil
 }
 
 // startProgress makes the command's progress (see startProgress) and
