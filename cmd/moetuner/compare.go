@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -35,9 +36,14 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	// Read the files first: a bad one should not wait for the solves.
+	// Read the files first: a bad one should not wait for the solves. The
+	// running plan (--from) is one: the plans are measured against it.
 	var files []*solver.Result
-	for _, path := range planFiles {
+	paths := []string(planFiles)
+	if c.from != "" && !slices.Contains(paths, c.from) {
+		paths = append([]string{c.from}, paths...)
+	}
+	for _, path := range paths {
 		r, err := c.scoreFile(p, path)
 		if err != nil {
 			return err
@@ -305,6 +311,19 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 	if note := slotsNote(p, results); note != "" {
 		fmt.Fprintln(w, note)
 	}
+	if p.Current != nil {
+		for _, r := range results {
+			if r.Plan == nil || fromFile(r) || len(r.Plan.Layers) != len(p.Current.Layers) {
+				continue
+			}
+			total, most := 0, 0
+			for l := range r.Plan.Layers {
+				n := placement.ChangedSlots(p.Current.Layers[l], r.Plan.Layers[l])
+				total, most = total+n, max(most, n)
+			}
+			fmt.Fprintf(w, "%s: changes %d slots of the running plan (--from), at most %d in a layer\n", r.Strategy, total, most)
+		}
+	}
 	fmt.Fprintln(w, "token tail: Σ over layers of the busiest GPU's routed tokens; max/mean: mean over layers; all-to-all tail: Σ of dispatch+combine bottleneck times; layer time: Σ modeled layer times;")
 	fmt.Fprintln(w, "vs contiguous: how much lower the layer time is than Megatron's contiguous placement; gap: joint's proven gap to HiGHS's bound on its ILP model,")
 	fmt.Fprintln(w, "or, with replication, the largest per-layer gap between the busiest GPU's load and its lower bound max(mean, largest replica)")
@@ -316,7 +335,11 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 	fmt.Fprintln(w, "\"exact\": the gap to the best lower bound on the exact cost model itself that any strategy certified (one node, home flow, per-token traces).")
 	for _, r := range results {
 		if fromFile(r) {
-			fmt.Fprintln(w, "file: a --plan file, scored as it is (no solve).")
+			what := "a --plan file"
+			if p.Current != nil {
+				what = "a --plan file or the running plan (--from)"
+			}
+			fmt.Fprintf(w, "file: %s, scored as it is (no solve).\n", what)
 			break
 		}
 	}

@@ -94,7 +94,17 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	opts := c.optionsShare(1, time.Since(t0))
+	reserve := time.Since(t0)
+	var running *solver.Result
+	if c.from != "" {
+		// The running plan is a row too (one more evaluation after the
+		// solve): the plan is measured against it.
+		if running, err = c.scoreFile(p, c.from); err != nil {
+			return err
+		}
+		reserve *= 2
+	}
+	opts := c.optionsShare(1, reserve)
 	opts.Strategy = st
 	sp := pr.solving(st)
 	res, err := solver.Solve(ctx, p, sp.options(opts))
@@ -137,6 +147,9 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	results := []*solver.Result{base}
 	if st != ref {
 		results = append(results, res)
+	}
+	if running != nil {
+		results = append(results, running)
 	}
 	if !*quiet {
 		fmt.Fprintf(stdout, "wrote %s (%s format): %s placement of %d layers × %d experts on %d GPUs (%d nodes), flow %s\n",

@@ -244,6 +244,16 @@ func TestFromKeepsRunningSlots(t *testing.T) {
 			}
 		}
 	}
+	// The running plan is a row, and each plan says how much it moves.
+	code, stdout, stderr := runCLI(t, "plan", "--from", run, "--max-moves", "2", "--out", filepath.Join(dir, "y.json"))
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "file:"+run)
+	assert.Regexp(t, `joint\*?: changes \d+ slots of the running plan \(--from\), at most [012] in a layer`, stdout)
+	assert.Contains(t, stdout, "file: a --plan file or the running plan (--from), scored as it is (no solve).")
+	code, stdout, stderr = runCLI(t, "compare", "--from", run, "--strategies", "eplb", "--plan", run)
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, 1, strings.Count(stdout, "file:"+run+" "), "the running plan once, also when given as --plan")
+	assert.Regexp(t, `eplb: changes \d+ slots of the running plan`, stdout)
 	code, _, stderr = runCLI(t, "plan", "--from", run, "--redundant-slots", "8", "--out", filepath.Join(dir, "x.json"), "--quiet")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "has 4 redundant slots per layer (12 slots on 4 GPUs) but --redundant-slots is 8; drop --redundant-slots")
