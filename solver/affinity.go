@@ -23,16 +23,15 @@ import (
 // expert groups; and either replicas, or a
 // single-copy layer too large for the joint ILP (more than EffortMaxCols
 // assignment columns, E·G, per layer). A running plan (Current) is
-// searched from under a move budget in the home flow only, and only when
-// it has the problem's slots on every GPU; with free moves it is only a
-// plan to beat.
+// searched from under a move budget only when it has the problem's slots
+// on every GPU; with free moves it is only a plan to beat.
 func useAffinity(p Problem, opts Options, b budget) bool {
 	s := p.Stats
 	if p.Cluster.Nodes < 2 || len(p.Workloads) > 0 || p.ExpertGroups > 0 {
 		return false
 	}
 	if p.Current != nil {
-		if movesBudgeted(p, opts) && p.Flow != costmodel.FlowHome || !currentFits(p) {
+		if !currentFits(p) {
 			return false
 		}
 		if !movesBudgeted(p, opts) {

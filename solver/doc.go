@@ -242,14 +242,13 @@
 // strategy.
 //
 // With a running plan (Current) that has the problem's slots on every
-// GPU: under Options.MaxMoves or Problem.MoveCost (the home flow only;
-// the chain flow keeps the replicated path) the search starts from the
-// replicated path's budgeted plan, skips the proxy and the packing
-// (they move copies freely), refuses every move that would take a layer
-// past MaxMoves changed slots (placement.ChangedSlots against Current)
-// and charges each changed slot MoveCost times the layer's mean GPU
-// compute; the plan is checked against the budget again before it is
-// kept. With free moves Current bounds nothing: the layers are planned
+// GPU: under Options.MaxMoves or Problem.MoveCost the search starts from
+// the replicated path's budgeted plan, skips the proxies and the packing
+// and balancing within nodes (they move copies freely), refuses every
+// move that would take a layer past MaxMoves changed slots
+// (placement.ChangedSlots against Current) and charges each changed slot
+// MoveCost times the layer's mean GPU compute; the plan is checked
+// against the budget again before it is kept. With free moves Current bounds nothing: the layers are planned
 // afresh and Current is returned only when the cost model scores it
 // faster (Result.Note says so).
 package solver

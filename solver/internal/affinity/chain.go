@@ -887,7 +887,13 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		exact += lr.CrossNodeBytes / tb
 	}
 	var spare int64 // work the proxy cannot use, for the exact polish
-	if cut := cp.cost(); cut > 0 && c.Nodes > 1 {
+	if p.budgeted() {
+		// Under a move budget the proxy (which relabels whole nodes) and
+		// the balancing within nodes do not run: the exact annealing and
+		// the polish, which count every slot they change, get the work
+		// (the polish's tenth on top of it, as always).
+		spare = opts.Limit.Work - opts.Limit.Work/10
+	} else if cut := cp.cost(); cut > 0 && c.Nodes > 1 {
 		perTok, _ := c.Coefficients(p.Model)
 		lim := opts.Limit
 		if !lim.ByWork() {
@@ -955,7 +961,7 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		// GPUs for their senders as well as for balance (capPeak bounds
 		// the busiest); without, only balance tells them apart.
 		bal := from
-		if cp.cgOf(l) == nil {
+		if cp.cgOf(l) == nil && !p.budgeted() {
 			bal = balanceNodes(from, st.Load[l], p.Slots, speed, c.GPUsPerNode)
 		}
 		res.Copies[l] = make([][]placement.GPU, st.Experts)
@@ -1017,6 +1023,7 @@ func exactChain(ctx context.Context, p Problem, opts Options, spare int64, res *
 	if cx == nil {
 		return spare
 	}
+	cx.bud = newChainBudgets(p, res.Copies)
 	for l := range tcap {
 		tcap[l] = max(start.Layers[l].ComputeTail.Seconds()+1e-9, cx.tail(l, -1, -1, 0)) * (1 + 1e-12)
 	}
@@ -1083,10 +1090,38 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 		tailCap[l] = max(start.Layers[l].ComputeTail.Seconds()+1e-9, ev.LayerTail(l)) * (1 + 1e-12)
 	}
 	rng := rand.New(rand.NewPCG(uint64(L), 0x706f6c))
+	bud := newChainBudgets(p, res.Copies)
+	E := p.Stats.Experts
+	// changed is the move budget's count of a slot swap (0 without one).
+	changed := func(l int, lp placement.LayerPlan, a, b int) int {
+		if bud == nil {
+			return 0
+		}
+		return bud[l].swapChanged(int(lp.SlotGPU[a]), int(lp.SlotExpert[a]), int(lp.SlotGPU[b]), int(lp.SlotExpert[b]), E)
+	}
+	// movedSlot is a random slot of lp whose copy the running plan does
+	// not have there, or −1.
+	movedSlot := func(l int, lp placement.LayerPlan) int {
+		b := bud[l]
+		if b.changed == 0 {
+			return -1
+		}
+		n := rng.IntN(b.changed)
+		for i, e := range lp.SlotExpert {
+			if !b.run[int(lp.SlotGPU[i])*E+int(e)] {
+				if n == 0 {
+					return i
+				}
+				n--
+			}
+		}
+		return -1
+	}
 	// pick draws a swap of two slots of one layer that keeps the plan
 	// valid (different GPUs, different experts, neither already on the
-	// other's GPU).
-	pick := func() (costmodel.Move, bool) {
+	// other's GPU) and within the move budget, with its count; under a
+	// nearly spent budget half of them start from a moved slot.
+	pick := func() (costmodel.Move, int, bool) {
 		for range 64 {
 			l := rng.IntN(L)
 			lp := ev.Layer(l)
@@ -1095,8 +1130,17 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 				continue
 			}
 			a, b := rng.IntN(n), rng.IntN(n)
+			if bud != nil && bud[l].max > 0 && bud[l].changed >= bud[l].max-1 && rng.IntN(2) == 0 {
+				if a = movedSlot(l, lp); a < 0 {
+					continue
+				}
+			}
 			ga, gb, ea, eb := lp.SlotGPU[a], lp.SlotGPU[b], lp.SlotExpert[a], lp.SlotExpert[b]
 			if ga == gb || ea == eb {
+				continue
+			}
+			dc := changed(l, lp, a, b)
+			if bud != nil && bud[l].max > 0 && bud[l].changed+dc > bud[l].max {
 				continue
 			}
 			clash := false
@@ -1107,15 +1151,22 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 				}
 			}
 			if !clash {
-				return costmodel.Move{Kind: costmodel.MoveSwap, Layer: l, Slot: a, Other: b}, true
+				return costmodel.Move{Kind: costmodel.MoveSwap, Layer: l, Slot: a, Other: b}, dc, true
 			}
 		}
-		return costmodel.Move{}, false
+		return costmodel.Move{}, 0, false
+	}
+	// sec is a changed slot's charge in layer l.
+	sec := func(l int) float64 {
+		if bud == nil {
+			return 0
+		}
+		return bud[l].sec
 	}
 	t0, n0 := 0.0, 0
 	t1 := time.Now()
 	for range 4 * L {
-		if m, ok := pick(); ok {
+		if m, _, ok := pick(); ok {
 			if d, err := ev.Delta(m); err == nil {
 				t0 += math.Abs(d)
 				n0++
@@ -1144,6 +1195,9 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 	// the excess tail once more on top of the time it adds; only plans
 	// within every cap can become the best kept.
 	cur := ev.Cost()
+	for l := range bud {
+		cur += bud[l].sec * float64(bud[l].changed)
+	}
 	over := make([]float64, L) // tail above the cap per layer
 	nOver := 0
 	best, bestPlan := cur, (*placement.Plan)(nil)
@@ -1153,7 +1207,7 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 		if !ok {
 			break
 		}
-		m, ok := pick()
+		m, dc, ok := pick()
 		if !ok {
 			break
 		}
@@ -1161,6 +1215,7 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 		if err != nil {
 			return
 		}
+		d += sec(m.Layer) * float64(dc)
 		temp := t0 * math.Pow(coolTo, prog)
 		u := rng.Float64()
 		accept := func(x float64) bool { return x <= 0 || u < math.Exp(-x/temp) }
@@ -1183,6 +1238,9 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 			continue
 		}
 		cur += d
+		if bud != nil {
+			bud[l].changed += dc
+		}
 		switch {
 		case o > 0 && over[l] == 0:
 			nOver++

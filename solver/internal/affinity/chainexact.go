@@ -56,6 +56,92 @@ type chainExact struct {
 	// port (its chance of landing there among the 2G ports): the busiest
 	// port sets the time, the others break its ties.
 	tie float64
+	// bud[l], with a running plan, bounds and prices layer l's changed
+	// slots (nil: free moves).
+	bud []*chainBudget
+}
+
+// chainBudget is one layer's move budget against the running plan
+// (Problem.Current), as budget is the home flow's, with its count.
+type chainBudget struct {
+	budget
+	changed int
+}
+
+// newChainBudgets returns every layer's budget for copies against
+// p.Current (nil without one): run[g·E+e] from the running plan, the
+// changed slots of copies, and each slot's charge, MoveCost times the
+// layer's mean GPU compute.
+func newChainBudgets(p Problem, copies [][][]placement.GPU) []*chainBudget {
+	if !p.budgeted() {
+		return nil
+	}
+	st, c := p.Stats, p.Cluster
+	G, E := c.GPUs(), st.Experts
+	perTok, _ := c.Coefficients(p.Model)
+	sp := 0.0
+	for g := range G {
+		sp += c.SpeedOf(g)
+	}
+	out := make([]*chainBudget, st.Layers)
+	for l := range out {
+		b := &chainBudget{budget: budget{run: make([]bool, G*E), max: p.MaxMoves}}
+		for e, gs := range p.Current.ExpertGPUs(l) {
+			for _, g := range gs {
+				if int(g) < G && e < E {
+					b.run[int(g)*E+e] = true
+				}
+			}
+		}
+		for e, gs := range copies[l] {
+			for _, g := range gs {
+				if !b.run[int(g)*E+e] {
+					b.changed++
+				}
+			}
+		}
+		tok := 0.0
+		for _, v := range st.Load[l] {
+			tok += v
+		}
+		if sp > 0 {
+			b.sec = p.MoveCost * tok * perTok / sp
+		}
+		out[l] = b
+	}
+	return out
+}
+
+// movedExpert returns, uniformly at random, an expert of layer l that is
+// not on its running plan's GPU (false when none).
+func (cx *chainExact) movedExpert(l int, b *chainBudget, rng *rand.Rand) (int, bool) {
+	if b.changed == 0 {
+		return 0, false
+	}
+	n := rng.IntN(b.changed)
+	for e, g := range cx.gpu[l] {
+		if !b.run[int(g)*cx.E+e] {
+			if n == 0 {
+				return e, true
+			}
+			n--
+		}
+	}
+	return 0, false
+}
+
+// off is 1 when the running plan has no copy of e on g.
+func (b *chainBudget) off(g, e, E int) int {
+	if b.run[g*E+e] {
+		return 0
+	}
+	return 1
+}
+
+// swapChanged is how many more slots differ from the running plan after
+// expert e (on GPU a) and f (on GPU b) trade GPUs.
+func (b *chainBudget) swapChanged(a, e, bg, f, E int) int {
+	return b.off(bg, e, E) + b.off(a, f, E) - b.off(a, e, E) - b.off(bg, f, E)
 }
 
 // swapScratch is a trial swap's changes: the NIC ports', homeless
@@ -347,6 +433,11 @@ func (cx *chainExact) cost() float64 {
 	for _, v := range cx.cut {
 		s += v * cx.copySec * cx.tie
 	}
+	for _, b := range cx.bud {
+		if b != nil {
+			s += b.sec * float64(b.changed)
+		}
+	}
 	return s
 }
 
@@ -573,9 +664,40 @@ func (cx *chainExact) anneal(seed uint64, scs []*schedule, procs int, canSweep f
 				if cx.gpu[l][e] == cx.gpu[l][f] {
 					continue
 				}
+				var b *chainBudget
+				dc := 0
+				if cx.bud != nil {
+					b = cx.bud[l]
+					// Under a nearly spent budget half the swaps take a
+					// moved expert, and half of those a moved partner (a
+					// swap of two moved experts never adds to the count).
+					if b.max > 0 && b.changed >= b.max-1 && rng.IntN(2) == 0 {
+						if x, ok := cx.movedExpert(l, b, rng); ok {
+							e = x
+							if rng.IntN(2) == 0 {
+								if y, ok := cx.movedExpert(l, b, rng); ok {
+									f = y
+								}
+							}
+						}
+						if e == f || cx.gpu[l][e] == cx.gpu[l][f] {
+							continue
+						}
+					}
+					dc = b.swapChanged(int(cx.gpu[l][e]), e, int(cx.gpu[l][f]), f, E)
+					if b.max > 0 && b.changed+dc > b.max {
+						continue
+					}
+				}
 				d, tl, tn, ok := cx.trial(s, l, e, f)
+				if b != nil {
+					d += b.sec * float64(dc)
+				}
 				if ok && (d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, p)))) {
 					cx.apply(s, l, e, f, tl, tn)
+					if b != nil {
+						b.changed += dc
+					}
 				}
 			}
 		}

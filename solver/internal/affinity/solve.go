@@ -30,13 +30,13 @@ type Problem struct {
 	// of Start, or skips its exact polish when it has none to time).
 	EvalTime time.Duration
 	// Current, when set with MaxMoves or MoveCost, is the running plan
-	// (same layers and slots): the home flow's search then changes at
-	// most MaxMoves slots per layer against it (0: no bound, as
-	// placement.ChangedSlots counts them) and charges MoveCost per
-	// changed slot, in units of the layer's busiest/mean load (one
-	// changed slot costs MoveCost times the mean GPU's compute). Start
-	// must already be within MaxMoves. The chain flow ignores them (its
-	// caller keeps budgets off it).
+	// (same layers and slots): the search then changes at most MaxMoves
+	// slots per layer against it (0: no bound, as placement.ChangedSlots
+	// counts them) and charges MoveCost per changed slot, in units of the
+	// layer's busiest/mean load (one changed slot costs MoveCost times
+	// the mean GPU's compute). Start must already be within MaxMoves.
+	// The phases that move copies freely (the proxies, the packing and
+	// balancing within nodes) do not run then.
 	Current  *placement.Plan
 	MaxMoves int
 	MoveCost float64

@@ -253,6 +253,53 @@ func TestSolveKeepsMoveBudget(t *testing.T) {
 	require.Greater(t, over, 10, "the unbudgeted searches must want more moves than the budgets allow")
 }
 
+// TestSolveChainKeepsMoveBudget is TestSolveKeepsMoveBudget for the chain
+// flow (one copy of every expert, where the exact annealing runs, and
+// with replicas, where only the polish does): every layer changes at most
+// MaxMoves slots of the running plan, and a prohibitive MoveCost keeps
+// it. The searches without the budget change more than it allows.
+func TestSolveChainKeepsMoveBudget(t *testing.T) {
+	rng := rand.New(rand.NewPCG(29, 5))
+	over := 0
+	for it := range 8 {
+		N, P := 2+rng.IntN(2), 1+rng.IntN(3)
+		E, K := N*P*(2+rng.IntN(3)), 1+rng.IntN(3)
+		red := 0
+		if it%2 == 1 {
+			E -= 1 + rng.IntN(N*P-1+1)
+			red = fillSlots(E, N*P, N*P)
+		}
+		t.Run(fmt.Sprintf("%d-N%dP%dE%dR%d", it, N, P, E, red), func(t *testing.T) {
+			sc, run, slots := randomInstance(t, rng, N, P, E, K, 4, 80+rng.IntN(80), red, placement.DispatchEven, false)
+			sc.Flow = costmodel.FlowChain
+			G := N * P
+			opts := Options{Limit: task.Limit{Work: 3000}, Parallel: 2, Shares: Shares{Proxy: 0.4, Nodes: 0.25, GPUs: 0.15}}
+			free, err := SolveChain(context.Background(), Problem{Scenario: sc, Slots: slots, Start: run}, opts)
+			require.NoError(t, err)
+			k := 1 + rng.IntN(3)
+			for l := range free.Copies {
+				if layerChanged(run, l, G, free.Copies[l]) > k {
+					over++
+				}
+			}
+			p := Problem{Scenario: sc, Slots: slots, Start: run, Current: run, MaxMoves: k}
+			res, err := SolveChain(context.Background(), p, opts)
+			require.NoError(t, err)
+			checkPlan(t, res.Copies, E, slots)
+			for l := range res.Copies {
+				require.LessOrEqual(t, layerChanged(run, l, G, res.Copies[l]), k, "layer %d", l)
+			}
+			p.MaxMoves, p.MoveCost = 0, 1e6
+			res, err = SolveChain(context.Background(), p, opts)
+			require.NoError(t, err)
+			for l := range res.Copies {
+				require.Zero(t, layerChanged(run, l, G, res.Copies[l]), "layer %d moved at a prohibitive MoveCost", l)
+			}
+		})
+	}
+	require.Greater(t, over, 8, "the unbudgeted searches must want more moves than the budgets allow")
+}
+
 // TestBudgetCountersMatchRecount: under a move budget every tried delta
 // (moves charged) is the applied change, the state's changed slots are
 // placement.ChangedSlots of its copies against the running plan after
