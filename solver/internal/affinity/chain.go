@@ -1120,7 +1120,9 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 	// pick draws a swap of two slots of one layer that keeps the plan
 	// valid (different GPUs, different experts, neither already on the
 	// other's GPU) and within the move budget, with its count; under a
-	// nearly spent budget half of them start from a moved slot.
+	// nearly spent budget half of them start from a moved slot, and half
+	// of those take a moved partner (such a swap never adds to the
+	// count).
 	pick := func() (costmodel.Move, int, bool) {
 		for range 64 {
 			l := rng.IntN(L)
@@ -1133,6 +1135,11 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 			if bud != nil && bud[l].max > 0 && bud[l].changed >= bud[l].max-1 && rng.IntN(2) == 0 {
 				if a = movedSlot(l, lp); a < 0 {
 					continue
+				}
+				if rng.IntN(2) == 0 {
+					if b = movedSlot(l, lp); b < 0 {
+						continue
+					}
 				}
 			}
 			ga, gb, ea, eb := lp.SlotGPU[a], lp.SlotGPU[b], lp.SlotExpert[a], lp.SlotExpert[b]
