@@ -985,6 +985,17 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 // 128, `--effort 1` ran its proxy for about four minutes there.
 const chainProxyPerUnit = 10
 
+// polishMoveUnits is how many work units one move of the chain's polish
+// counts (a swap scored by the cost model's incremental evaluator, which
+// prices two layers' all-to-alls over every GPU pair): the ratio of its
+// time to an exact move's, timed with BenchmarkChainSwap32k on the
+// 32k-token DeepSeek-V3-shaped trace, 1.06 ms against 128 µs on 4 × 8
+// GPUs, 0.99 ms against 213 µs on 8 × 8. The larger ratio, so that a work
+// budget's polish ends sooner than its units suggest, never later (at
+// 1, `--effort 1` with a running plan, copies and a move budget spent
+// about ten minutes in the polish there).
+const polishMoveUnits = 8
+
 // relabelsMax is how many times the chain's annealing stops to relabel
 // the nodes (chainProxy.relabel), at even steps of its progress. On a
 // trace with blocks of experts that persist over the layers (4 × 8 GPUs,
@@ -1076,6 +1087,9 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 		lim = task.Limit{Deadline: opts.Limit.Deadline.Add(-evalTime)}
 	} else if lim.Work == 0 {
 		return
+	} else {
+		// Its moves, not its units.
+		lim.Work = max(1, lim.Work/polishMoveUnits)
 	}
 	G := p.Cluster.GPUs()
 	ev, err := p.NewEvaluator(placement.FromReplicas(G, res.Copies, "affinity"))
