@@ -172,8 +172,8 @@ type Options struct {
 	// work up to what saturates it (64 sweeps of its neighbourhood, at ten
 	// proxy moves a unit; 3.0 M units on DeepSeek-V3 over 4 × 8 GPUs),
 	// then half of the rest to the exact annealing and the rest to the
-	// polish on the full cost model, whose moves count one each though
-	// each evaluates the layer. The same inputs then
+	// polish on the full cost model, whose moves count eight units each
+	// (an evaluation of two layers' all-to-alls). The same inputs then
 	// give the same plan, byte for byte, on any machine and however
 	// loaded. TimeLimit, when also set, stays a safety limit that, if it
 	// stops the solve first, makes the result depend on the clock again
