@@ -193,6 +193,15 @@ func layerChanged(run *placement.Plan, l, G int, cp [][]placement.GPU) int {
 	return placement.ChangedSlots(run.Layers[l], placement.FromReplicas(G, [][][]placement.GPU{cp}, "x").Layers[0])
 }
 
+// requireWithin fails unless every layer of copies changes at most k slots
+// of the running plan run (none with k = 0: a prohibitive MoveCost).
+func requireWithin(t *testing.T, run *placement.Plan, G int, copies [][][]placement.GPU, k int) {
+	t.Helper()
+	for l := range copies {
+		require.LessOrEqual(t, layerChanged(run, l, G, copies[l]), k, "layer %d: more changed slots than the budget (0: a prohibitive MoveCost)", l)
+	}
+}
+
 // TestSolveKeepsMoveBudget: from a running plan with a move budget, on
 // random home-flow instances (every dispatch, with and without replicas
 // and sources), every layer of the plan is valid, changes at most
@@ -245,9 +254,7 @@ func TestSolveKeepsMoveBudget(t *testing.T) {
 			p.MaxMoves, p.MoveCost = 0, 1e6
 			res, err = Solve(context.Background(), p, opts)
 			require.NoError(t, err)
-			for l := range res.Copies {
-				require.Zero(t, layerChanged(run, l, G, res.Copies[l]), "layer %d moved at a prohibitive MoveCost", l)
-			}
+			requireWithin(t, run, G, res.Copies, 0)
 		})
 	}
 	require.Greater(t, over, 10, "the unbudgeted searches must want more moves than the budgets allow")
@@ -286,15 +293,11 @@ func TestSolveChainKeepsMoveBudget(t *testing.T) {
 			res, err := SolveChain(context.Background(), p, opts)
 			require.NoError(t, err)
 			checkPlan(t, res.Copies, E, slots)
-			for l := range res.Copies {
-				require.LessOrEqual(t, layerChanged(run, l, G, res.Copies[l]), k, "layer %d", l)
-			}
+			requireWithin(t, run, G, res.Copies, k)
 			p.MaxMoves, p.MoveCost = 0, 1e6
 			res, err = SolveChain(context.Background(), p, opts)
 			require.NoError(t, err)
-			for l := range res.Copies {
-				require.Zero(t, layerChanged(run, l, G, res.Copies[l]), "layer %d moved at a prohibitive MoveCost", l)
-			}
+			requireWithin(t, run, G, res.Copies, 0)
 		})
 	}
 	require.Greater(t, over, 8, "the unbudgeted searches must want more moves than the budgets allow")
