@@ -603,3 +603,30 @@ func TestOptimalSplitAffinity(t *testing.T) {
 	t.Logf("joint %.6g eplb %.6g", res.Objective, eplb.Objective)
 	assert.Less(t, res.Objective, eplb.Objective*0.95, "%.4g against EPLB's %.4g", res.Objective, eplb.Objective)
 }
+
+// A running plan (Problem.Current) that does not fit the problem is an
+// error naming Problem.Current, not a panic: another GPU count, another
+// layer count, an expert or GPU id out of range.
+func TestCurrentValidated(t *testing.T) {
+	p := replicatedProblem([][]float64{{100, 90, 80, 70, 60, 50, 40, 30}, {10, 20, 30, 40, 50, 60, 70, 80}}, 1, 4, 4)
+	cur, err := Solve(context.Background(), p, Options{Strategy: StrategyEPLB})
+	require.NoError(t, err)
+	bad := map[string]func(*placement.Plan){
+		"gpus":   func(pl *placement.Plan) { pl.GPUs = 8 },
+		"layers": func(pl *placement.Plan) { pl.Layers = pl.Layers[:1] },
+		"expert": func(pl *placement.Plan) { pl.Layers[1].SlotExpert[0] = 99 },
+		"gpu":    func(pl *placement.Plan) { pl.Layers[0].SlotGPU[2] = 17 },
+	}
+	for name, edit := range bad {
+		t.Run(name, func(t *testing.T) {
+			q := p
+			q.Current = cur.Plan.Clone()
+			edit(q.Current)
+			for _, st := range []Strategy{StrategyJoint, StrategyEPLB} {
+				_, err := Solve(context.Background(), q, Options{Strategy: st, MaxMoves: 2})
+				require.Error(t, err, st)
+				assert.Contains(t, err.Error(), "Problem.Current", st)
+			}
+		})
+	}
+}

@@ -267,6 +267,14 @@ func (p Problem) check() error {
 	if p.MaxImbalance != 0 && !(p.MaxImbalance >= 1) || math.IsInf(p.MaxImbalance, 0) {
 		return fmt.Errorf("solver: Problem.MaxImbalance %v: want 0 (no cap) or a busiest/mean ratio of at least 1, such as 1.02", p.MaxImbalance)
 	}
+	if c := p.Current; c != nil {
+		if c.GPUs != g {
+			return fmt.Errorf("solver: Problem.Current is a plan for %d GPUs but Problem.Cluster has %d; give the running plan of this cluster", c.GPUs, g)
+		}
+		if err := c.Validate(placement.ValidateOptions{Experts: s.Experts, Layers: s.Layers}); err != nil {
+			return fmt.Errorf("solver: Problem.Current: %w", err)
+		}
+	}
 	switch p.Dispatch {
 	case placement.DispatchEven:
 	case placement.DispatchLocal, placement.DispatchStatic:
