@@ -630,3 +630,22 @@ func TestCurrentValidated(t *testing.T) {
 		})
 	}
 }
+
+// A move cost that is negative or not finite, and a negative move budget,
+// are errors naming the field.
+func TestMoveBudgetFieldsValidated(t *testing.T) {
+	p := replicatedProblem([][]float64{{100, 90, 80, 70, 60, 50, 40, 30}}, 1, 4, 4)
+	cur, err := Solve(context.Background(), p, Options{Strategy: StrategyEPLB})
+	require.NoError(t, err)
+	p.Current = cur.Plan
+	for _, c := range []float64{-0.1, math.NaN(), math.Inf(1)} {
+		q := p
+		q.MoveCost = c
+		_, err := Solve(context.Background(), q, Options{Strategy: StrategyJoint})
+		require.Error(t, err, "%v", c)
+		assert.Contains(t, err.Error(), "Problem.MoveCost")
+	}
+	_, err = Solve(context.Background(), p, Options{Strategy: StrategyJoint, MaxMoves: -1})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Options.MaxMoves -1")
+}

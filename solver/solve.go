@@ -267,6 +267,9 @@ func (p Problem) check() error {
 	if p.MaxImbalance != 0 && !(p.MaxImbalance >= 1) || math.IsInf(p.MaxImbalance, 0) {
 		return fmt.Errorf("solver: Problem.MaxImbalance %v: want 0 (no cap) or a busiest/mean ratio of at least 1, such as 1.02", p.MaxImbalance)
 	}
+	if !(p.MoveCost >= 0) || math.IsInf(p.MoveCost, 0) {
+		return fmt.Errorf("solver: Problem.MoveCost %v: want 0 (free moves) or a finite cost per changed slot in units of busiest/mean load", p.MoveCost)
+	}
 	if c := p.Current; c != nil {
 		if c.GPUs != g {
 			return fmt.Errorf("solver: Problem.Current is a plan for %d GPUs but Problem.Cluster has %d; give the running plan of this cluster", c.GPUs, g)
@@ -300,6 +303,9 @@ func (p Problem) check() error {
 // found so far with Status StatusStopped, not an error; an error is
 // returned only when the context ends before any plan exists.
 func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
+	if opts.MaxMoves < 0 {
+		return nil, fmt.Errorf("solver: Options.MaxMoves %d: want 0 (no bound) or more slots per layer", opts.MaxMoves)
+	}
 	p, err := p.withDefaults()
 	if err != nil {
 		return nil, err

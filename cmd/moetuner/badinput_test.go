@@ -308,6 +308,14 @@ func TestBadInputCLI(t *testing.T) {
 			"moetuner: placement: sglang: physical_to_logical_map[0][7] is 1099511627776; logical expert ids must be in [0,8) (file DIR/p.sglang.json)"},
 
 		// Usage errors: exit status 2.
+		{"negative --move-cost", map[string]string{"p.json": mixtralPlan(4, 32, nil)},
+			[]string{"plan", "--trace", fid, "--from", "DIR/p.json", "--move-cost", "-1", "--out", "DIR/o.json"}, 2,
+			"moetuner plan: --move-cost -1: want 0 (free moves) or more, in units of busiest/mean load per changed slot, such as 0.001 (run 'moetuner plan -h' for the flags)"},
+		{"negative --max-moves", map[string]string{"p.json": mixtralPlan(4, 32, nil)},
+			[]string{"plan", "--trace", fid, "--from", "DIR/p.json", "--max-moves", "-3", "--out", "DIR/o.json"}, 2,
+			"moetuner plan: --max-moves -3: want 0 (no bound) or more slots per layer (run 'moetuner plan -h' for the flags)"},
+		{"--max-moves without --from", nil, []string{"compare", "--trace", fid, "--max-moves", "4"}, 2,
+			"moetuner compare: --max-moves counts the moves from a running plan: give that plan with --from (run 'moetuner compare -h' for the flags)"},
 		{"negative --path-error", nil, []string{"eval", "--trace", fid, "--plan", "p.json", "--path-error", "-1"}, 2,
 			"moetuner eval: --path-error -1: want 0 (every path) or a positive relative error such as 0.01 (run 'moetuner eval -h' for the flags)"},
 	}

@@ -222,6 +222,19 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 			return p, nil, fmt.Errorf("--across needs at least two --trace workloads, or one trace with per-step loads")
 		}
 	}
+	if !(c.moveCost >= 0) || math.IsInf(c.moveCost, 0) {
+		return p, nil, usagef("--move-cost %v: want 0 (free moves) or more, in units of busiest/mean load per changed slot, such as 0.001", c.moveCost)
+	}
+	if c.maxMoves < 0 {
+		return p, nil, usagef("--max-moves %d: want 0 (no bound) or more slots per layer", c.maxMoves)
+	}
+	if c.from == "" && (c.maxMoves != 0 || c.moveCost != 0) {
+		flag := "--max-moves"
+		if c.maxMoves == 0 {
+			flag = "--move-cost"
+		}
+		return p, nil, usagef("%s counts the moves from a running plan: give that plan with --from", flag)
+	}
 	p.MoveCost = c.moveCost
 	if c.maxImbalance != 0 && !(c.maxImbalance >= 1 && !math.IsInf(c.maxImbalance, 0)) {
 		return p, nil, usagef("--max-imbalance %v: want 0 (no cap) or a busiest/mean ratio of at least 1, such as 1.02", c.maxImbalance)
