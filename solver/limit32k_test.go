@@ -19,8 +19,10 @@ import (
 // A solve given a 2 s limit on the 32,768-token DeepSeek-V3-shaped trace
 // (58 layers × 256 experts, top-8, per-token with source ranks; 4 nodes ×
 // 8 GPUs) returns within 2.2 s of its call, the trace already read, on the
-// affinity search's two paths: the home flow with 32 redundant slots under
-// static dispatch, and the chain flow without copies. Its plan is valid
+// affinity search's paths: the home flow with 32 redundant slots under
+// static dispatch, the chain flow without copies, and the home flow from
+// a running plan under a move budget, under the optimal split, and on
+// PCIe-linked nodes (NVLink ports counted). Its plan is valid
 // and its cost recomputes. A search that counted its limit per layer or
 // per phase, or scored its plan after the limit, ends past it.
 func TestSynthetic32kTwoSecondLimit(t *testing.T) {
@@ -37,16 +39,29 @@ func TestSynthetic32kTwoSecondLimit(t *testing.T) {
 	require.NoError(t, err)
 	c, err := costmodel.ClusterPreset("4xh100x8")
 	require.NoError(t, err)
+	home := Problem{Stats: src.Stats, Cluster: c, Model: m, RedundantSlots: 32, Dispatch: placement.DispatchStatic}
+	eplb, err := Solve(context.Background(), home, Options{Strategy: StrategyEPLB})
+	require.NoError(t, err)
+	budget := home
+	budget.Current = eplb.Plan
+	split := home
+	split.Dispatch, split.Split = placement.DispatchEven, SplitOptimal
+	pcie := home
+	pcie.Cluster.NVLinkGBps = 128 // PCIe Gen5 inside a node: the NVLink ports are counted
 	for _, tc := range []struct {
-		name string
-		p    Problem
+		name     string
+		p        Problem
+		maxMoves int
 	}{
-		{"home-32-slots-static", Problem{Stats: src.Stats, Cluster: c, Model: m, RedundantSlots: 32, Dispatch: placement.DispatchStatic}},
-		{"chain", Problem{Stats: src.Stats, Cluster: c, Model: m, Flow: costmodel.FlowChain}},
+		{"home-32-slots-static", home, 0},
+		{"chain", Problem{Stats: src.Stats, Cluster: c, Model: m, Flow: costmodel.FlowChain}, 0},
+		{"home-from-running-plan-16-moves", budget, 16},
+		{"home-optimal-split", split, 0},
+		{"home-pcie-nodes", pcie, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
-			res, err := Solve(context.Background(), tc.p, Options{Strategy: StrategyJoint, TimeLimit: 2 * time.Second})
+			res, err := Solve(context.Background(), tc.p, Options{Strategy: StrategyJoint, TimeLimit: 2 * time.Second, MaxMoves: tc.maxMoves})
 			took := time.Since(start)
 			require.NoError(t, err)
 			t.Logf("%s: %v, %s, layer time %.4g s", tc.name, took.Round(time.Millisecond), res.Status, res.Report.TimeSec)
