@@ -223,7 +223,9 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		if err != nil {
 			return nil, err
 		}
-		if r.TimeSec <= firstRep.TimeSec && withinMoves(p, opts, plan) {
+		// Under a move cost the plans are compared with their moves
+		// charged, as the search priced them.
+		if r.TimeSec+moveCharge(p, plan) <= firstRep.TimeSec+moveCharge(p, first) && withinMoves(p, opts, plan) {
 			res.Plan, rep = plan, r
 		}
 	}
@@ -271,6 +273,29 @@ func withinMoves(p Problem, opts Options, plan *placement.Plan) bool {
 		}
 	}
 	return true
+}
+
+// moveCharge is what plan's changed slots against p.Current cost under
+// p.MoveCost, in seconds: per layer, MoveCost times the mean GPU's compute
+// per changed slot (0 without a running plan or a cost).
+func moveCharge(p Problem, plan *placement.Plan) float64 {
+	if p.Current == nil || p.MoveCost <= 0 {
+		return 0
+	}
+	perTok, _ := p.Cluster.Coefficients(p.Model)
+	sp := 0.0
+	for g := range p.Cluster.GPUs() {
+		sp += p.Cluster.SpeedOf(g)
+	}
+	sec := 0.0
+	for l := range plan.Layers {
+		tok := 0.0
+		for _, v := range p.Stats.Load[l] {
+			tok += v
+		}
+		sec += p.MoveCost * tok * perTok / sp * float64(placement.ChangedSlots(p.Current.Layers[l], plan.Layers[l]))
+	}
+	return sec
 }
 
 // sameSlots reports whether every layer of plan has slots[g] slots on
