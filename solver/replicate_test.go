@@ -649,3 +649,43 @@ func TestMoveBudgetFieldsValidated(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "Options.MaxMoves -1")
 }
+
+// With free moves (no MaxMoves, no MoveCost) joint from a running plan
+// plans afresh, also off the affinity search's path (one node here): it
+// is no slower than joint without the running plan, nor than the running
+// plan. A local search from the running plan (what this path did) ends
+// 1.0 % slower than the fresh plan on this instance and fails it.
+func TestRunningPlanFreeMovesPlansAfresh(t *testing.T) {
+	p := replicatedProblem([][]float64{{100, 90, 80, 70, 60, 50, 40, 30}, {10, 20, 30, 40, 50, 60, 70, 80}, {300, 10, 10, 10, 10, 10, 10, 10}}, 1, 4, 4)
+	// The running plan: contiguous-like, two experts a GPU and the
+	// redundant slots on the lightest experts, far from balanced.
+	cp := make([][][]placement.GPU, 3)
+	for l := range cp {
+		cp[l] = make([][]placement.GPU, 8)
+		for e := range 8 {
+			cp[l][e] = []placement.GPU{placement.GPU(e / 2)}
+		}
+		for g := range 4 {
+			e := (g + 2) % 8 // a second copy on another GPU
+			if int(cp[l][e][0]) == g {
+				e = (e + 2) % 8
+			}
+			cp[l][e] = append(cp[l][e], placement.GPU(g))
+		}
+	}
+	running := placement.FromReplicas(4, cp, "running")
+	require.NoError(t, running.Validate(placement.ValidateOptions{Experts: 8, Layers: 3, EqualSlots: true}))
+	ctx := context.Background()
+	fresh, err := Solve(ctx, p, Options{Strategy: StrategyJoint})
+	require.NoError(t, err)
+	q := p
+	q.Current = running
+	res, err := Solve(ctx, q, Options{Strategy: StrategyJoint})
+	require.NoError(t, err)
+	verify(t, q, res)
+	runRep, err := q.Scenario().Evaluate(running)
+	require.NoError(t, err)
+	t.Logf("from the running plan %.6g, fresh %.6g, running %.6g", res.Objective, fresh.Objective, runRep.TimeSec)
+	assert.LessOrEqual(t, res.Objective, fresh.Objective*(1+1e-9))
+	assert.LessOrEqual(t, res.Objective, runRep.TimeSec*(1+1e-9))
+}

@@ -58,10 +58,9 @@ type Problem struct {
 	Dispatch placement.Dispatch
 	// Current is the running plan for incremental re-placement: the joint
 	// strategy starts from it and changes at most Options.MaxMoves slots
-	// per layer. With free moves (no MaxMoves, no MoveCost) on the
-	// affinity search's path (several nodes, per-token paths; see the
-	// package doc) it is only a plan to beat: the layers are planned
-	// afresh and Current kept if faster.
+	// per layer. With free moves (no MaxMoves, no MoveCost), when it has
+	// the problem's slots on every GPU, it is only a plan to beat: the
+	// layers are planned afresh and Current kept if faster.
 	Current *placement.Plan
 	// MaxImbalance, when positive, caps every layer's busiest/mean load
 	// in the joint strategy's plan: the busiest GPU's routed tokens per
@@ -353,6 +352,13 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			res, err = solveAffinity(ctx, p, opts.Backend, opts, b, start)
 			break
 		}
+		if p.Current != nil && !movesBudgeted(p, opts) && currentFits(p) {
+			// Free moves: the running plan bounds nothing, so the
+			// layers are planned afresh (a local search from it ends
+			// where its moves stop), and it is kept only if faster.
+			res, err = solveFresh(ctx, p, opts, b, start)
+			break
+		}
 		if p.replicated() {
 			res, err = solveReplicated(ctx, p, opts.Backend, opts, b, start)
 			break
@@ -414,6 +420,41 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 // had a plan: EPLB with replicas, else the first baseline that builds
 // (greedy), taken without an evaluation, which at production scale would
 // outlast the context. cause is the strategy's error, kept when no
+// solveFresh is joint from a running plan with free moves: the problem
+// without p.Current, whose evaluation is then compared with the plan's.
+func solveFresh(ctx context.Context, p Problem, opts Options, b budget, start time.Time) (*Result, error) {
+	// The running plan is scored first, so the solve's time limit (from
+	// start) already counts it.
+	sc := p.Scenario()
+	run, err := sc.Evaluate(p.Current)
+	if err != nil {
+		return nil, err
+	}
+	q := p
+	q.Current = nil
+	var res *Result
+	if q.replicated() {
+		res, err = solveReplicated(ctx, q, opts.Backend, opts, b, start)
+	} else {
+		res, err = solveJoint(ctx, q, opts.Backend, opts, b, start)
+	}
+	if err != nil || res == nil || res.Plan == nil {
+		return res, err
+	}
+	planRep := res.report
+	if planRep == nil {
+		if planRep, err = sc.Evaluate(res.Plan); err != nil {
+			return nil, err
+		}
+		res.report = planRep
+	}
+	if run.TimeSec < planRep.TimeSec {
+		return &Result{Plan: p.Current.Clone(), Status: StatusHeuristic, report: run,
+			Note: "the running plan (Problem.Current) kept: planning afresh found nothing faster"}, nil
+	}
+	return res, nil
+}
+
 // baseline works either.
 func stoppedBaseline(p Problem, cause error) (*Result, error) {
 	var st Strategy
