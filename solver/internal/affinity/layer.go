@@ -22,9 +22,12 @@ type shape struct {
 	overlapped     bool
 	// nv: the state also counts every token's reach per GPU and the
 	// NVLink ports (nvSec seconds a copy), for clusters whose NVLink can
-	// set a phase's time (see nvlinkMatters).
+	// set a phase's time (see nvlinkShare).
 	nv    bool
 	nvSec float64
+	// nvRatio is every layer's NVLink-to-NIC time ratio in the start's
+	// dispatch (nil when unknown).
+	nvRatio []float64
 
 	// The sample: T tokens, each with a source GPU (tokens without one are
 	// given one, spread round-robin, so that the sample's homes are even)
