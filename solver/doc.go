@@ -235,7 +235,9 @@
 // layers. Where the start's busiest NVLink port takes at least half the
 // busiest NIC port's time in some layer (PCIe-class nodes), the home
 // flow's counters also hold every token's reach per GPU and the NVLink
-// ports, forwarding included, and a phase costs the slower of the two.
+// ports, forwarding included, and a phase costs the slower of the two;
+// where NVLink takes longer than the NICs, the phases that trade only NIC
+// copies (the proxy, the node-level swaps) are skipped.
 // The plan is kept only if the cost model scores it no slower than the
 // start. Under SplitOptimal the search places copies as for
 // even splits, and the shares are chosen afterwards, as for every
