@@ -232,7 +232,7 @@
 // per layer, exact per-token node counters, a proxy annealed over
 // nodes, exact node-level swaps, largest-first packing within nodes and
 // an annealing on the full surrogate; the chain flow anneals across the
-// layers. Where the start's busiest NVLink port takes at least half the
+// layers. Where the start's busiest NVLink port takes at least 0.8 of the
 // busiest NIC port's time in some layer (PCIe-class nodes), the home
 // flow's counters also hold every token's reach per GPU and the NVLink
 // ports, forwarding included, and a phase costs the slower of the two;
