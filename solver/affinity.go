@@ -282,18 +282,10 @@ func moveCharge(p Problem, plan *placement.Plan) float64 {
 	if p.Current == nil || p.MoveCost <= 0 {
 		return 0
 	}
-	perTok, _ := p.Cluster.Coefficients(p.Model)
-	sp := 0.0
-	for g := range p.Cluster.GPUs() {
-		sp += p.Cluster.SpeedOf(g)
-	}
+	sc := p.Scenario()
 	sec := 0.0
 	for l := range plan.Layers {
-		tok := 0.0
-		for _, v := range p.Stats.Load[l] {
-			tok += v
-		}
-		sec += p.MoveCost * tok * perTok / sp * float64(placement.ChangedSlots(p.Current.Layers[l], plan.Layers[l]))
+		sec += affinity.SlotCharge(sc, p.MoveCost, l) * float64(placement.ChangedSlots(p.Current.Layers[l], plan.Layers[l]))
 	}
 	return sec
 }

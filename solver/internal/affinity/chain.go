@@ -1106,13 +1106,12 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 	}
 	rng := rand.New(rand.NewPCG(uint64(L), 0x706f6c))
 	bud := newChainBudgets(p, res.Copies)
-	E := p.Stats.Experts
 	// changed is the move budget's count of a slot swap (0 without one).
 	changed := func(l int, lp placement.LayerPlan, a, b int) int {
 		if bud == nil {
 			return 0
 		}
-		return bud[l].swapChanged(int(lp.SlotGPU[a]), int(lp.SlotExpert[a]), int(lp.SlotGPU[b]), int(lp.SlotExpert[b]), E)
+		return bud[l].swapChanged(int(lp.SlotGPU[a]), int(lp.SlotExpert[a]), int(lp.SlotGPU[b]), int(lp.SlotExpert[b]))
 	}
 	// movedSlot is a random slot of lp whose copy the running plan does
 	// not have there, or −1.
@@ -1123,7 +1122,7 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 		}
 		n := rng.IntN(b.changed)
 		for i, e := range lp.SlotExpert {
-			if !b.run[int(lp.SlotGPU[i])*E+int(e)] {
+			if b.off(int(lp.SlotGPU[i]), int(e)) == 1 {
 				if n == 0 {
 					return i
 				}

@@ -68,44 +68,19 @@ type chainBudget struct {
 	changed int
 }
 
-// newChainBudgets returns every layer's budget for copies against
-// p.Current (nil without one): run[g·E+e] from the running plan, the
-// changed slots of copies, and each slot's charge, MoveCost times the
-// layer's mean GPU compute.
+// newChainBudgets returns every layer's budget against p.Current (nil
+// without one) with the changed slots of copies counted.
 func newChainBudgets(p Problem, copies [][][]placement.GPU) []*chainBudget {
 	if !p.budgeted() {
 		return nil
 	}
-	st, c := p.Stats, p.Cluster
-	G, E := c.GPUs(), st.Experts
-	perTok, _ := c.Coefficients(p.Model)
-	sp := 0.0
-	for g := range G {
-		sp += c.SpeedOf(g)
-	}
-	out := make([]*chainBudget, st.Layers)
+	out := make([]*chainBudget, p.Stats.Layers)
 	for l := range out {
-		b := &chainBudget{budget: budget{run: make([]bool, G*E), max: p.MaxMoves}}
-		for e, gs := range p.Current.ExpertGPUs(l) {
-			for _, g := range gs {
-				if int(g) < G && e < E {
-					b.run[int(g)*E+e] = true
-				}
-			}
-		}
+		b := &chainBudget{budget: *newBudget(p, l)}
 		for e, gs := range copies[l] {
 			for _, g := range gs {
-				if !b.run[int(g)*E+e] {
-					b.changed++
-				}
+				b.changed += b.off(int(g), e)
 			}
-		}
-		tok := 0.0
-		for _, v := range st.Load[l] {
-			tok += v
-		}
-		if sp > 0 {
-			b.sec = p.MoveCost * tok * perTok / sp
 		}
 		out[l] = b
 	}
@@ -120,7 +95,7 @@ func (cx *chainExact) movedExpert(l int, b *chainBudget, rng *rand.Rand) (int, b
 	}
 	n := rng.IntN(b.changed)
 	for e, g := range cx.gpu[l] {
-		if !b.run[int(g)*cx.E+e] {
+		if b.off(int(g), e) == 1 {
 			if n == 0 {
 				return e, true
 			}
@@ -128,20 +103,6 @@ func (cx *chainExact) movedExpert(l int, b *chainBudget, rng *rand.Rand) (int, b
 		}
 	}
 	return 0, false
-}
-
-// off is 1 when the running plan has no copy of e on g.
-func (b *chainBudget) off(g, e, E int) int {
-	if b.run[g*E+e] {
-		return 0
-	}
-	return 1
-}
-
-// swapChanged is how many more slots differ from the running plan after
-// expert e (on GPU a) and f (on GPU b) trade GPUs.
-func (b *chainBudget) swapChanged(a, e, bg, f, E int) int {
-	return b.off(bg, e, E) + b.off(a, f, E) - b.off(a, e, E) - b.off(bg, f, E)
 }
 
 // swapScratch is a trial swap's changes: the NIC ports', homeless
@@ -684,7 +645,7 @@ func (cx *chainExact) anneal(seed uint64, scs []*schedule, procs int, canSweep f
 							continue
 						}
 					}
-					dc = b.swapChanged(int(cx.gpu[l][e]), e, int(cx.gpu[l][f]), f, E)
+					dc = b.swapChanged(int(cx.gpu[l][e]), e, int(cx.gpu[l][f]), f)
 					if b.max > 0 && b.changed+dc > b.max {
 						continue
 					}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 )
 
@@ -64,6 +65,58 @@ type budget struct {
 	run []bool
 	max int
 	sec float64
+	E   int
+}
+
+// newBudget is layer l's budget in p against p.Current (nil when p bounds
+// and prices no moves).
+func newBudget(p Problem, l int) *budget {
+	if !p.budgeted() {
+		return nil
+	}
+	G, E := p.Cluster.GPUs(), p.Stats.Experts
+	b := &budget{run: make([]bool, G*E), max: p.MaxMoves, E: E, sec: SlotCharge(p.Scenario, p.MoveCost, l)}
+	for e, gs := range p.Current.ExpertGPUs(l) {
+		for _, g := range gs {
+			if int(g) < G && e < E {
+				b.run[int(g)*E+e] = true
+			}
+		}
+	}
+	return b
+}
+
+// SlotCharge is what one changed slot of layer l costs under moveCost (in
+// units of the layer's busiest/mean load), in seconds: moveCost times the
+// mean GPU's compute, the layer's routed tokens over the GPUs' speeds.
+func SlotCharge(sc costmodel.Scenario, moveCost float64, l int) float64 {
+	c := sc.Cluster
+	perTok, _ := c.Coefficients(sc.Model)
+	tok, sp := 0.0, 0.0
+	for _, v := range sc.Stats.Load[l] {
+		tok += v
+	}
+	for g := range c.GPUs() {
+		sp += c.SpeedOf(g)
+	}
+	if sp <= 0 {
+		return 0
+	}
+	return moveCost * tok * perTok / sp
+}
+
+// off is 1 when the running plan has no copy of e on GPU g.
+func (b *budget) off(g, e int) int {
+	if b.run[g*b.E+e] {
+		return 0
+	}
+	return 1
+}
+
+// swapChanged is how many more slots differ from the running plan after
+// expert e (on GPU a) and expert f (on GPU c) trade GPUs.
+func (b *budget) swapChanged(a, e, c, f int) int {
+	return b.off(c, e) + b.off(a, f) - b.off(a, e) - b.off(c, f)
 }
 
 func (ly *layer) tokensFrom(e, h int) []int32 {
@@ -262,9 +315,7 @@ func newState(ly *layer, copies [][]int32) *state {
 	if b := ly.bud; b != nil {
 		for g, es := range s.held {
 			for _, e := range es {
-				if !b.run[g*sh.E+int(e)] {
-					s.changed++
-				}
+				s.changed += b.off(g, int(e))
 			}
 		}
 	}

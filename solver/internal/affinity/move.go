@@ -127,19 +127,11 @@ func (s *state) dChanged(mv move) int {
 	if b == nil {
 		return 0
 	}
-	E := len(s.cs)
-	off := func(g, e int) int {
-		if b.run[g*E+e] {
-			return 0
-		}
-		return 1
-	}
 	e := int(s.held[mv.a][mv.ia])
 	if mv.kind == moveRetarget {
-		return off(mv.a, mv.f) - off(mv.a, e)
+		return b.off(mv.a, mv.f) - b.off(mv.a, e)
 	}
-	f := int(s.held[mv.b][mv.ib])
-	return off(mv.b, e) + off(mv.a, f) - off(mv.a, e) - off(mv.b, f)
+	return b.swapChanged(mv.a, e, mv.b, int(s.held[mv.b][mv.ib]))
 }
 
 // setChange fills change c for expert e whose copy on GPU from moves to GPU

@@ -431,11 +431,10 @@ func (s *state) changedSlot(rng *rand.Rand) (g, i int, ok bool) {
 	if b == nil || s.changed == 0 {
 		return 0, 0, false
 	}
-	E := len(s.cs)
 	n := rng.IntN(s.changed)
 	for g, es := range s.held {
 		for i, e := range es {
-			if !b.run[g*E+int(e)] {
+			if b.off(g, int(e)) == 1 {
 				if n == 0 {
 					return g, i, true
 				}

@@ -169,25 +169,7 @@ func buildLayer(p Problem, sh *shape, l int) *layer {
 		}
 	}
 	ly := newLayer(sh, l, ex, st.Load[l], share)
-	if p.budgeted() {
-		b := &budget{run: make([]bool, G*E), max: p.MaxMoves}
-		for e, gs := range p.Current.ExpertGPUs(l) {
-			for _, g := range gs {
-				b.run[int(g)*E+e] = true
-			}
-		}
-		tok, sp := 0.0, 0.0
-		for _, v := range st.Load[l] {
-			tok += v
-		}
-		for _, v := range sh.speed {
-			sp += v
-		}
-		if sp > 0 {
-			b.sec = p.MoveCost * tok * sh.perTok / sp
-		}
-		ly.bud = b
-	}
+	ly.bud = newBudget(p, l)
 	return ly
 }
 
