@@ -77,12 +77,6 @@ func currentFits(p Problem) bool {
 // or the best baseline without replicas) and improves it with the affinity
 // search; the better of the two by the cost model is returned.
 func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Options, b budget, start time.Time) (*Result, error) {
-	// With free moves the running plan bounds nothing: plan afresh, and
-	// keep the running plan only if it is better.
-	var running *placement.Plan
-	if p.Current != nil && !movesBudgeted(p, opts) {
-		running, p.Current = p.Current, nil
-	}
 	sc := p.Scenario()
 	slots := p.slotCounts()
 	W := int64(opts.Effort) * 1_000_000
@@ -132,10 +126,6 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	// for the layers' last moves and the certificate; and the repair
 	// to Problem.MaxImbalance when there is a cap.
 	after := 2 + imbalanceEvals(p)
-	if running != nil {
-		// The running plan's evaluation, to compare.
-		after++
-	}
 	if p.Split == SplitOptimal {
 		// The optimal splits' flows (about one evaluation) and the
 		// plan's evaluation after them.
@@ -229,17 +219,6 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 			res.Plan, rep = plan, r
 		}
 	}
-	kept := false
-	if running != nil {
-		r, err := sc.Evaluate(running)
-		if err != nil {
-			return nil, err
-		}
-		if r.TimeSec < rep.TimeSec {
-			res.Plan, rep = running, r
-			kept = true
-		}
-	}
 	res.report = rep
 	report("affinity", rep.TimeSec, math.NaN())
 	if W == 0 && time.Now().After(start.Add(limit)) {
@@ -255,9 +234,6 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		res.Gap = bal.MaxGap
 	}
 	res.Note = "affinity search"
-	if kept {
-		res.Note += "; the running plan (Problem.Current) kept: nothing better found"
-	}
 	return res, nil
 }
 

@@ -251,7 +251,7 @@
 // (placement.ChangedSlots against Current) and charges each changed slot
 // MoveCost times the layer's mean GPU compute; the plan is checked
 // against the budget again before it is kept. With free moves Current
-// bounds nothing, on this path or any other: the layers are planned
-// afresh and Current is returned only when the cost model scores it
-// faster (Result.Note says so).
+// bounds nothing, on this path or any other: Solve plans the layers
+// afresh and returns Current only when the cost model scores it faster
+// (Result.Note says so).
 package solver

@@ -348,10 +348,6 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			res.Note = "E/G experts per cluster"
 		}
 	case StrategyJoint:
-		if useAffinity(p, opts, b) {
-			res, err = solveAffinity(ctx, p, opts.Backend, opts, b, start)
-			break
-		}
 		if p.Current != nil && !movesBudgeted(p, opts) && currentFits(p) {
 			// Free moves: the running plan bounds nothing, so the
 			// layers are planned afresh (a local search from it ends
@@ -359,11 +355,7 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			res, err = solveFresh(ctx, p, opts, b, start)
 			break
 		}
-		if p.replicated() {
-			res, err = solveReplicated(ctx, p, opts.Backend, opts, b, start)
-			break
-		}
-		res, err = solveJoint(ctx, p, opts.Backend, opts, b, start)
+		res, err = solveJointPath(ctx, p, opts, b, start)
 	default:
 		return nil, fmt.Errorf("solver: unknown strategy %q", st)
 	}
@@ -420,6 +412,18 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 // had a plan: EPLB with replicas, else the first baseline that builds
 // (greedy), taken without an evaluation, which at production scale would
 // outlast the context. cause is the strategy's error, kept when no
+// solveJointPath runs joint on the path p takes: the affinity search,
+// the replicated path or the joint ILP.
+func solveJointPath(ctx context.Context, p Problem, opts Options, b budget, start time.Time) (*Result, error) {
+	if useAffinity(p, opts, b) {
+		return solveAffinity(ctx, p, opts.Backend, opts, b, start)
+	}
+	if p.replicated() {
+		return solveReplicated(ctx, p, opts.Backend, opts, b, start)
+	}
+	return solveJoint(ctx, p, opts.Backend, opts, b, start)
+}
+
 // solveFresh is joint from a running plan with free moves: the problem
 // without p.Current, whose evaluation is then compared with the plan's.
 func solveFresh(ctx context.Context, p Problem, opts Options, b budget, start time.Time) (*Result, error) {
@@ -432,12 +436,7 @@ func solveFresh(ctx context.Context, p Problem, opts Options, b budget, start ti
 	}
 	q := p
 	q.Current = nil
-	var res *Result
-	if q.replicated() {
-		res, err = solveReplicated(ctx, q, opts.Backend, opts, b, start)
-	} else {
-		res, err = solveJoint(ctx, q, opts.Backend, opts, b, start)
-	}
+	res, err := solveJointPath(ctx, q, opts, b, start)
 	if err != nil || res == nil || res.Plan == nil {
 		return res, err
 	}
