@@ -167,18 +167,9 @@ func TestCountersMatchCostModel(t *testing.T) {
 				s := newState(ly, int32Copies(plan.ExpertGPUs(l)))
 				checkAgainstModel(t, sc, s, l)
 				for range 60 {
-					mv, ok := randomMove(rng, s)
-					if !ok {
+					if !tryApply(t, rng, s) {
 						break
 					}
-					lv := level(rng.IntN(2))
-					before := s.costNow(lv)
-					dlt := s.try(mv, lv)
-					dR := s.tr.dR
-					r0 := s.remote()
-					s.apply(mv)
-					require.InDelta(t, before+dlt, s.costNow(lv), 1e-12*math.Max(1, before), "move %+v", mv)
-					require.InDelta(t, r0+dR, s.remote(), 1e-9*math.Max(1, r0))
 				}
 				checkAgainstModel(t, sc, s, l)
 			}
@@ -241,23 +232,37 @@ func checkAgainstModel(t *testing.T, sc costmodel.Scenario, s *state, l int) {
 	zg, pg := slices.Clone(s.zg), slices.Clone(s.pg)
 	nvo, nvi := slices.Clone(s.nvOut), slices.Clone(s.nvIn)
 	s.resync()
-	assert.Equal(t, zg, s.zg)
-	for i := range pg {
-		require.InDelta(t, pg[i], s.pg[i], 1e-9)
-	}
-	for g := range nvo {
-		assert.InDelta(t, nvo[g], s.nvOut[g], 1e-9*math.Max(1, nvo[g]))
-		assert.InDelta(t, nvi[g], s.nvIn[g], 1e-9*math.Max(1, nvi[g]))
-	}
 	assert.Equal(t, z, s.z)
-	for i := range pr {
-		require.InDelta(t, pr[i], s.pr[i], 1e-9)
+	assert.Equal(t, zg, s.zg)
+	for _, c := range []struct {
+		what      string
+		kept, now []float64
+	}{{"pr", pr, s.pr}, {"pg", pg, s.pg}, {"NIC out", out, s.out}, {"NIC in", in, s.in}, {"tokens", tok, s.tok}, {"NVLink out", nvo, s.nvOut}, {"NVLink in", nvi, s.nvIn}} {
+		require.Len(t, c.now, len(c.kept), c.what)
+		for i, v := range c.kept {
+			require.InDelta(t, v, c.now[i], 1e-9*math.Max(1, v), "%s %d: incremental against fresh", c.what, i)
+		}
 	}
-	for g := range out {
-		assert.InDelta(t, out[g], s.out[g], 1e-9*math.Max(1, out[g]))
-		assert.InDelta(t, in[g], s.in[g], 1e-9*math.Max(1, in[g]))
-		assert.InDelta(t, tok[g], s.tok[g], 1e-9*math.Max(1, tok[g]))
+}
+
+// tryApply makes a random valid move of s, scored at a random level, and
+// fails unless the tried change of the cost and of the remote-node copies
+// is what applying it changes; false when no valid move was found.
+func tryApply(t *testing.T, rng *rand.Rand, s *state) bool {
+	t.Helper()
+	mv, ok := randomMove(rng, s)
+	if !ok {
+		return false
 	}
+	lv := level(rng.IntN(2))
+	before := s.costNow(lv)
+	dlt := s.try(mv, lv)
+	dR := s.tr.dR
+	r0 := s.remote()
+	s.apply(mv)
+	require.InDelta(t, before+dlt, s.costNow(lv), 1e-12*math.Max(1, before), "move %+v", mv)
+	require.InDelta(t, r0+dR, s.remote(), 1e-9*math.Max(1, r0), "move %+v", mv)
+	return true
 }
 
 // fillSlots is the least number of redundant slots, at least red, that

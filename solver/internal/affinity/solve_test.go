@@ -327,23 +327,17 @@ func TestBudgetCountersMatchRecount(t *testing.T) {
 			require.Greater(t, ly.bud.sec, 0.0)
 			s := newState(ly, int32Copies(run.ExpertGPUs(0)))
 			require.Zero(t, s.changed)
-			for range 80 {
-				mv, ok := randomMove(rng, s)
-				if !ok {
+			for i := range 80 {
+				if !tryApply(t, rng, s) {
 					break
 				}
-				lv := level(rng.IntN(2))
-				before := s.costNow(lv)
-				dlt := s.try(mv, lv)
-				s.apply(mv)
-				require.InDelta(t, before+dlt, s.costNow(lv), 1e-12*math.Max(1, before), "move %+v", mv)
 				cp := make([][]placement.GPU, E)
 				for e, gs := range s.copies() {
 					for _, g := range gs {
 						cp[e] = append(cp[e], placement.GPU(g))
 					}
 				}
-				require.Equal(t, layerChanged(run, 0, G, cp), s.changed, "move %+v", mv)
+				require.Equal(t, layerChanged(run, 0, G, cp), s.changed, "after move %d", i)
 				if k > 0 {
 					require.LessOrEqual(t, s.changed, k)
 				}
