@@ -44,7 +44,14 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		paths = append([]string{c.from}, paths...)
 	}
 	for _, path := range paths {
-		r, err := c.scoreFile(p, path)
+		var r *solver.Result
+		var err error
+		if path == c.from {
+			// Read once already, by setup.
+			r, err = scorePlan(p, p.Current, path)
+		} else {
+			r, err = c.scoreFile(p, path)
+		}
 		if err != nil {
 			return err
 		}
@@ -150,6 +157,12 @@ func (c *common) scoreFile(p solver.Problem, path string) (*solver.Result, error
 	if err != nil {
 		return nil, err
 	}
+	return scorePlan(p, plan, path)
+}
+
+// scorePlan scores plan, read from the file at path, on p as Solve scores
+// a strategy's plan.
+func scorePlan(p solver.Problem, plan *placement.Plan, path string) (*solver.Result, error) {
 	rep, err := p.Scenario().Evaluate(plan)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)

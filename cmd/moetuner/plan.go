@@ -99,7 +99,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if c.from != "" {
 		// The running plan is a row too (one more evaluation after the
 		// solve): the plan is measured against it.
-		if running, err = c.scoreFile(p, c.from); err != nil {
+		if running, err = scorePlan(p, p.Current, c.from); err != nil {
 			return err
 		}
 		reserve *= 2
