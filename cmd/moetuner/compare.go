@@ -258,7 +258,7 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 	if multi {
 		remoteCols = "remote/token\tbusiest NIC\t"
 	}
-	fmt.Fprintln(tw, "strategy\ttoken tail\tmax/mean\tall-to-all tail\tcross-node\t"+remoteCols+"layer time\tvs contiguous\tstatus\tgap\tsolve\t")
+	fmt.Fprintln(tw, "strategy\ttoken tail\tmax/mean\tworst\tall-to-all tail\tcross-node\t"+remoteCols+"layer time\tvs contiguous\tstatus\tgap\tsolve\t")
 	for _, r := range results {
 		rep := r.Report
 		vs := "-"
@@ -290,7 +290,7 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 			rt, bn := remotePer(p, rep)
 			remote = fmt.Sprintf("%.4f\t%.4f\t", rt, bn)
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.3f\t%s\t%s\t%s%s\t%s\t%s\t%s\t%s\t\n", name, rep.MaxTokensSum, rep.MeanImbalance, dur(rep.CommTime), bytesStr(rep.CrossNodeBytes), remote, dur(rep.Time), vs, status, gap, solve)
+		fmt.Fprintf(tw, "%s\t%.0f\t%.3f\t%.3f\t%s\t%s\t%s%s\t%s\t%s\t%s\t%s\t\n", name, rep.MaxTokensSum, rep.MeanImbalance, rep.MaxImbalance, dur(rep.CommTime), bytesStr(rep.CrossNodeBytes), remote, dur(rep.Time), vs, status, gap, solve)
 	}
 	tw.Flush()
 	for _, r := range results {
@@ -337,7 +337,7 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 			fmt.Fprintf(w, "%s: changes %d slots of the running plan (--from), at most %d in a layer\n", r.Strategy, total, most)
 		}
 	}
-	fmt.Fprintln(w, "token tail: Σ over layers of the busiest GPU's routed tokens; max/mean: mean over layers; all-to-all tail: Σ of dispatch+combine bottleneck times; layer time: Σ modeled layer times;")
+	fmt.Fprintln(w, "token tail: Σ over layers of the busiest GPU's routed tokens; max/mean: the busiest GPU's load over the mean, averaged over layers; worst: its largest layer; all-to-all tail: Σ of dispatch+combine bottleneck times; layer time: Σ modeled layer times;")
 	fmt.Fprintln(w, "vs contiguous: how much lower the layer time is than Megatron's contiguous placement; gap: joint's proven gap to HiGHS's bound on its ILP model,")
 	fmt.Fprintln(w, "or, with replication, the largest per-layer gap between the busiest GPU's load and its lower bound max(mean, largest replica)")
 	fmt.Fprintln(w, "(with --expert-groups, also the best split of the groups over the nodes);")
@@ -374,6 +374,7 @@ type jsonResult struct {
 	TimeSec         float64  `json:"layer_time_sec"`
 	MaxTokensSum    float64  `json:"token_tail"`
 	MeanImbalance   float64  `json:"mean_imbalance"`
+	MaxImbalance    float64  `json:"max_imbalance"`
 	CommSec         float64  `json:"all_to_all_sec"`
 	CrossNodeBytes  float64  `json:"cross_node_bytes"`
 	RemotePerToken  float64  `json:"remote_per_token_layer"`
@@ -418,7 +419,7 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 			RemotePerToken: rt, BusiestNIC: bn, RemoteBound: rb, RemoteBoundOf: r.RemoteBoundLayers,
 			TrafficGap: tg, CostBound: clean(r.CostBound), CostGap: clean(r.CostGap),
 			Strategy: string(r.Strategy), Status: status, TimeSec: r.Objective,
-			MaxTokensSum: r.Report.MaxTokensSum, MeanImbalance: r.Report.MeanImbalance,
+			MaxTokensSum: r.Report.MaxTokensSum, MeanImbalance: r.Report.MeanImbalance, MaxImbalance: r.Report.MaxImbalance,
 			CommSec: r.Report.CommTime.Seconds(), CrossNodeBytes: r.Report.CrossNodeBytes,
 			ModelObjective: clean(r.ModelObjective), Bound: clean(r.Bound), Gap: clean(r.Gap),
 			Stage1Objective: clean(r.Stage1Objective), SolveSec: r.SolveTime.Seconds(), Cols: r.Cols, Rows: r.Rows,

@@ -115,7 +115,7 @@ func layerTimeOf(t *testing.T, table, strategy string) float64 {
 		if len(f) < 7 || strings.TrimSuffix(f[0], "*") != strategy {
 			continue
 		}
-		d, err := time.ParseDuration(strings.ReplaceAll(f[5], "µ", "u"))
+		d, err := time.ParseDuration(strings.ReplaceAll(f[6], "µ", "u"))
 		require.NoError(t, err, line)
 		return d.Seconds()
 	}
