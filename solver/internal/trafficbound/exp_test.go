@@ -1,0 +1,159 @@
+package trafficbound
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/baseline"
+	"github.com/moetuner/moetuner/internal/sharedfiles"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+)
+
+// TestExperimentBudgets shows where the home-flow bound loses against a
+// plan (run with MOETUNER_EXP=1; TRACE, NODES and LAYERS as in the
+// affinity experiments; one copy of every expert, even dispatch). Per
+// layer it prints the bound and its two budgets (home H*, pairs W*), the
+// moments of EPLB's plan and of a node-level swap search from it at
+// EPLB's node loads, and the configuration LP with each budget replaced
+// by the search plan's moment: what a perfect master could give. Last,
+// a balance-aware pair budget: for plans whose nodes carry at most 1.02
+// of the mean load, Σ_B load_B² ≤ Q, so for μ ≥ 0
+//
+//	W ≤ max_X Σ_{a<b} (C_ab − 2μ·L_a·L_b)⟨x_a, x_b⟩ + μ·(Q − Σ_a L_a²),
+//
+// the same pair master on a shifted matrix, minimized over a grid of μ.
+func TestExperimentBudgets(t *testing.T) {
+	if os.Getenv("MOETUNER_EXP") == "" {
+		t.Skip("experiment: set MOETUNER_EXP=1")
+	}
+	path := os.Getenv("TRACE")
+	if path == "" {
+		path = sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+	}
+	if path == "" {
+		t.Skip("no trace: set TRACE")
+	}
+	src, err := routing.Load(path, routing.LoadOptions{})
+	require.NoError(t, err)
+	st := src.Stats
+	N, _ := strconv.Atoi(os.Getenv("NODES"))
+	if N == 0 {
+		N = 4
+	}
+	const P = 8
+	S := st.Experts / (N * P)
+	layers := []int{0, 20}
+	if v := os.Getenv("LAYERS"); v != "" {
+		layers = layers[:0]
+		for _, f := range strings.Split(v, ",") {
+			l, err := strconv.Atoi(f)
+			require.NoError(t, err)
+			layers = append(layers, l)
+		}
+	}
+	shape := Uniform(N, P, S)
+	caps, err := shape.check(st)
+	require.NoError(t, err)
+	eplb, err := baseline.EPLB(st, N*P, baseline.EPLBOptions{})
+	require.NoError(t, err)
+	for _, l := range layers {
+		b, err := HomeRemote(context.Background(), st, l, shape, placement.DispatchEven, Options{})
+		require.NoError(t, err)
+		lt, err := tokenSet(st, l, shape, false)
+		require.NoError(t, err)
+		T := lt.total
+		node := make([]int, st.Experts)
+		for s, e := range eplb.Layers[l].SlotExpert {
+			node[e] = int(eplb.Layers[l].SlotGPU[s]) / P
+		}
+		nodeLoad := make([]float64, N)
+		for e, B := range node {
+			nodeLoad[B] += st.Load[l][e]
+		}
+		limit := 0.0
+		for _, v := range nodeLoad {
+			limit = max(limit, v)
+		}
+		search := nodeSearch(st, l, N, P, node, limit, 3)
+		moments := func(node []int) (cost, h, w float64) {
+			k := st.TopK
+			for _, pt := range st.Patterns {
+				A := -1
+				if pt.Source >= 0 {
+					A = int(pt.Source) / P
+				}
+				ex := distinct(nil, pt.Experts[l*k:(l+1)*k])
+				used := make([]bool, N)
+				for i, a := range ex {
+					used[node[a]] = true
+					if node[a] == A {
+						h += pt.Count
+					}
+					for _, c := range ex[i+1:] {
+						if node[a] == node[c] {
+							w += pt.Count
+						}
+					}
+				}
+				for B, u := range used {
+					switch {
+					case u && A < 0:
+						cost += pt.Count * float64(N-1) / float64(N)
+					case u && B != A:
+						cost += pt.Count
+					}
+				}
+			}
+			return cost, h, w
+		}
+		groups := make([]group, 0, len(lt.kWeight))
+		for _, k := range sortedKeys(lt.kWeight) {
+			groups = append(groups, group{weight: lt.kWeight[k], configs: homeConfigs(k, N)})
+		}
+		lp := func(h, w float64) float64 {
+			budget := []float64{h, w}
+			nu, _ := multipliers(groups, budget)
+			return certify(groups, budget, nu) / T
+		}
+		ce, he, we := moments(node)
+		cs, hs, ws := moments(search)
+		t.Logf("layer %d: bound %.4f, H* %.3f, W* %.3f (per token)", l, b.Value/T, b.HomeBudget/T, b.PairBudget/T)
+		t.Logf("  EPLB:   remote %.4f, H %.3f, W %.3f", ce/T, he/T, we/T)
+		t.Logf("  search: remote %.4f, H %.3f, W %.3f", cs/T, hs/T, ws/T)
+		t.Logf("  LP with (H*, W_search) %.4f, (H_search, W*) %.4f, (H_search, W_search) %.4f", lp(b.HomeBudget, ws), lp(hs, b.PairBudget), lp(hs, ws))
+		// The balance-aware pair budget at node cap 1.02.
+		E, L := lt.E, st.Load[l]
+		total, sq := 0.0, 0.0
+		for _, v := range L {
+			total += v
+			sq += v * v
+		}
+		Q, left := 0.0, total
+		for range N {
+			x := min(left, 1.02*total/float64(N))
+			Q += x * x
+			left -= x
+		}
+		best := b.PairBudget
+		for _, f := range []float64{1, 2, 4, 8, 16, 32, 64, 128, 256} {
+			mu := f * T / (total * total)
+			C := make([]float64, E*E)
+			for a := range E {
+				for c := range E {
+					if a != c {
+						C[a*E+c] = lt.C[a*E+c] - 2*mu*L[a]*L[c]
+					}
+				}
+			}
+			var w Work
+			best = min(best, spectralBound(&pairProblem{C: C, E: E, N: N, caps: caps}, DefaultShiftSteps, &w)+mu*(Q-sq))
+		}
+		t.Logf("  balance-aware W* (node cap 1.02) %.3f: LP %.4f", best/T, lp(b.HomeBudget, best))
+	}
+}
