@@ -78,7 +78,11 @@
 // Per layer: one pass over the patterns, a transportation solve, about
 // 17 Lanczos runs and one full eigendecomposition of an E×E matrix, and a
 // tiny LP: about 0.1 s for 256 experts and 32k tokens on one core
-// (Options.ShiftSteps trades time for a few percent of bound). Measured
+// (Options.ShiftSteps trades time for a few percent of bound). The five
+// starting shifts are compared on eigenvalues alone: by Lanczos without
+// vectors, or, when a pair master has so many parts that Lanczos would
+// take E/2 steps or more (the chain bound's GPUs on 8 × 8), by full
+// eigendecompositions. Measured
 // by BenchmarkHomeRemote (bench_test.go) against EPLB's plan and a
 // node-level swap search that keeps EPLB's node loads: on the
 // DeepSeek-V3-shaped synthetic trace (4 × 8 GPUs) the bound is 0.38 of

@@ -172,7 +172,7 @@ func TestPairBoundAbovePartitions(t *testing.T) {
 		assert.GreaterOrEqual(t, starBound(p), best-1e-9, "trial %d star", trial)
 		ev := &shiftEval{p: p, mt: newMassTerms(E, N, caps), rs: rowSums(C, E), w: &w}
 		ev.mt.sizes = nil // the worst-case branch
-		v, _ := ev.value(make([]float64, E), true)
+		v, _ := ev.value(make([]float64, E), certified)
 		assert.GreaterOrEqual(t, v, best-1e-9, "trial %d worst-case branch", trial)
 	}
 }
