@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/routing"
+	"github.com/moetuner/moetuner/solver/internal/testkit"
 )
 
 // nodeLayer is one layer of the node-level experiments: one copy per
@@ -34,27 +34,15 @@ type nodeLayer struct {
 // LAYERS (default 0,1,2) on NODES nodes (default 4) of 8 GPUs; it also
 // returns LIMIT (default def).
 func nodeLayers(t *testing.T, def time.Duration) ([]nodeLayer, time.Duration) {
-	src, err := routing.Load(expTrace(), routing.LoadOptions{})
+	trace, N, layers := testkit.ExpSettings(t, 0, 1, 2)
+	src, err := routing.Load(trace, routing.LoadOptions{})
 	require.NoError(t, err)
 	st := src.Stats
-	N, _ := strconv.Atoi(os.Getenv("NODES"))
-	if N == 0 {
-		N = 4
-	}
 	const P = 8
 	G := N * P
 	lim, _ := time.ParseDuration(os.Getenv("LIMIT"))
 	if lim == 0 {
 		lim = def
-	}
-	layers := []int{0, 1, 2}
-	if v := os.Getenv("LAYERS"); v != "" {
-		layers = layers[:0]
-		for _, f := range strings.Split(v, ",") {
-			l, err := strconv.Atoi(f)
-			require.NoError(t, err)
-			layers = append(layers, l)
-		}
 	}
 	plan, err := baseline.EPLB(st, G, baseline.EPLBOptions{Nodes: N})
 	require.NoError(t, err)

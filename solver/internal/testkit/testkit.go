@@ -9,12 +9,16 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/internal/sharedfiles"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
@@ -498,4 +502,32 @@ func (pl Planted) Trace(rng *rand.Rand) (*routing.Trace, *placement.Plan) {
 		}
 	}
 	return t, placement.FromReplicas(G, copies, "planted")
+}
+
+// ExpSettings reads the opt-in experiments' settings (the tests gated by
+// MOETUNER_EXP) from the environment: TRACE, else the shared 32k
+// DeepSeek-V3-shaped trace ("" when neither is there); NODES, default 4;
+// LAYERS, comma-separated, default layers.
+func ExpSettings(t *testing.T, layers ...int) (trace string, nodes int, ls []int) {
+	t.Helper()
+	trace = os.Getenv("TRACE")
+	if trace == "" {
+		trace = sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+	}
+	nodes = 4
+	if v := os.Getenv("NODES"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err, "NODES")
+		nodes = n
+	}
+	ls = slices.Clone(layers)
+	if v := os.Getenv("LAYERS"); v != "" {
+		ls = ls[:0]
+		for _, f := range strings.Split(v, ",") {
+			l, err := strconv.Atoi(f)
+			require.NoError(t, err, "LAYERS")
+			ls = append(ls, l)
+		}
+	}
+	return trace, nodes, ls
 }

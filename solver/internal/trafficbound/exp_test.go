@@ -3,16 +3,14 @@ package trafficbound
 import (
 	"context"
 	"os"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/baseline"
-	"github.com/moetuner/moetuner/internal/sharedfiles"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
+	"github.com/moetuner/moetuner/solver/internal/testkit"
 )
 
 // TestExperimentBudgets shows where the home-flow bound loses against a
@@ -32,31 +30,15 @@ func TestExperimentBudgets(t *testing.T) {
 	if os.Getenv("MOETUNER_EXP") == "" {
 		t.Skip("experiment: set MOETUNER_EXP=1")
 	}
-	path := os.Getenv("TRACE")
-	if path == "" {
-		path = sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
-	}
+	path, N, layers := testkit.ExpSettings(t, 0, 20)
 	if path == "" {
 		t.Skip("no trace: set TRACE")
 	}
 	src, err := routing.Load(path, routing.LoadOptions{})
 	require.NoError(t, err)
 	st := src.Stats
-	N, _ := strconv.Atoi(os.Getenv("NODES"))
-	if N == 0 {
-		N = 4
-	}
 	const P = 8
 	S := st.Experts / (N * P)
-	layers := []int{0, 20}
-	if v := os.Getenv("LAYERS"); v != "" {
-		layers = layers[:0]
-		for _, f := range strings.Split(v, ",") {
-			l, err := strconv.Atoi(f)
-			require.NoError(t, err)
-			layers = append(layers, l)
-		}
-	}
 	shape := Uniform(N, P, S)
 	caps, err := shape.check(st)
 	require.NoError(t, err)
