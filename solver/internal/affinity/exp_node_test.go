@@ -34,8 +34,8 @@ type nodeLayer struct {
 // LAYERS (default 0,1,2) on NODES nodes (default 4) of 8 GPUs; it also
 // returns LIMIT (default def).
 func nodeLayers(t *testing.T, def time.Duration) ([]nodeLayer, time.Duration) {
-	trace, N, layers := testkit.ExpSettings(t, 0, 1, 2)
-	src, err := routing.Load(trace, routing.LoadOptions{})
+	N, layers := testkit.ExpSettings(t, 0, 1, 2)
+	src, err := routing.Load(expTrace(), routing.LoadOptions{})
 	require.NoError(t, err)
 	st := src.Stats
 	const P = 8

@@ -18,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/costmodel"
-	"github.com/moetuner/moetuner/internal/sharedfiles"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
@@ -505,15 +504,10 @@ func (pl Planted) Trace(rng *rand.Rand) (*routing.Trace, *placement.Plan) {
 }
 
 // ExpSettings reads the opt-in experiments' settings (the tests gated by
-// MOETUNER_EXP) from the environment: TRACE, else the shared 32k
-// DeepSeek-V3-shaped trace ("" when neither is there); NODES, default 4;
-// LAYERS, comma-separated, default layers.
-func ExpSettings(t *testing.T, layers ...int) (trace string, nodes int, ls []int) {
+// MOETUNER_EXP) from the environment: NODES, default 4, and LAYERS,
+// comma-separated, default layers.
+func ExpSettings(t *testing.T, layers ...int) (nodes int, ls []int) {
 	t.Helper()
-	trace = os.Getenv("TRACE")
-	if trace == "" {
-		trace = sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
-	}
 	nodes = 4
 	if v := os.Getenv("NODES"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -529,5 +523,5 @@ func ExpSettings(t *testing.T, layers ...int) (trace string, nodes int, ls []int
 			ls = append(ls, l)
 		}
 	}
-	return trace, nodes, ls
+	return nodes, ls
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/baseline"
+	"github.com/moetuner/moetuner/internal/sharedfiles"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	"github.com/moetuner/moetuner/solver/internal/testkit"
@@ -30,7 +31,11 @@ func TestExperimentBudgets(t *testing.T) {
 	if os.Getenv("MOETUNER_EXP") == "" {
 		t.Skip("experiment: set MOETUNER_EXP=1")
 	}
-	path, N, layers := testkit.ExpSettings(t, 0, 20)
+	path := os.Getenv("TRACE")
+	if path == "" {
+		path = sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+	}
+	N, layers := testkit.ExpSettings(t, 0, 20)
 	if path == "" {
 		t.Skip("no trace: set TRACE")
 	}
