@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 
+	"gonum.org/v1/gonum/floats"
 	"gonum.org/v1/gonum/mat"
 )
 
@@ -486,11 +487,7 @@ func (s *shiftEval) apply(u, x, y []float64) {
 	}
 	ym := 0.0
 	for a := range E {
-		row := s.p.C[a*E : (a+1)*E]
-		v := u[a] * px[a]
-		for b, c := range row {
-			v += c * px[b]
-		}
+		v := u[a]*px[a] + floats.Dot(s.p.C[a*E:(a+1)*E], px)
 		y[a] = v
 		ym += v
 	}
@@ -636,13 +633,7 @@ func cmpDesc(a, b float64) int {
 	return 0
 }
 
-func dot(a, b []float64) float64 {
-	s := 0.0
-	for i, x := range a {
-		s += x * b[i]
-	}
-	return s
-}
+func dot(a, b []float64) float64 { return floats.Dot(a, b) }
 
 func norm(a []float64) float64 { return math.Sqrt(dot(a, a)) }
 
