@@ -36,17 +36,18 @@ func TestEffortReproducible(t *testing.T) {
 	require.Greater(t, len(lines), 257, "%s: header and 256 tokens", flame)
 	short := filepath.Join(t.TempDir(), "flame-256.jsonl")
 	require.NoError(t, os.WriteFile(short, bytes.Join(lines[:257], nil), 0o644))
-	// A running plan for the budgeted case, EPLB's with 16 redundant
-	// slots. (The chain flow's budget is left out: its vetoes use no
-	// clock, and on this trace its polish, each move an evaluation of a
-	// layer pair, takes most of a minute per run under load.)
+	// A running plan for the budgeted cases, EPLB's with 16 redundant
+	// slots.
 	running := filepath.Join(t.TempDir(), "running.json")
 	msg, err := exec.Command(bin, "plan", "--strategy", "eplb", "--quiet", "--out", running, "--trace", short, "--nodes", "2", "--redundant-slots", "16").CombinedOutput()
 	require.NoError(t, err, "%s", msg)
 	cases := map[string][]string{
 		"one-node": {"--trace", flame},
 		// From a running plan under a move budget.
-		"budget-home":       {"--trace", short, "--nodes", "2", "--dispatch", "static", "--from", running, "--max-moves", "8"},
+		"budget-home": {"--trace", short, "--nodes", "2", "--dispatch", "static", "--from", running, "--max-moves", "8"},
+		// The chain flow's vetoes and its priced polish (4.5 s a run on
+		// an idle 2-core machine).
+		"budget-chain":      {"--trace", short, "--nodes", "2", "--flow", "chain", "--from", running, "--max-moves", "8"},
 		"replicas-affinity": {"--trace", flame, "--nodes", "2", "--redundant-slots", "16", "--dispatch", "static"},
 		// 64 experts on 16 GPUs is past the joint ILP's size: the chain
 		// search with its exact annealing in blocks of layers.
