@@ -202,6 +202,18 @@ func requireWithin(t *testing.T, run *placement.Plan, G int, copies [][][]placem
 	}
 }
 
+// layersOver counts the layers of copies that change more than k slots
+// of the running plan run.
+func layersOver(run *placement.Plan, G int, copies [][][]placement.GPU, k int) int {
+	n := 0
+	for l := range copies {
+		if layerChanged(run, l, G, copies[l]) > k {
+			n++
+		}
+	}
+	return n
+}
+
 // TestSolveKeepsMoveBudget: from a running plan with a move budget, on
 // random home-flow instances (every dispatch, with and without replicas
 // and sources), every layer of the plan is valid, changes at most
@@ -229,11 +241,7 @@ func TestSolveKeepsMoveBudget(t *testing.T) {
 			free, err := Solve(context.Background(), Problem{Scenario: sc, Slots: slots, Start: run}, opts)
 			require.NoError(t, err)
 			k := 1 + rng.IntN(4)
-			for l := range free.Copies {
-				if layerChanged(run, l, G, free.Copies[l]) > k {
-					over++
-				}
-			}
+			over += layersOver(run, G, free.Copies, k)
 			p := Problem{Scenario: sc, Slots: slots, Start: run, Current: run, MaxMoves: k}
 			if it%3 == 2 {
 				p.MoveCost = 0.01
@@ -284,11 +292,7 @@ func TestSolveChainKeepsMoveBudget(t *testing.T) {
 			free, err := SolveChain(context.Background(), Problem{Scenario: sc, Slots: slots, Start: run}, opts)
 			require.NoError(t, err)
 			k := 1 + rng.IntN(3)
-			for l := range free.Copies {
-				if layerChanged(run, l, G, free.Copies[l]) > k {
-					over++
-				}
-			}
+			over += layersOver(run, G, free.Copies, k)
 			p := Problem{Scenario: sc, Slots: slots, Start: run, Current: run, MaxMoves: k}
 			res, err := SolveChain(context.Background(), p, opts)
 			require.NoError(t, err)
