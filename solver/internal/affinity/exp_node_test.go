@@ -27,6 +27,7 @@ type nodeLayer struct {
 	tok          [][]int32
 	w, load      []float64
 	home, eplb   []int
+	rank         []int // every pattern's source GPU
 	mean, tokens float64
 }
 
@@ -48,17 +49,19 @@ func nodeLayers(t *testing.T, def time.Duration) ([]nodeLayer, time.Duration) {
 	require.NoError(t, err)
 	E, K, T := st.Experts, st.TopK, len(st.Patterns)
 	home := make([]int, T)
+	rank := make([]int, T)
 	w := make([]float64, T)
 	for i, pt := range st.Patterns {
 		w[i] = pt.Count
-		home[i] = i % G / P
+		rank[i] = i % G
 		if pt.Source >= 0 {
-			home[i] = int(pt.Source) % G / P
+			rank[i] = int(pt.Source) % G
 		}
+		home[i] = rank[i] / P
 	}
 	var out []nodeLayer
 	for _, l := range layers {
-		nl := nodeLayer{l: l, N: N, T: T, tok: make([][]int32, E), w: w, load: make([]float64, E), home: home, eplb: make([]int, E), tokens: st.Tokens}
+		nl := nodeLayer{l: l, N: N, T: T, tok: make([][]int32, E), w: w, load: make([]float64, E), home: home, rank: rank, eplb: make([]int, E), tokens: st.Tokens}
 		for i, pt := range st.Patterns {
 			for _, e := range pt.Experts[l*K : (l+1)*K] {
 				nl.tok[e] = append(nl.tok[e], int32(i))
@@ -82,6 +85,13 @@ func nodeLayers(t *testing.T, def time.Duration) ([]nodeLayer, time.Duration) {
 // start's count, the best count found under the cap and that plan's node
 // busiest/mean.
 func (nl *nodeLayer) anneal(start []int, capf float64, lim time.Duration) (r0, best, imb float64) {
+	r0, best, imb, _ = nl.annealPlan(start, capf, lim)
+	return r0, best, imb
+}
+
+// annealPlan is anneal that also returns the best plan's node of every
+// expert.
+func (nl *nodeLayer) annealPlan(start []int, capf float64, lim time.Duration) (r0, best, imb float64, bestNode []int) {
 	N, T, E := nl.N, nl.T, len(start)
 	tok, w, home, load := nl.tok, nl.w, nl.home, nl.load
 	node := slices.Clone(start)
@@ -144,7 +154,7 @@ func (nl *nodeLayer) anneal(start []int, capf float64, lim time.Duration) (r0, b
 	}
 	t0 /= float64(max(n0, 1))
 	best = math.Inf(1)
-	bestNode := slices.Clone(node)
+	bestNode = slices.Clone(node)
 	if over() == 0 {
 		best = remote
 	}
@@ -188,7 +198,7 @@ func (nl *nodeLayer) anneal(start []int, capf float64, lim time.Duration) (r0, b
 	for _, v := range nload {
 		imb = max(imb, v/nl.mean)
 	}
-	return r0, best, imb
+	return r0, best, imb, bestNode
 }
 
 // relax minimizes the expected count of independent rounding, every expert
