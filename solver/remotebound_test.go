@@ -1,0 +1,63 @@
+package solver_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+	. "github.com/moetuner/moetuner/solver"
+	"github.com/moetuner/moetuner/solver/internal/testkit"
+	"github.com/moetuner/moetuner/solver/internal/trafficbound"
+)
+
+// The affinity search's bound on remote-node copies: with its share of the
+// limit to spare after bounding every layer, each layer keeps the larger
+// of its bounds without and with the spectral shift steps, and the sum is
+// never above the plan's own remote copies. On this instance the steps
+// raise the bound in every layer, so leaving out the second pass fails.
+func TestRemoteBoundShiftSteps(t *testing.T) {
+	pl := testkit.Planted{Nodes: 2, GPUsPerNode: 4, SlotsPerGPU: 4, Layers: 3, TopK: 4, Tokens: 2000, Stray: 2, Skew: 0.8}
+	tr, _ := pl.Trace(rand.New(rand.NewPCG(7, 3)))
+	require.NoError(t, tr.Validate())
+	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 4), Model: testkit.FakeModel(32, 4), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStatic, RedundantSlots: 8}
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 2 * time.Second})
+	require.NoError(t, err)
+	verify(t, p, res)
+	require.Contains(t, res.Note, "affinity search")
+	require.Equal(t, p.Stats.Layers, res.RemoteBoundLayers)
+
+	// (32 experts + 8 redundant slots) over 8 GPUs
+	sh := trafficbound.Shape{Nodes: 2, GPUsPerNode: 4, SlotsPerGPU: []int{5, 5, 5, 5, 5, 5, 5, 5}}
+	ctx := context.Background()
+	plain, err := trafficbound.HomeRemoteLayers(ctx, p.Stats, sh, p.Dispatch, trafficbound.Options{ShiftSteps: -1})
+	require.NoError(t, err)
+	steps, err := trafficbound.HomeRemoteLayers(ctx, p.Stats, sh, p.Dispatch, trafficbound.Options{})
+	require.NoError(t, err)
+	var sumPlain, want float64
+	higher, lower := 0, 0
+	for l := range plain {
+		sumPlain += plain[l].Value
+		want += max(plain[l].Value, steps[l].Value)
+		switch {
+		case steps[l].Value > plain[l].Value*(1+1e-9):
+			higher++
+		case steps[l].Value < plain[l].Value*(1-1e-9):
+			lower++
+		}
+	}
+	per := p.Stats.Tokens * float64(p.Stats.Layers)
+	t.Logf("bound without steps %.6f, with the better of the two %.6f per token-layer (steps higher in %d layers, lower in %d)", sumPlain/per, want/per, higher, lower)
+	require.Positive(t, higher, "the instance must show the steps' gain")
+	assert.InDelta(t, want/per, res.RemoteBound, 1e-9*want/per)
+
+	rep, err := p.Scenario().Evaluate(res.Plan)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, res.RemoteBound, rep.RemoteCopies/per*(1+1e-9), "the bound is above the plan's own remote copies")
+}
