@@ -158,7 +158,14 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	if p.Flow == costmodel.FlowHome || !p.replicated() {
 		bctx, cancel := ctx, func() {}
 		if W == 0 {
-			bctx, cancel = context.WithDeadline(ctx, at(start, limit, b.AffinityStart+b.AffinityBound))
+			// Its share from now: the start's packing and checks before it
+			// take what they take, and a deadline fixed from the solve's
+			// start would leave the bound what they left.
+			dl := time.Now().Add(of(limit, b.AffinityBound))
+			if end := start.Add(limit - reserve); dl.After(end) {
+				dl = end
+			}
+			bctx, cancel = context.WithDeadline(ctx, dl)
 		}
 		sh := trafficbound.Shape{Nodes: p.Cluster.Nodes, GPUsPerNode: p.Cluster.GPUsPerNode, SlotsPerGPU: slots}
 		bo := trafficbound.Options{Parallel: opts.Parallel, ShiftSteps: -1}
