@@ -177,12 +177,16 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		}
 		t0 := time.Now()
 		bs, err := bound(bo)
-		if dl, ok := bctx.Deadline(); ok && err == nil && W == 0 && time.Until(dl) > 2*time.Since(t0) {
-			// Every layer is bounded and the share holds twice that pass
-			// again: the spectral shift steps tighten each layer's bound
-			// for about a third more work. Each layer keeps the larger of
-			// its two bounds (both hold); what the share does not cover
-			// keeps the first.
+		// A layer's time in that pass: its wall time over the rounds of
+		// Parallel layers it ran.
+		layerTime := time.Since(t0) * time.Duration(max(opts.Parallel, 1)) / time.Duration(max(p.Stats.Layers, 1))
+		if dl, ok := bctx.Deadline(); ok && err == nil && W == 0 && time.Until(dl) > 2*layerTime {
+			// Every layer is bounded, and the share holds a round of
+			// layers with the spectral shift steps (a third more work),
+			// twice over: the steps tighten each layer's bound. Each layer
+			// keeps the larger of its two bounds (both hold); the layers
+			// the share does not reach (a pass takes them in order) keep
+			// the first.
 			bo.ShiftSteps = 0
 			if bs2, err2 := bound(bo); err2 == nil || errors.Is(err2, context.DeadlineExceeded) {
 				for i := range min(len(bs), len(bs2)) {
