@@ -5,6 +5,8 @@ import (
 	"os"
 	"slices"
 	"testing"
+
+	"github.com/moetuner/moetuner/placement"
 )
 
 // hubCopies asks whether copies under static dispatch can pay for an
@@ -38,16 +40,20 @@ func (nl *nodeLayer) hubCopies(node []int, P, slots int, capf float64) (remote, 
 	}
 	// f[e*G*N+h*N+n]: the share of e's tokens from h that go to node n.
 	f := make([]float64, E*G*N)
+	// fill folds placement.StaticSplit's per-copy shares into nodes.
+	frac := make([]float64, G*G)
+	gpus := make([]int32, 0, N)
 	fill := func(e int, cs []int, out []float64) {
+		gpus = gpus[:0]
+		for _, g := range cs {
+			gpus = append(gpus, int32(g))
+		}
+		n := len(gpus)
+		placement.StaticSplit(gpus, G, frac)
 		clear(out)
 		for h := range G {
-			row := out[h*N : (h+1)*N]
-			if slices.Contains(cs, h) {
-				row[h/P] = 1
-				continue
-			}
-			for _, g := range cs {
-				row[g/P] += 1 / float64(len(cs))
+			for i, g := range gpus {
+				out[h*N+int(g)/P] += frac[h*n+i]
 			}
 		}
 	}
