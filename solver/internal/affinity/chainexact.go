@@ -50,6 +50,9 @@ type chainExact struct {
 	ltime   []float64 // [l]: the layer's modeled time, seconds
 	cut     []float64 // [phase]: NIC copies
 
+	// nodeMask[b] is node b's GPUs, a bit each.
+	nodeMask []uint64
+
 	perTok, perExp, sigma, chunks, copySec, lat float64
 	overlapped                                  bool
 	// tie prices a NIC copy anywhere at 1/(2G) of one on the busiest
@@ -159,6 +162,10 @@ func newChainExact(p Problem, copies [][][]placement.GPU, tcap []float64) *chain
 		cx.chunks = costmodel.DefaultChunks
 	}
 	cx.tie = 1 / float64(2*G)
+	cx.nodeMask = make([]uint64, N)
+	for b := range cx.nodeMask {
+		cx.nodeMask[b] = (uint64(1)<<uint(P) - 1) << uint(b*P)
+	}
 	for g := range cx.speed {
 		cx.speed[g] = c.SpeedOf(g)
 		if g < len(p.Slots) {
@@ -220,15 +227,13 @@ func newChainExact(p Problem, copies [][][]placement.GPU, tcap []float64) *chain
 	return cx
 }
 
-// nodes returns the nodes of the GPUs in m, a bit each.
+// nodes returns the nodes of the GPUs in m, a bit each, without a branch
+// per node: (v | −v) >> 63 is 1 exactly when v ≠ 0.
 func (cx *chainExact) nodes(m uint64) uint64 {
 	var r uint64
-	pm := uint64(1)<<uint(cx.P) - 1
-	for b := 0; m != 0; b++ {
-		if m&pm != 0 {
-			r |= 1 << uint(b)
-		}
-		m >>= uint(cx.P)
+	for b, nm := range cx.nodeMask {
+		v := m & nm
+		r |= ((v | -v) >> 63) << uint(b)
 	}
 	return r
 }
@@ -421,7 +426,7 @@ func (cx *chainExact) moved(l, e, f int) float64 {
 // cost, the new times of layers l and l+1 and whether layer l stays
 // within its compute cap.
 func (cx *chainExact) trial(s *swapScratch, l, e, f int) (delta, tl, tn float64, ok bool) {
-	L, K := cx.L, cx.K
+	L := cx.L
 	a, b := int(cx.gpu[l][e]), int(cx.gpu[l][f])
 	dx := cx.moved(l, e, f)
 	// e's tokens move from a to b, f's from b to a.
@@ -436,51 +441,11 @@ func (cx *chainExact) trial(s *swapScratch, l, e, f int) (delta, tl, tn float64,
 		s.dCut[i] = 0
 	}
 	s.chT, s.chM = s.chT[:0], s.chM[:0]
-	gl, exl := cx.gpu[l], cx.ex[l]
-	visit := func(t int, other int16) {
-		var m uint64
-		for _, x := range exl[t*K : (t+1)*K] {
-			if x == other {
-				return // the token uses both: its GPUs stay
-			}
-			g := gl[x]
-			switch int(x) {
-			case e:
-				g = int16(b)
-			case f:
-				g = int16(a)
-			}
-			m |= 1 << uint(g)
-		}
-		old := cx.mask[l][t]
-		if m == old {
-			return
-		}
-		s.chT, s.chM = append(s.chT, int32(t)), append(s.chM, m)
-		rOld, rNew := cx.nodes(old), cx.nodes(m)
-		if rOld != rNew {
-			s.dCut[0] += cx.reachChange(t, cx.sendersOf(l, t), rOld, rNew, s.dOut[0], s.dIn[0], s.dUn[0])
-			if l == L-1 {
-				s.dCut[1] += cx.reachChange(t, 0, rOld, rNew, s.dOut[1], s.dIn[1], s.dUn[1])
-			}
-		}
-		if l < L-1 {
-			// Only the senders that changed change the next phase.
-			// (contrib reads no senders as the home).
-			r := cx.nodes(cx.mask[l+1][t])
-			if gone := old &^ m; gone != 0 {
-				s.dCut[1] += cx.contrib(t, gone, r, -1, s.dOut[1], s.dIn[1], s.dUn[1])
-			}
-			if came := m &^ old; came != 0 {
-				s.dCut[1] += cx.contrib(t, came, r, 1, s.dOut[1], s.dIn[1], s.dUn[1])
-			}
-		}
-	}
 	for _, t := range cx.toks[l][cx.off[l][e]:cx.off[l][e+1]] {
-		visit(int(t), int16(f))
+		cx.visit(s, l, int(t), e, f, b)
 	}
 	for _, t := range cx.toks[l][cx.off[l][f]:cx.off[l][f+1]] {
-		visit(int(t), int16(e))
+		cx.visit(s, l, int(t), f, e, a)
 	}
 	disp := cx.portSec(l, s, 0)
 	if l == L-1 {
@@ -497,6 +462,49 @@ func (cx *chainExact) trial(s *swapScratch, l, e, f int) (delta, tl, tn float64,
 	}
 	delta += (s.dCut[0] + s.dCut[1]) * cx.copySec * cx.tie
 	return delta, tl, tn, true
+}
+
+// visit adds to s what the swap of experts mine and other in layer l
+// changes for token t, one of mine's tokens: mine moves to GPU to (a
+// token that uses other too keeps its GPUs). It records the token's new
+// mask and the change of NIC copies in the phases into layers l and l+1.
+func (cx *chainExact) visit(s *swapScratch, l, t, mine, other, to int) {
+	K, L := cx.K, cx.L
+	gl := cx.gpu[l]
+	var m uint64
+	for _, x := range cx.ex[l][t*K : (t+1)*K] {
+		if int(x) == other {
+			return // the token uses both: its GPUs stay
+		}
+		g := int(gl[x])
+		if int(x) == mine {
+			g = to
+		}
+		m |= 1 << uint(g)
+	}
+	old := cx.mask[l][t]
+	if m == old {
+		return
+	}
+	s.chT, s.chM = append(s.chT, int32(t)), append(s.chM, m)
+	rOld, rNew := cx.nodes(old), cx.nodes(m)
+	if rOld != rNew {
+		s.dCut[0] += cx.reachChange(t, cx.sendersOf(l, t), rOld, rNew, s.dOut[0], s.dIn[0], s.dUn[0])
+		if l == L-1 {
+			s.dCut[1] += cx.reachChange(t, 0, rOld, rNew, s.dOut[1], s.dIn[1], s.dUn[1])
+		}
+	}
+	if l < L-1 {
+		// Only the senders that changed change the next phase.
+		// (contrib reads no senders as the home).
+		r := cx.nodes(cx.mask[l+1][t])
+		if gone := old &^ m; gone != 0 {
+			s.dCut[1] += cx.contrib(t, gone, r, -1, s.dOut[1], s.dIn[1], s.dUn[1])
+		}
+		if came := m &^ old; came != 0 {
+			s.dCut[1] += cx.contrib(t, came, r, 1, s.dOut[1], s.dIn[1], s.dUn[1])
+		}
+	}
 }
 
 // apply makes the swap that trial scored into s.
