@@ -101,6 +101,45 @@ func TestExperiment(t *testing.T) {
 		}
 	}
 	t.Logf("affinity: remote %.4f (%.2f%%) time %.3fms (%.2f%%) imb %.4f worst %.4f tries %d in %v", r1, (r1/r0-1)*100, rep1.TimeSec*1e3, (rep1.TimeSec/rep0.TimeSec-1)*100, rep1.MeanImbalance, worst, res.Tries, el)
+	for i, rep := range []*costmodel.Report{rep0, rep1} {
+		ex, ports, most := busiestPorts(rep, c.GPUsPerNode)
+		t.Logf("plan %d: busiest NIC port over the mean %.4f (mean over layers); %d ports are the busiest in some layer, none in more than %d", i, ex, ports, most)
+	}
+}
+
+// busiestPorts returns a report's busiest NIC port (out or in, the
+// dispatch's) over the mean port, averaged over the layers, how many
+// ports are the busiest in some layer and the most layers one port is.
+func busiestPorts(rep *costmodel.Report, P int) (excess float64, ports, most int) {
+	hot := map[int]int{}
+	for _, lr := range rep.Layers {
+		G := len(lr.Dispatch)
+		top, at, tot := -1.0, 0, 0.0
+		for g := 0; g < G; g++ {
+			o, in := 0.0, 0.0
+			for h := 0; h < G; h++ {
+				if g/P != h/P {
+					o += lr.Dispatch[g][h]
+					in += lr.Dispatch[h][g]
+				}
+			}
+			tot += o
+			if o > top {
+				top, at = o, g
+			}
+			if in > top {
+				top, at = in, G+g
+			}
+		}
+		if tot > 0 {
+			excess += top / (tot / float64(G))
+		}
+		hot[at]++
+	}
+	for _, n := range hot {
+		most = max(most, n)
+	}
+	return excess / float64(len(rep.Layers)), len(hot), most
 }
 
 // chainExperiment is the chain experiments' setup: the trace (TRACE) on
