@@ -108,8 +108,9 @@ func TestExperiment(t *testing.T) {
 }
 
 // busiestPorts returns a report's busiest NIC port (out or in, the
-// dispatch's) over the mean port, averaged over the layers, how many
-// ports are the busiest in some layer and the most layers one port is.
+// dispatch's) over the mean port, averaged over the layers; how many
+// ports are the busiest in some layer; and in how many layers, at most,
+// one port is the busiest.
 func busiestPorts(rep *costmodel.Report, P int) (excess float64, ports, most int) {
 	hot := map[int]int{}
 	for _, lr := range rep.Layers {
