@@ -114,26 +114,18 @@ func TestExperiment(t *testing.T) {
 func busiestPorts(rep *costmodel.Report, P int) (excess float64, ports, most int) {
 	hot := map[int]int{}
 	for _, lr := range rep.Layers {
-		G := len(lr.Dispatch)
-		top, at, tot := -1.0, 0, 0.0
-		for g := 0; g < G; g++ {
-			o, in := 0.0, 0.0
-			for h := 0; h < G; h++ {
-				if g/P != h/P {
-					o += lr.Dispatch[g][h]
-					in += lr.Dispatch[h][g]
-				}
+		out, in, mean := nicPorts(lr.Dispatch, P)
+		top, at := -1.0, 0
+		for g := range out {
+			if out[g] > top {
+				top, at = out[g], g
 			}
-			tot += o
-			if o > top {
-				top, at = o, g
-			}
-			if in > top {
-				top, at = in, G+g
+			if in[g] > top {
+				top, at = in[g], len(out)+g
 			}
 		}
-		if tot > 0 {
-			excess += top / (tot / float64(G))
+		if mean > 0 {
+			excess += top / mean
 		}
 		hot[at]++
 	}
