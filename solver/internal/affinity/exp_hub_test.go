@@ -27,16 +27,20 @@ func (nl *nodeLayer) hubCopies(node []int, P, slots int, capf float64) (remote, 
 			rl[e*G+nl.rank[i]] += nl.w[i]
 		}
 	}
-	copies := make([][]int, E) // GPUs
-	for e, b := range node {
-		// the primary on the node's GPU whose source uses e most
-		g := b * P
-		for h := b * P; h < (b+1)*P; h++ {
+	// onNode is node n's GPU whose source uses e most, where a copy of
+	// e on n goes.
+	onNode := func(e, n int) int {
+		g := n * P
+		for h := n * P; h < (n+1)*P; h++ {
 			if rl[e*G+h] > rl[e*G+g] {
 				g = h
 			}
 		}
-		copies[e] = []int{g}
+		return g
+	}
+	copies := make([][]int, E) // GPUs
+	for e, b := range node {
+		copies[e] = []int{onNode(e, b)}
 	}
 	// f[e*G*N+h*N+n]: the share of e's tokens from h that go to node n.
 	f := make([]float64, E*G*N)
@@ -132,12 +136,7 @@ func (nl *nodeLayer) hubCopies(node []int, P, slots int, capf float64) (remote, 
 				if free[n] == 0 || slices.ContainsFunc(copies[e], func(g int) bool { return g/P == n }) {
 					continue
 				}
-				g := n * P
-				for h := n * P; h < (n+1)*P; h++ {
-					if rl[e*G+h] > rl[e*G+g] {
-						g = h
-					}
-				}
+				g := onNode(e, n)
 				cs := append(slices.Clone(copies[e]), g)
 				fill(e, cs, fa)
 				loadOf(e, f[e*G*N:(e+1)*G*N], -1)
