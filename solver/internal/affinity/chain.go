@@ -979,23 +979,29 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 // chainProxyPerUnit is how many chain proxy moves one work unit (one
 // exact move) buys. Unlike the home flow's proxy (proxyPerUnit), a chain
 // proxy move walks the layer's GPUs for its balance and ports, and an
-// accepted one the vertices of three layers. Timed on the 32k-token
-// DeepSeek-V3-shaped trace (20 s solves): 7.7 µs a proxy move against
-// 78 µs an exact one on 4 × 8 GPUs, 11.7 against 190 µs on 8 × 8. At
-// 128, `--effort 1` ran its proxy for about four minutes there.
-const chainProxyPerUnit = 10
+// accepted one the vertices of three layers. Timed inside 20 s solves on
+// the 32k-token DeepSeek-V3-shaped trace (TestExperimentChain): a proxy
+// move took 1.41 µs on 4 × 8 GPUs and 3.32 µs on 8 × 8, one core; an
+// exact move, as its annealing counts them (those a layer's cap rejects
+// before its tokens are walked included), 44 µs and 109 µs of CPU. The
+// smaller ratio, so that a work budget's proxy ends sooner than its units
+// suggest, never later. At 128, `--effort 1` ran the proxy for about four
+// minutes there; at 10 (its timings of an older proxy, 7.7 µs against
+// 78 µs) the proxy took every unit of `--effort 2` and the exact
+// annealing got none.
+const chainProxyPerUnit = 31
 
 // polishMoveUnits is how many work units one move of the chain's polish
 // counts (a swap scored by the cost model's incremental evaluator, which
 // prices two layers' all-to-alls over every GPU pair): the ratio of its
-// time to an exact move's, timed with BenchmarkChainSwap32k on the
-// 32k-token DeepSeek-V3-shaped trace, 1.06 ms against 128 µs on 4 × 8
-// GPUs, 0.99 ms against 213 µs on 8 × 8. The larger ratio, so that a work
-// budget's polish ends sooner than its units suggest, never later. At 1,
-// `--effort 1` with a running plan, copies and a move budget gave the
-// polish 0.95 M moves: 36 s on FLAME's first 256 tokens (2 × 8 GPUs),
+// time to an exact move's (above) on the 32k-token DeepSeek-V3-shaped
+// trace, 1.08 ms (BenchmarkChainSwap32k/evaluator) against 44 µs on
+// 4 × 8 GPUs, 0.99 ms against 109 µs on 8 × 8. The larger ratio, so that
+// a work budget's polish ends sooner than its units suggest, never later.
+// At 1, `--effort 1` with a running plan, copies and a move budget gave
+// the polish 0.95 M moves: 36 s on FLAME's first 256 tokens (2 × 8 GPUs),
 // and, at 1.06 ms a move, about 17 minutes on the 32k trace.
-const polishMoveUnits = 8
+const polishMoveUnits = 24
 
 // relabelsMax is how many times the chain's annealing stops to relabel
 // the nodes (chainProxy.relabel), at even steps of its progress. On a

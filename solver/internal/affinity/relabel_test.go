@@ -225,14 +225,17 @@ func TestRelabelBruteForce(t *testing.T) {
 
 // TestSolveChainFindsPersistentBlocks: on planted traces (blocks of experts
 // that persist over 12 layers, 4 nodes, 3,000 tokens) the chain search
-// from random balanced plans comes, on average over four traces, within
+// from random balanced plans comes, on average over eight traces, within
 // 1.5 % of the planted plan's modeled time and 60 % of its cross-node
 // transitions. Without the relabelling (a run of layers that lines up
 // differently from the layers before it stays cut at its edge) it was
-// 2.4 % slower and had 89 % more transitions.
+// 2.4 % slower and had 89 % more transitions (four traces). Four traces
+// left the mean time's ratio within a draw of the bound: 1.0113 to 1.0154
+// over four builds whose searches differ only in their random draws and
+// work units; eight give 1.0132 to 1.0140 for three of them.
 func TestSolveChainFindsPersistentBlocks(t *testing.T) {
 	rng := rand.New(rand.NewPCG(31, 7))
-	const n = 4
+	const n = 8
 	var timeRatio, transRatio float64
 	for it := range n {
 		N, P, S, L, K := 4, 2, 4, 12, 2
@@ -264,6 +267,7 @@ func TestSolveChainFindsPersistentBlocks(t *testing.T) {
 		timeRatio += gs / ps / n
 		transRatio += gt / pt / n
 	}
+	t.Logf("mean over %d traces: time %.5f, transitions %.4f of the planted plan's", n, timeRatio, transRatio)
 	require.LessOrEqual(t, timeRatio, 1.015, "the search's plans are modeled slower than the planted plans")
 	require.LessOrEqual(t, transRatio, 1.6, "the search's plans have more cross-node transitions than the planted plans")
 }
