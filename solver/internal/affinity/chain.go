@@ -538,11 +538,23 @@ func (cp *chainProxy) holds(l, g, e int) bool {
 // load between its GPUs: the busiest GPU, not the busiest node, sets the
 // compute tail, and with few slots per GPU a node's experts can be
 // balanced over the nodes and still not pack evenly over its GPUs.
-func (cp *chainProxy) anneal(rng *rand.Rand, sc *schedule, scale, perTok, copySec float64, kind []int, relabels int) {
+//
+// A swap in layer l reads layer l's arrays and writes layers l−1 to l+1,
+// so layers three apart can be searched at once: the layers are cut into
+// len(scs) blocks of consecutive layers, each with its own schedule and
+// random stream, and a round runs every block but its last two layers
+// (the next block's first writes there) on procs goroutines; the cuts
+// shift by one layer each round, so every layer is searched in all but
+// two rounds of a block's width. The plan depends on the blocks, not on
+// how many goroutines ran them. Between rounds, the nodes are relabelled
+// relabels times at even steps of the slowest block's progress. It
+// returns the moves made.
+func (cp *chainProxy) anneal(seed uint64, scs []*schedule, procs int, scale, perTok, copySec float64, kind []int, relabels int) int64 {
 	L, N, P := cp.L, cp.N, cp.P
 	if N < 2 {
-		return
+		return 0
 	}
+	W := len(scs)
 	byNode := make([][][]int, L)
 	pos := make([][]int, L)
 	index := func() {
@@ -557,7 +569,7 @@ func (cp *chainProxy) anneal(rng *rand.Rand, sc *schedule, scale, perTok, copySe
 	}
 	index()
 	mark := 1
-	delta := func(l, a, b, x, y int) float64 {
+	delta := func(l, x, y int) float64 {
 		gl := cp.gload[l]
 		gx, gy := cp.gpu[l][x], cp.gpu[l][y]
 		d := cp.load[l][y] - cp.load[l][x]
@@ -580,8 +592,7 @@ func (cp *chainProxy) anneal(rng *rand.Rand, sc *schedule, scale, perTok, copySe
 	}
 	// One move in P stays within a node (P−1 GPUs of the N·P−1 others
 	// would be fewer when nodes are many).
-	pick := func() (l, a, b, x, y int, ok bool) {
-		l = rng.IntN(L)
+	pick := func(rng *rand.Rand, l int) (a, b, x, y int, ok bool) {
 		a = rng.IntN(N)
 		b = a
 		if P < 2 || rng.IntN(P) != 0 {
@@ -599,39 +610,73 @@ func (cp *chainProxy) anneal(rng *rand.Rand, sc *schedule, scale, perTok, copySe
 		ok = ex != ey && cp.gpu[l][x] != cp.gpu[l][y] && !cp.holds(l, cp.gpu[l][y], ex) && !cp.holds(l, cp.gpu[l][x], ey)
 		return
 	}
+	rngs := make([]*rand.Rand, W)
+	for w := range rngs {
+		rngs[w] = rand.New(rand.NewPCG(seed, uint64(w)))
+	}
 	t0, n0 := 0.0, 0
 	for i := 0; i < 64*L; i++ {
-		if l, a, b, x, y, ok := pick(); ok {
-			t0 += math.Abs(delta(l, a, b, x, y))
+		l := rngs[0].IntN(L)
+		if _, _, x, y, ok := pick(rngs[0], l); ok {
+			t0 += math.Abs(delta(l, x, y))
 			n0++
 		}
 	}
 	if n0 == 0 || t0 == 0 {
-		return
+		return 0
 	}
 	t0 /= float64(n0)
-	for {
-		p, ok := sc.next()
-		if !ok {
-			return
+	// worker runs block w's layers [lo, hi), a run of E picks in a layer
+	// at a time (its arrays stay in cache), and reports whether w's
+	// schedule has ended.
+	run := max(1, cp.E)
+	worker := func(w, lo, hi int) bool {
+		rng, sc := rngs[w], scs[w]
+		for range hi - lo {
+			l := lo + rng.IntN(hi-lo)
+			for range run {
+				p, ok := sc.next()
+				if !ok {
+					return true
+				}
+				a, b, x, y, ok := pick(rng, l)
+				if !ok {
+					continue
+				}
+				d := delta(l, x, y)
+				if d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, p))) {
+					cp.swap(l, x, y)
+					byNode[l][a][pos[l][x]], byNode[l][b][pos[l][y]] = y, x
+					pos[l][x], pos[l][y] = pos[l][y], pos[l][x]
+				}
+			}
 		}
-		if relabels > 0 && p*float64(relabels+1) >= float64(mark) {
+		return false
+	}
+	done := make([]bool, W)
+	for r := 0; ; r++ {
+		blockRound(L, W, procs, r, 2, done, func(w, _, lo, hi int) bool { return worker(w, lo, hi) })
+		if !slices.Contains(done, false) {
+			break
+		}
+		prog := 1.0
+		for w, sc := range scs {
+			if !done[w] {
+				prog = min(prog, sc.progress())
+			}
+		}
+		if relabels > 0 && mark <= relabels && prog*float64(relabels+1) >= float64(mark) {
 			mark++
 			if cp.relabel(kind) > 0 {
 				index()
 			}
 		}
-		l, a, b, x, y, ok := pick()
-		if !ok {
-			continue
-		}
-		d := delta(l, a, b, x, y)
-		if d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, p))) {
-			cp.swap(l, x, y)
-			byNode[l][a][pos[l][x]], byNode[l][b][pos[l][y]] = y, x
-			pos[l][x], pos[l][y] = pos[l][y], pos[l][x]
-		}
 	}
+	var n int64
+	for _, sc := range scs {
+		n += sc.done
+	}
+	return n
 }
 
 // peak is layer l's busiest GPU load (tokens over speed).
@@ -912,7 +957,22 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			}
 		}
 		cp.pricePorts(rep, tb/c.NICBytesPerSec())
-		sc := newSchedule(ctx, lim, chainProxyPerUnit)
+		// By time a block of layers per goroutine; by work as many as the
+		// layers allow (six a block: four searched a round), whatever the
+		// machine, each with its share of the work, so that the plan does
+		// not depend on how many cores ran them.
+		W := max(1, min(opts.Parallel, L/6))
+		if lim.ByWork() {
+			W = max(1, L/6)
+		}
+		scs := make([]*schedule, W)
+		for w := range scs {
+			wl := lim
+			if lim.ByWork() {
+				wl.Work = max(lim.Work/int64(W), 1)
+			}
+			scs[w] = newSchedule(ctx, wl, chainProxyPerUnit)
+		}
 		kind := nodeKinds(p.Slots, cp.speed, c.Nodes, c.GPUsPerNode)
 		// Relabels during the annealing, relabelsMax by work; by time as
 		// many as fit in a tenth of its share, at what the start's took
@@ -925,9 +985,9 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 				relabels = min(relabelsMax, int(time.Until(lim.Deadline)/(10*took)))
 			}
 		}
-		cp.anneal(rand.New(rand.NewPCG(uint64(L), 0x636861)), sc, exact/cut, perTok, tb/c.NICBytesPerSec()/float64(G), kind, relabels)
+		moves := cp.anneal(uint64(L), scs, opts.Parallel, exact/cut, perTok, tb/c.NICBytesPerSec()/float64(G), kind, relabels)
 		cp.relabel(kind)
-		res.Tries = sc.done / chainProxyPerUnit
+		res.Tries = moves / chainProxyPerUnit
 		// No layer ends less balanced than it started (the start is the
 		// balancer's plan): the proxy prices the cut as an average over
 		// the NIC ports, which the busiest port exceeds, so its trades of

@@ -5,8 +5,6 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/moetuner/moetuner/costmodel"
@@ -676,43 +674,8 @@ func (cx *chainExact) anneal(seed uint64, scs []*schedule, procs int, canSweep f
 	bestGPU := cloneGPU(cx.gpu)
 	done := make([]bool, W)
 	counts := make([]int64, W)
-	width := L / W
 	for r := 0; ; r++ {
-		// The shift runs over every position of a block, so each layer is
-		// left out once in width rounds (a shift of width − 1 empties the
-		// first block for that round); over width − 1 positions a block's
-		// first layer was never left out, and in blocks of three layers it
-		// drew twice the swaps of the others.
-		shift := 0
-		if W > 1 {
-			shift = r % width
-		}
-		var wg sync.WaitGroup
-		var next atomic.Int64
-		for i := range procs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					w := int(next.Add(1)) - 1
-					if w >= W {
-						return
-					}
-					if done[w] {
-						continue
-					}
-					lo, hi := w*width-shift, (w+1)*width-shift-1
-					if w == 0 {
-						lo = 0
-					}
-					if w == W-1 {
-						hi = L
-					}
-					done[w] = worker(w, i, lo, hi, &counts[w])
-				}
-			}()
-		}
-		wg.Wait()
+		blockRound(L, W, procs, r, 1, done, func(w, i, lo, hi int) bool { return worker(w, i, lo, hi, &counts[w]) })
 		if c := cx.cost(); c < best*(1-1e-12) {
 			best = c
 			for l := range bestGPU {

@@ -2,6 +2,8 @@ package affinity
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/moetuner/moetuner/solver/internal/task"
@@ -59,4 +61,62 @@ func (sc *schedule) next() (float64, bool) {
 		sc.p = float64(now.Sub(sc.start)) / float64(sc.end.Sub(sc.start))
 	}
 	return sc.p, true
+}
+
+// progress is how far along the schedule is, in [0, 1].
+func (sc *schedule) progress() float64 {
+	if sc.stop {
+		return 1
+	}
+	if sc.moves > 0 {
+		return min(1, float64(sc.done)/float64(sc.moves))
+	}
+	span := sc.end.Sub(sc.start)
+	if span <= 0 {
+		return 1
+	}
+	return min(1, float64(time.Since(sc.start))/float64(span))
+}
+
+// blockRound runs round r of a search over L layers cut into W blocks of
+// consecutive layers: fn(w, i, lo, hi) searches block w's layers [lo, hi)
+// on goroutine i of procs and reports whether w's schedule has ended
+// (done[w]; ended blocks are skipped). Each block but the last leaves out
+// its last gap layers, so that layers of different blocks searched at
+// once are more than gap apart, and the cuts shift by one layer a round
+// (the shift runs over every position of a block, so each layer is left
+// out gap times in width rounds). Blocks in a round touch disjoint
+// layers, so the result depends on the blocks, not on procs.
+func blockRound(L, W, procs, r, gap int, done []bool, fn func(w, i, lo, hi int) bool) {
+	width := L / W
+	shift := 0
+	if W > 1 {
+		shift = r % width
+	}
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for i := range max(1, min(procs, W)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				w := int(next.Add(1)) - 1
+				if w >= W {
+					return
+				}
+				if done[w] {
+					continue
+				}
+				lo, hi := w*width-shift, (w+1)*width-shift-gap
+				if w == 0 {
+					lo = 0
+				}
+				if w == W-1 {
+					hi = L
+				}
+				done[w] = fn(w, i, lo, max(lo, hi))
+			}
+		}()
+	}
+	wg.Wait()
 }
