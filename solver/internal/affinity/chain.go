@@ -631,27 +631,19 @@ func (cp *chainProxy) anneal(seed uint64, scs []*schedule, procs int, scale, per
 	// schedule has ended.
 	run := max(1, cp.E)
 	worker := func(w, lo, hi int) bool {
-		rng, sc := rngs[w], scs[w]
-		for range hi - lo {
-			l := lo + rng.IntN(hi-lo)
-			for range run {
-				p, ok := sc.next()
-				if !ok {
-					return true
-				}
-				a, b, x, y, ok := pick(rng, l)
-				if !ok {
-					continue
-				}
-				d := delta(l, x, y)
-				if d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, p))) {
-					cp.swap(l, x, y)
-					byNode[l][a][pos[l][x]], byNode[l][b][pos[l][y]] = y, x
-					pos[l][x], pos[l][y] = pos[l][y], pos[l][x]
-				}
+		rng := rngs[w]
+		return scs[w].runLayers(rng, lo, hi, run, func(l int, p float64) {
+			a, b, x, y, ok := pick(rng, l)
+			if !ok {
+				return
 			}
-		}
-		return false
+			d := delta(l, x, y)
+			if d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, p))) {
+				cp.swap(l, x, y)
+				byNode[l][a][pos[l][x]], byNode[l][b][pos[l][y]] = y, x
+				pos[l][x], pos[l][y] = pos[l][y], pos[l][x]
+			}
+		})
 	}
 	done := make([]bool, W)
 	for r := 0; ; r++ {
@@ -957,22 +949,8 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			}
 		}
 		cp.pricePorts(rep, tb/c.NICBytesPerSec())
-		// By time a block of layers per goroutine; by work as many as the
-		// layers allow (six a block: four searched a round), whatever the
-		// machine, each with its share of the work, so that the plan does
-		// not depend on how many cores ran them.
-		W := max(1, min(opts.Parallel, L/6))
-		if lim.ByWork() {
-			W = max(1, L/6)
-		}
-		scs := make([]*schedule, W)
-		for w := range scs {
-			wl := lim
-			if lim.ByWork() {
-				wl.Work = max(lim.Work/int64(W), 1)
-			}
-			scs[w] = newSchedule(ctx, wl, chainProxyPerUnit)
-		}
+		// Blocks of six layers or more: four searched a round.
+		scs := blockSchedules(ctx, lim, opts.Parallel, L, 6, chainProxyPerUnit)
 		kind := nodeKinds(p.Slots, cp.speed, c.Nodes, c.GPUsPerNode)
 		// Relabels during the annealing, relabelsMax by work; by time as
 		// many as fit in a tenth of its share, at what the start's took
@@ -1106,22 +1084,8 @@ func exactChain(ctx context.Context, p Problem, opts Options, spare int64, res *
 		tcap[l] = max(start.Layers[l].ComputeTail.Seconds()+1e-9, cx.tail(l, -1, -1, 0)) * (1 + 1e-12)
 	}
 	// One schedule per block of layers (at most one per three layers, as
-	// anneal runs them). By time, a block per worker; by work, as many
-	// blocks as the layers allow, whatever the machine, each with its
-	// share of the work, so that the plan does not depend on how many
-	// cores ran them.
-	W := max(1, min(opts.Parallel, L/3))
-	if lim.ByWork() {
-		W = max(1, L/3)
-	}
-	scs := make([]*schedule, W)
-	for w := range scs {
-		wl := lim
-		if lim.ByWork() {
-			wl.Work = max(lim.Work/int64(W), 1)
-		}
-		scs[w] = newSchedule(ctx, wl, 1)
-	}
+	// anneal runs them).
+	scs := blockSchedules(ctx, lim, opts.Parallel, L, 3, 1)
 	neigh := annealSweeps * float64(L*cx.E*cx.G)
 	gpu, n := cx.anneal(uint64(L)<<32|0x657861, scs, opts.Parallel, func(rate float64) bool {
 		if lim.ByWork() {

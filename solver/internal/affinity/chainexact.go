@@ -610,65 +610,57 @@ func (cx *chainExact) anneal(seed uint64, scs []*schedule, procs int, canSweep f
 	// of 32,768 tokens).
 	cand := make([][]int, procs)
 	worker := func(w, i, lo, hi int, n *int64) bool {
-		rng, s, sc := rngs[w], scr[i], scs[w]
-		for range hi - lo {
-			l := lo + rng.IntN(hi-lo)
-			for range E {
-				p, ok := sc.next()
-				if !ok {
-					return true
-				}
-				*n++
-				e, f := pickEF(rng)
-				if rng.IntN(2) == 0 {
-					if x, ok := cx.critical(l, rng, &cand[i]); ok {
-						e = x
-						if f == e {
-							continue
-						}
-					}
-				}
-				if cx.gpu[l][e] == cx.gpu[l][f] {
-					continue
-				}
-				var b *chainBudget
-				dc := 0
-				if cx.bud != nil {
-					b = cx.bud[l]
-					// Under a nearly spent budget half the swaps take a
-					// moved expert, and half of those a moved partner (a
-					// swap of two moved experts never adds to the count).
-					if b.max > 0 && b.changed >= b.max-1 && rng.IntN(2) == 0 {
-						if x, ok := cx.movedExpert(l, b, rng); ok {
-							e = x
-							if rng.IntN(2) == 0 {
-								if y, ok := cx.movedExpert(l, b, rng); ok {
-									f = y
-								}
-							}
-						}
-						if e == f || cx.gpu[l][e] == cx.gpu[l][f] {
-							continue
-						}
-					}
-					dc = b.swapChanged(int(cx.gpu[l][e]), e, int(cx.gpu[l][f]), f)
-					if b.max > 0 && b.changed+dc > b.max {
-						continue
-					}
-				}
-				d, tl, tn, ok := cx.trial(s, l, e, f)
-				if b != nil {
-					d += b.sec * float64(dc)
-				}
-				if ok && (d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, p)))) {
-					cx.apply(s, l, e, f, tl, tn)
-					if b != nil {
-						b.changed += dc
+		rng, s := rngs[w], scr[i]
+		return scs[w].runLayers(rng, lo, hi, E, func(l int, p float64) {
+			*n++
+			e, f := pickEF(rng)
+			if rng.IntN(2) == 0 {
+				if x, ok := cx.critical(l, rng, &cand[i]); ok {
+					e = x
+					if f == e {
+						return
 					}
 				}
 			}
-		}
-		return false
+			if cx.gpu[l][e] == cx.gpu[l][f] {
+				return
+			}
+			var b *chainBudget
+			dc := 0
+			if cx.bud != nil {
+				b = cx.bud[l]
+				// Under a nearly spent budget half the swaps take a
+				// moved expert, and half of those a moved partner (a
+				// swap of two moved experts never adds to the count).
+				if b.max > 0 && b.changed >= b.max-1 && rng.IntN(2) == 0 {
+					if x, ok := cx.movedExpert(l, b, rng); ok {
+						e = x
+						if rng.IntN(2) == 0 {
+							if y, ok := cx.movedExpert(l, b, rng); ok {
+								f = y
+							}
+						}
+					}
+					if e == f || cx.gpu[l][e] == cx.gpu[l][f] {
+						return
+					}
+				}
+				dc = b.swapChanged(int(cx.gpu[l][e]), e, int(cx.gpu[l][f]), f)
+				if b.max > 0 && b.changed+dc > b.max {
+					return
+				}
+			}
+			d, tl, tn, ok := cx.trial(s, l, e, f)
+			if b != nil {
+				d += b.sec * float64(dc)
+			}
+			if ok && (d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, p)))) {
+				cx.apply(s, l, e, f, tl, tn)
+				if b != nil {
+					b.changed += dc
+				}
+			}
+		})
 	}
 	best := cx.cost()
 	bestGPU := cloneGPU(cx.gpu)

@@ -2,6 +2,7 @@ package affinity
 
 import (
 	"context"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -119,4 +120,44 @@ func blockRound(L, W, procs, r, gap int, done []bool, fn func(w, i, lo, hi int) 
 		}()
 	}
 	wg.Wait()
+}
+
+// blockSchedules returns the schedules of a block search over L layers
+// (blockRound), blocks of at least minWidth layers: by time one block per
+// goroutine of procs, each with lim's deadline; by work as many as the
+// layers allow, whatever the machine, each with its share of the work
+// (perUnit moves a unit), so that the plan does not depend on how many
+// cores ran them.
+func blockSchedules(ctx context.Context, lim task.Limit, procs, L, minWidth int, perUnit int64) []*schedule {
+	W := max(1, min(procs, L/minWidth))
+	if lim.ByWork() {
+		W = max(1, L/minWidth)
+	}
+	scs := make([]*schedule, W)
+	for w := range scs {
+		wl := lim
+		if lim.ByWork() {
+			wl.Work = max(lim.Work/int64(W), 1)
+		}
+		scs[w] = newSchedule(ctx, wl, perUnit)
+	}
+	return scs
+}
+
+// runLayers spends a block's turn on its layers [lo, hi): hi − lo times a
+// layer drawn by rng, and in it run steps, each given the schedule's
+// progress, while sc lasts (a run in one layer reads its arrays while
+// they are in cache). It reports whether sc has ended.
+func (sc *schedule) runLayers(rng *rand.Rand, lo, hi, run int, step func(l int, p float64)) bool {
+	for range hi - lo {
+		l := lo + rng.IntN(hi-lo)
+		for range run {
+			p, ok := sc.next()
+			if !ok {
+				return true
+			}
+			step(l, p)
+		}
+	}
+	return false
 }
