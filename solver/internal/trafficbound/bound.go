@@ -94,6 +94,14 @@ type Options struct {
 	// Parallel is the number of layers HomeRemoteLayers bounds at once;
 	// 0 means 1. Results do not depend on it.
 	Parallel int
+	// MaxNodeLoad, when not 0, restricts HomeRemote to the plans whose
+	// every node serves at most MaxNodeLoad times the mean node's token
+	// load in the layer (on equal GPUs, every plan whose busiest GPU is
+	// at most MaxNodeLoad times the mean): under even and static
+	// dispatch the pair budget then also uses the nodes' balance
+	// (balancedPairBudget), which popular experts otherwise let crowd
+	// onto one node. At least 1.
+	MaxNodeLoad float64
 }
 
 func (o Options) steps() int {
@@ -248,6 +256,9 @@ func HomeRemote(ctx context.Context, stats *routing.Stats, layer int, c Shape, d
 	default:
 		return Bound{}, fmt.Errorf("trafficbound: unknown dispatch %v", d)
 	}
+	if m := opts.MaxNodeLoad; m != 0 && !(m >= 1 && !math.IsInf(m, 1)) {
+		return Bound{}, fmt.Errorf("trafficbound: Options.MaxNodeLoad is %v; a node's share of the load can be capped at 1 (perfect balance) or more, or 0 for no cap", m)
+	}
 	if err := ctx.Err(); err != nil {
 		return Bound{}, err
 	}
@@ -272,6 +283,9 @@ func HomeRemote(ctx context.Context, stats *routing.Stats, layer int, c Shape, d
 	b.Method = MethodMoments
 	b.HomeBudget = homeBudget(lt, caps, R, d, &b.Work)
 	b.PairBudget = pairBudget(lt, caps, R, d, opts.steps(), &b.Work)
+	if opts.MaxNodeLoad != 0 {
+		b.PairBudget = min(b.PairBudget, balancedPairBudget(lt, caps, R, d, opts.MaxNodeLoad, opts.steps(), &b.Work))
+	}
 	groups := make([]group, 0, len(lt.kWeight))
 	for _, k := range sortedKeys(lt.kWeight) {
 		groups = append(groups, group{weight: lt.kWeight[k], configs: homeConfigs(k, c.Nodes)})

@@ -2,8 +2,10 @@ package trafficbound
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -142,5 +144,48 @@ func TestExperimentBudgets(t *testing.T) {
 			best = min(best, spectralBound(&pairProblem{C: C, E: E, N: N, caps: caps}, DefaultShiftSteps, &w)+mu*(Q-sq))
 		}
 		t.Logf("  balance-aware W* (node cap 1.02) %.3f: LP %.4f", best/T, lp(b.HomeBudget, best))
+	}
+}
+
+// TestExperimentBalancedBound prints, per layer, the home-flow bound over
+// every plan and over the plans whose nodes carry at most CAP (default
+// 1.02) of the mean load (run with MOETUNER_EXP=1; TRACE, NODES, LAYERS
+// as above; SLOTS per GPU, 9 by default: 32 redundant slots on 4 × 8;
+// static dispatch).
+func TestExperimentBalancedBound(t *testing.T) {
+	if os.Getenv("MOETUNER_EXP") == "" {
+		t.Skip("experiment: set MOETUNER_EXP=1")
+	}
+	path := os.Getenv("TRACE")
+	if path == "" {
+		path = sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+	}
+	N, layers := testkit.ExpSettings(t, 0, 20)
+	if path == "" {
+		t.Skip("no trace: set TRACE")
+	}
+	src, err := routing.Load(path, routing.LoadOptions{})
+	require.NoError(t, err)
+	st := src.Stats
+	slots := 9
+	if v := os.Getenv("SLOTS"); v != "" {
+		_, err := fmt.Sscan(v, &slots)
+		require.NoError(t, err)
+	}
+	capRatio := 1.02
+	if v := os.Getenv("CAP"); v != "" {
+		_, err := fmt.Sscan(v, &capRatio)
+		require.NoError(t, err)
+	}
+	shape := Uniform(N, 8, slots)
+	for _, l := range layers {
+		t0 := time.Now()
+		b0, err := HomeRemote(context.Background(), st, l, shape, placement.DispatchStatic, Options{ShiftSteps: -1})
+		require.NoError(t, err)
+		t1 := time.Now()
+		b1, err := HomeRemote(context.Background(), st, l, shape, placement.DispatchStatic, Options{ShiftSteps: -1, MaxNodeLoad: capRatio})
+		require.NoError(t, err)
+		T := b0.Tokens
+		t.Logf("layer %d: bound %.4f (W* %.3f, %v); at node cap %.2f %.4f (W* %.3f, %v)", l, b0.Value/T, b0.PairBudget/T, t1.Sub(t0), capRatio, b1.Value/T, b1.PairBudget/T, time.Since(t1))
 	}
 }
