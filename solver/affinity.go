@@ -169,6 +169,12 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		}
 		sh := trafficbound.Shape{Nodes: p.Cluster.Nodes, GPUsPerNode: p.Cluster.GPUsPerNode, SlotsPerGPU: slots}
 		bo := trafficbound.Options{Parallel: opts.Parallel, ShiftSteps: -1}
+		if p.Flow == costmodel.FlowHome && p.MaxImbalance > 0 {
+			// Every layer's busiest GPU at most MaxImbalance times the
+			// mean per unit of speed: a node serves at most its share of
+			// the speed times that.
+			bo.MaxNodeLoad = p.MaxImbalance * nodeSpeedPeak(p.Cluster)
+		}
 		bound := func(o trafficbound.Options) ([]trafficbound.Bound, error) {
 			if p.Flow == costmodel.FlowHome {
 				return trafficbound.HomeRemoteLayers(bctx, p.Stats, sh, p.Dispatch, o)
@@ -209,6 +215,9 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 			if n > 0 {
 				res.RemoteBound, res.remoteBound = v/(p.Stats.Tokens*float64(p.Stats.Layers)), true
 				res.RemoteBoundLayers = n
+				if bo.MaxNodeLoad > 0 {
+					res.RemoteBoundCap = p.MaxImbalance
+				}
 			}
 		}
 	}
@@ -351,4 +360,22 @@ func balanceOf(p Problem, rep *costmodel.Report) (*BalanceReport, error) {
 		out.MeanGap += gap / float64(len(rep.Layers))
 	}
 	return out, nil
+}
+
+// nodeSpeedPeak is the largest node's share of the cluster's speed times
+// the node count (1 on equal GPUs).
+func nodeSpeedPeak(c costmodel.Cluster) float64 {
+	total, peak := 0.0, 0.0
+	for B := range c.Nodes {
+		s := 0.0
+		for i := range c.GPUsPerNode {
+			s += c.SpeedOf(B*c.GPUsPerNode + i)
+		}
+		total += s
+		peak = max(peak, s)
+	}
+	if total <= 0 {
+		return 1
+	}
+	return max(1, peak*float64(c.Nodes)/total)
 }

@@ -61,3 +61,48 @@ func TestRemoteBoundShiftSteps(t *testing.T) {
 	require.NoError(t, err)
 	assert.LessOrEqual(t, res.RemoteBound, rep.RemoteCopies/per*(1+1e-9), "the bound is above the plan's own remote copies")
 }
+
+// With Problem.MaxImbalance the home flow's bound holds for the plans that
+// meet the cap (the joint plan does), and uses it: on this instance it is
+// above the bound over every plan, it is what trafficbound gives with the
+// nodes' loads capped at the same ratio (equal GPUs), and it stays under
+// the plan's own remote copies.
+func TestRemoteBoundUsesMaxImbalance(t *testing.T) {
+	pl := testkit.Planted{Nodes: 2, GPUsPerNode: 4, SlotsPerGPU: 4, Layers: 3, TopK: 4, Tokens: 2000, Stray: 2, Skew: 0.8}
+	tr, _ := pl.Trace(rand.New(rand.NewPCG(7, 3)))
+	require.NoError(t, tr.Validate())
+	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 4), Model: testkit.FakeModel(32, 4), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStatic, RedundantSlots: 8, MaxImbalance: 1.05}
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 2 * time.Second})
+	require.NoError(t, err)
+	verify(t, p, res)
+	require.Equal(t, p.Stats.Layers, res.RemoteBoundLayers)
+	require.Equal(t, 1.05, res.RemoteBoundCap)
+	rep, err := p.Scenario().Evaluate(res.Plan)
+	require.NoError(t, err)
+	require.LessOrEqual(t, rep.MaxImbalance, 1.05+1e-9)
+
+	sh := trafficbound.Shape{Nodes: 2, GPUsPerNode: 4, SlotsPerGPU: []int{5, 5, 5, 5, 5, 5, 5, 5}}
+	ctx := context.Background()
+	per := p.Stats.Tokens * float64(p.Stats.Layers)
+	sum := func(o trafficbound.Options) []float64 {
+		bs, err := trafficbound.HomeRemoteLayers(ctx, p.Stats, sh, p.Dispatch, o)
+		require.NoError(t, err)
+		v := make([]float64, len(bs))
+		for l, b := range bs {
+			v[l] = b.Value
+		}
+		return v
+	}
+	free := sum(trafficbound.Options{})
+	plain := sum(trafficbound.Options{ShiftSteps: -1, MaxNodeLoad: 1.05})
+	steps := sum(trafficbound.Options{MaxNodeLoad: 1.05})
+	var uncapped, want float64
+	for l := range plain {
+		uncapped += free[l]
+		want += max(plain[l], steps[l])
+	}
+	t.Logf("bound over every plan %.6f, over the plans within the cap %.6f, the plan %.6f per token-layer", uncapped/per, want/per, rep.RemoteCopies/per)
+	require.Greater(t, want, uncapped*(1+1e-6), "the cap must raise the bound on this instance")
+	assert.InDelta(t, want/per, res.RemoteBound, 1e-9*want/per)
+	assert.LessOrEqual(t, res.RemoteBound, rep.RemoteCopies/per*(1+1e-9), "the bound is above the plan's own remote copies")
+}

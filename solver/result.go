@@ -174,6 +174,10 @@ type Result struct {
 	// the layers when its share of the time ran out first (the others
 	// count 0, so it is still a bound, only a weaker one).
 	RemoteBoundLayers int
+	// RemoteBoundCap, when not 0, restricts RemoteBound to the plans that
+	// also meet Problem.MaxImbalance in every layer (the joint plan does):
+	// the home flow's bound then uses the nodes' balance.
+	RemoteBoundCap float64
 	// Note qualifies the result, e.g. "equal cluster sizes" when the
 	// moetuner strategy ran with Options.MoETunerEqualSizes.
 	Note string
@@ -355,9 +359,9 @@ func (r Result) MarshalJSON() ([]byte, error) {
 		Objective, ModelObjective, Bound, Gap jsonFloat
 		Stage1Objective, Stage2Objective      jsonFloat
 		BaselineObjective, CostBound, CostGap jsonFloat
-		RemoteBound                           jsonFloat
+		RemoteBound, RemoteBoundCap           jsonFloat
 	}{plain(r), jsonFloat(r.Objective), jsonFloat(r.ModelObjective), jsonFloat(r.Bound), jsonFloat(r.Gap),
 		jsonFloat(r.Stage1Objective), jsonFloat(r.Stage2Objective),
 		jsonFloat(r.BaselineObjective), jsonFloat(r.CostBound), jsonFloat(r.CostGap),
-		jsonFloat(r.RemoteBound)})
+		jsonFloat(r.RemoteBound), jsonFloat(r.RemoteBoundCap)})
 }

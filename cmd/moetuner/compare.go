@@ -310,6 +310,8 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 			plans := "any plan with these slots"
 			if p.Flow == costmodel.FlowChain {
 				what, plans = "cross-node transitions", "any plan with one copy of every expert"
+			} else if r.RemoteBoundCap > 0 {
+				plans = fmt.Sprintf("any plan with these slots and every layer's busiest/mean at most %g (--max-imbalance)", r.RemoteBoundCap)
 			}
 			part := ""
 			if n := r.RemoteBoundLayers; n > 0 && n < p.Stats.Layers {
@@ -381,6 +383,7 @@ type jsonResult struct {
 	BusiestNIC      float64  `json:"busiest_nic_per_token_layer"`
 	RemoteBound     *float64 `json:"remote_bound_per_token_layer,omitempty"`
 	RemoteBoundOf   int      `json:"remote_bound_layers,omitempty"`
+	RemoteBoundCap  float64  `json:"remote_bound_max_imbalance,omitempty"`
 	ModelObjective  float64  `json:"model_objective_sec,omitempty"`
 	Bound           float64  `json:"bound_sec,omitempty"`
 	Gap             float64  `json:"gap,omitempty"`
@@ -416,7 +419,7 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 			rb = &r.RemoteBound
 		}
 		out = append(out, jsonResult{
-			RemotePerToken: rt, BusiestNIC: bn, RemoteBound: rb, RemoteBoundOf: r.RemoteBoundLayers,
+			RemotePerToken: rt, BusiestNIC: bn, RemoteBound: rb, RemoteBoundOf: r.RemoteBoundLayers, RemoteBoundCap: r.RemoteBoundCap,
 			TrafficGap: tg, CostBound: clean(r.CostBound), CostGap: clean(r.CostGap),
 			Strategy: string(r.Strategy), Status: status, TimeSec: r.Objective,
 			MaxTokensSum: r.Report.MaxTokensSum, MeanImbalance: r.Report.MeanImbalance, MaxImbalance: r.Report.MaxImbalance,
