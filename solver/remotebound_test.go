@@ -64,9 +64,10 @@ func TestRemoteBoundShiftSteps(t *testing.T) {
 
 // With Problem.MaxImbalance the home flow's bound holds for the plans that
 // meet the cap (the joint plan does), and uses it: on this instance it is
-// above the bound over every plan, it is what trafficbound gives with the
-// nodes' loads capped at the same ratio (equal GPUs), and it stays under
-// the plan's own remote copies.
+// above the bound over every plan, each layer has the larger of
+// trafficbound's bounds over every plan and with the nodes' loads capped
+// at the same ratio (equal GPUs), and it stays under the plan's own
+// remote copies.
 func TestRemoteBoundUsesMaxImbalance(t *testing.T) {
 	pl := testkit.Planted{Nodes: 2, GPUsPerNode: 4, SlotsPerGPU: 4, Layers: 3, TopK: 4, Tokens: 2000, Stray: 2, Skew: 0.8}
 	tr, _ := pl.Trace(rand.New(rand.NewPCG(7, 3)))
@@ -93,13 +94,14 @@ func TestRemoteBoundUsesMaxImbalance(t *testing.T) {
 		}
 		return v
 	}
-	free := sum(trafficbound.Options{})
-	plain := sum(trafficbound.Options{ShiftSteps: -1, MaxNodeLoad: 1.05})
-	steps := sum(trafficbound.Options{MaxNodeLoad: 1.05})
+	// The solve's passes: every plan without the steps, then the plans
+	// within the cap with them; each layer keeps the larger.
+	free := sum(trafficbound.Options{ShiftSteps: -1})
+	capped := sum(trafficbound.Options{MaxNodeLoad: 1.05})
 	var uncapped, want float64
-	for l := range plain {
+	for l := range free {
 		uncapped += free[l]
-		want += max(plain[l], steps[l])
+		want += max(free[l], capped[l])
 	}
 	t.Logf("bound over every plan %.6f, over the plans within the cap %.6f, the plan %.6f per token-layer", uncapped/per, want/per, rep.RemoteCopies/per)
 	require.Greater(t, want, uncapped*(1+1e-6), "the cap must raise the bound on this instance")
