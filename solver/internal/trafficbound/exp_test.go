@@ -149,9 +149,9 @@ func TestExperimentBudgets(t *testing.T) {
 
 // TestExperimentBalancedBound prints, per layer, the home-flow bound over
 // every plan and over the plans whose nodes carry at most CAP (default
-// 1.02) of the mean load (run with MOETUNER_EXP=1; TRACE, NODES, LAYERS
-// as above; SLOTS per GPU, 9 by default: 32 redundant slots on 4 × 8;
-// static dispatch).
+// 1.02) of the mean load, without and with the shift steps, and their
+// times (run with MOETUNER_EXP=1; TRACE, NODES, LAYERS as above; SLOTS
+// per GPU, 9 by default: 32 redundant slots on 4 × 8; static dispatch).
 func TestExperimentBalancedBound(t *testing.T) {
 	if os.Getenv("MOETUNER_EXP") == "" {
 		t.Skip("experiment: set MOETUNER_EXP=1")
