@@ -100,23 +100,7 @@ func balancedPairBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch
 	// A golden-section search over μ/μ0 in [1/4, 3/2] (the bound is a
 	// maximum of functions affine in μ: convex), six evaluations, each a
 	// certified bound; the least is kept.
-	const phi = 0.6180339887498949
-	lo, hi := 0.25, 1.5
-	x1, x2 := hi-phi*(hi-lo), lo+phi*(hi-lo)
-	f1, f2 := at(x1), at(x2)
-	best := min(f1, f2)
-	for range 4 {
-		if f1 < f2 {
-			hi, x2, f2 = x2, x1, f1
-			x1 = hi - phi*(hi-lo)
-			f1 = at(x1)
-		} else {
-			lo, x1, f1 = x1, x2, f2
-			x2 = lo + phi*(hi-lo)
-			f2 = at(x2)
-		}
-		best = min(best, f1, f2)
-	}
+	best := goldenMin(at, 0.25, 1.5, 4)
 	// Rounding: the sums above are in float64 over token weights.
 	return best + owner + 1e-9*(math.Abs(best)+lt.total*float64(lt.kmax*lt.kmax))
 }

@@ -3,7 +3,6 @@ package trafficbound
 import (
 	"context"
 	"math"
-	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -11,7 +10,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
@@ -22,23 +20,7 @@ import (
 // token's source (Source −1: the mean over all GPUs).
 func nodeLoads(st *routing.Stats, l int, held []uint32, E, G, P int, d placement.Dispatch) []float64 {
 	N := G / P
-	share := make([][]float64, E) // share[e][h·N+B]
-	for e := range E {
-		var gpus []int32
-		for g := range G {
-			if held[g]>>e&1 == 1 {
-				gpus = append(gpus, int32(g))
-			}
-		}
-		frac := make([]float64, G*len(gpus))
-		d.Split(gpus, G, P, frac)
-		share[e] = make([]float64, G*N)
-		for h := range G {
-			for i, g := range gpus {
-				share[e][h*N+int(g)/P] += frac[h*len(gpus)+i]
-			}
-		}
-	}
+	share := copyShares(held, E, G, P, d)
 	out := make([]float64, N)
 	k := st.TopK
 	for _, pt := range st.Patterns {
@@ -62,53 +44,6 @@ func nodeLoads(st *routing.Stats, l int, held []uint32, E, G, P int, d placement
 	return out
 }
 
-// TestNodeLoadsMatchCostModel pins nodeLoads to costmodel's per-GPU
-// tokens summed over each node, whose busiest over the mean is the
-// product's busiest/mean, for every dispatch on random placements.
-func TestNodeLoadsMatchCostModel(t *testing.T) {
-	r := rand.New(rand.NewPCG(8, 8))
-	m := costmodel.Model{Name: "tiny", Layers: 1, Experts: 6, TopK: 2, Hidden: 64, FFN: 64, BytesPerActivation: 2}
-	cl, err := costmodel.ClusterPreset("h200x8")
-	require.NoError(t, err)
-	cl = cl.WithNodes(2)
-	cl.GPUsPerNode = 2
-	for trial := range 30 {
-		in := randomInstance(r, 6, 2, 2, 2, 2, 12, 1, true)
-		// randomInstance reweights the patterns after counting the loads:
-		// count them again from the patterns, as a trace's own would be.
-		st := in.stats
-		clear(st.Load[0])
-		for _, pt := range st.Patterns {
-			for _, e := range pt.Experts[:st.TopK] {
-				st.Load[0][e] += pt.Count
-			}
-		}
-		held := make([]uint32, 4)
-		for e := range 6 {
-			held[r.IntN(4)] |= 1 << e
-		}
-		for range 3 {
-			held[r.IntN(4)] |= 1 << r.IntN(6)
-		}
-		plan := &placement.Plan{GPUs: 4, Experts: 6, Layers: []placement.LayerPlan{{}}}
-		for g, hm := range held {
-			for e := range 6 {
-				if hm>>e&1 == 1 {
-					plan.Layers[0].SlotExpert = append(plan.Layers[0].SlotExpert, routing.Expert(e))
-					plan.Layers[0].SlotGPU = append(plan.Layers[0].SlotGPU, placement.GPU(g))
-				}
-			}
-		}
-		for _, d := range dispatches {
-			rep, err := costmodel.Scenario{Stats: in.stats, Cluster: cl, Model: m, Dispatch: d}.Evaluate(plan)
-			require.NoError(t, err)
-			tok := rep.Layers[0].Tokens
-			want := []float64{tok[0] + tok[1], tok[2] + tok[3]}
-			assert.InDeltaSlice(t, want, nodeLoads(in.stats, 0, held, 6, 4, 2, d), 1e-9*(1+want[0]+want[1]), "trial %d %v", trial, d)
-		}
-	}
-}
-
 // bruteCapped is, over all placements (as bruteHome), the least
 // Σ_t Count·R_t among those whose busiest node serves at most capRatio
 // times the mean node's load (+Inf when none does), and the least
@@ -116,40 +51,19 @@ func TestNodeLoadsMatchCostModel(t *testing.T) {
 func bruteCapped(t *testing.T, in instance, d placement.Dispatch, capRatio float64) (best, least float64) {
 	st, c := in.stats, in.shape
 	E, G, P := st.Experts, c.Nodes*c.GPUsPerNode, c.GPUsPerNode
-	subsets := make([][]uint32, G)
-	for g := range G {
-		for m := uint32(0); m < 1<<E; m++ {
-			if bits.OnesCount32(m) <= c.SlotsPerGPU[g] {
-				subsets[g] = append(subsets[g], m)
-			}
-		}
-	}
 	best, least = math.Inf(1), math.Inf(1)
-	held := make([]uint32, G)
-	var rec func(g int, union uint32)
-	rec = func(g int, union uint32) {
-		if g == G {
-			if union != 1<<E-1 {
-				return
-			}
-			loads := nodeLoads(st, 0, held, E, G, P, d)
-			mean := 0.0
-			for _, v := range loads {
-				mean += v / float64(len(loads))
-			}
-			ratio := slices.Max(loads) / mean
-			least = min(least, ratio)
-			if ratio <= capRatio*(1+1e-12) {
-				best = min(best, homeCost(st, 0, held, E, G, P, d))
-			}
-			return
+	eachPlacement(in, func(held []uint32) {
+		loads := nodeLoads(st, 0, held, E, G, P, d)
+		mean := 0.0
+		for _, v := range loads {
+			mean += v / float64(len(loads))
 		}
-		for _, m := range subsets[g] {
-			held[g] = m
-			rec(g+1, union|m)
+		ratio := slices.Max(loads) / mean
+		least = min(least, ratio)
+		if ratio <= capRatio*(1+1e-12) {
+			best = min(best, homeCost(st, 0, held, E, G, P, d))
 		}
-	}
-	rec(0, 0)
+	})
 	return best, least
 }
 

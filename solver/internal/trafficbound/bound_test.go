@@ -69,6 +69,22 @@ func randomInstance(r *rand.Rand, E, N, P, slots, k, T, layers int, sources bool
 func bruteHome(t *testing.T, in instance, l int, d placement.Dispatch) float64 {
 	st, c := in.stats, in.shape
 	E, G, P := st.Experts, c.Nodes*c.GPUsPerNode, c.GPUsPerNode
+	best := math.Inf(1)
+	count := 0
+	eachPlacement(in, func(held []uint32) {
+		count++
+		best = min(best, homeCost(st, l, held, E, G, P, d))
+	})
+	require.Positive(t, count, "no feasible placement")
+	return best
+}
+
+// eachPlacement calls f with every placement of in's experts (held[g],
+// bit e: GPU g holds expert e; at most SlotsPerGPU[g] experts on GPU g,
+// every expert on some GPU). f must not keep held.
+func eachPlacement(in instance, f func(held []uint32)) {
+	st, c := in.stats, in.shape
+	E, G := st.Experts, c.Nodes*c.GPUsPerNode
 	subsets := make([][]uint32, G)
 	for g := range G {
 		for m := uint32(0); m < 1<<E; m++ {
@@ -77,17 +93,13 @@ func bruteHome(t *testing.T, in instance, l int, d placement.Dispatch) float64 {
 			}
 		}
 	}
-	best := math.Inf(1)
 	held := make([]uint32, G)
-	count := 0
 	var rec func(g int, union uint32)
 	rec = func(g int, union uint32) {
 		if g == G {
-			if union != 1<<E-1 {
-				return
+			if union == 1<<E-1 {
+				f(held)
 			}
-			count++
-			best = min(best, homeCost(st, l, held, E, G, P, d))
 			return
 		}
 		for _, m := range subsets[g] {
@@ -96,31 +108,13 @@ func bruteHome(t *testing.T, in instance, l int, d placement.Dispatch) float64 {
 		}
 	}
 	rec(0, 0)
-	require.Positive(t, count, "no feasible placement")
-	return best
 }
 
 // homeCost is Σ_t Count·R_t for the placement held[g] (bit e: GPU g
 // holds expert e).
 func homeCost(st *routing.Stats, l int, held []uint32, E, G, P int, d placement.Dispatch) float64 {
 	N := G / P
-	q := make([][]float64, E) // q[e][h·N+B]
-	for e := range E {
-		var gpus []int32
-		for g := range G {
-			if held[g]>>e&1 == 1 {
-				gpus = append(gpus, int32(g))
-			}
-		}
-		frac := make([]float64, G*len(gpus))
-		d.Split(gpus, G, P, frac)
-		q[e] = make([]float64, G*N)
-		for h := range G {
-			for i, g := range gpus {
-				q[e][h*N+int(g)/P] += frac[h*len(gpus)+i]
-			}
-		}
-	}
+	q := copyShares(held, E, G, P, d)
 	k := st.TopK
 	total := 0.0
 	for _, pt := range st.Patterns {
@@ -144,17 +138,53 @@ func homeCost(st *routing.Stats, l int, held []uint32, E, G, P int, d placement.
 	return total
 }
 
+// copyShares is, for the placement held[g] (bit e: GPU g holds expert e),
+// q[e][h·N+B]: the share of expert e's tokens from source GPU h that
+// node B serves under dispatch d (placement.Dispatch.Split).
+func copyShares(held []uint32, E, G, P int, d placement.Dispatch) [][]float64 {
+	N := G / P
+	q := make([][]float64, E)
+	for e := range E {
+		var gpus []int32
+		for g := range G {
+			if held[g]>>e&1 == 1 {
+				gpus = append(gpus, int32(g))
+			}
+		}
+		frac := make([]float64, G*len(gpus))
+		d.Split(gpus, G, P, frac)
+		q[e] = make([]float64, G*N)
+		for h := range G {
+			for i, g := range gpus {
+				q[e][h*N+int(g)/P] += frac[h*len(gpus)+i]
+			}
+		}
+	}
+	return q
+}
+
 var dispatches = []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal}
 
 // TestHomeCostMatchesCostModel pins the brute force's cost to costmodel's
 // (CrossNodeBytes of a layer = 2·token bytes·Σ_t Count·R_t) on random
 // placements, so that the brute force tests the quantity the product
-// reports.
+// reports; and its node loads (nodeLoads, for the capped brute force) to
+// costmodel's per-GPU tokens summed over each node, whose busiest over the
+// mean is the product's busiest/mean.
 func TestHomeCostMatchesCostModel(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 7))
 	m := costmodel.Model{Name: "tiny", Layers: 1, Experts: 6, TopK: 2, Hidden: 64, FFN: 64, BytesPerActivation: 2}
 	for trial := range 30 {
 		in := randomInstance(r, 6, 2, 2, 2, 2, 12, 1, true)
+		// randomInstance reweights the patterns after counting the loads:
+		// count them again from the patterns, as a trace's own would be.
+		st := in.stats
+		clear(st.Load[0])
+		for _, pt := range st.Patterns {
+			for _, e := range pt.Experts[:st.TopK] {
+				st.Load[0][e] += pt.Count
+			}
+		}
 		cl, err := costmodel.ClusterPreset("h200x8")
 		require.NoError(t, err)
 		cl = cl.WithNodes(2)
@@ -181,6 +211,9 @@ func TestHomeCostMatchesCostModel(t *testing.T) {
 			require.NoError(t, err)
 			want := rep.Layers[0].CrossNodeBytes / 2 / m.TokenBytes()
 			assert.InDelta(t, want, homeCost(in.stats, 0, held, 6, 4, 2, d), 1e-9*(1+want), "trial %d %v", trial, d)
+			tok := rep.Layers[0].Tokens
+			nodes := []float64{tok[0] + tok[1], tok[2] + tok[3]}
+			assert.InDeltaSlice(t, nodes, nodeLoads(in.stats, 0, held, 6, 4, 2, d), 1e-9*(1+nodes[0]+nodes[1]), "trial %d %v", trial, d)
 		}
 	}
 }

@@ -33,17 +33,7 @@ func TestExperimentBudgets(t *testing.T) {
 	if os.Getenv("MOETUNER_EXP") == "" {
 		t.Skip("experiment: set MOETUNER_EXP=1")
 	}
-	path := os.Getenv("TRACE")
-	if path == "" {
-		path = sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
-	}
-	N, layers := testkit.ExpSettings(t, 0, 20)
-	if path == "" {
-		t.Skip("no trace: set TRACE")
-	}
-	src, err := routing.Load(path, routing.LoadOptions{})
-	require.NoError(t, err)
-	st := src.Stats
+	st, N, layers := expStats(t)
 	const P = 8
 	S := st.Experts / (N * P)
 	shape := Uniform(N, P, S)
@@ -156,17 +146,7 @@ func TestExperimentBalancedBound(t *testing.T) {
 	if os.Getenv("MOETUNER_EXP") == "" {
 		t.Skip("experiment: set MOETUNER_EXP=1")
 	}
-	path := os.Getenv("TRACE")
-	if path == "" {
-		path = sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
-	}
-	N, layers := testkit.ExpSettings(t, 0, 20)
-	if path == "" {
-		t.Skip("no trace: set TRACE")
-	}
-	src, err := routing.Load(path, routing.LoadOptions{})
-	require.NoError(t, err)
-	st := src.Stats
+	st, N, layers := expStats(t)
 	slots := 9
 	if v := os.Getenv("SLOTS"); v != "" {
 		_, err := fmt.Sscan(v, &slots)
@@ -191,4 +171,20 @@ func TestExperimentBalancedBound(t *testing.T) {
 		T := b0.Tokens
 		t.Logf("layer %d: bound %.4f (W* %.3f, %v); at node cap %.2f %.4f (W* %.3f, %v), with the shift steps %.4f (%v)", l, b0.Value/T, b0.PairBudget/T, t1.Sub(t0), capRatio, b1.Value/T, b1.PairBudget/T, t2.Sub(t1), b2.Value/T, time.Since(t2))
 	}
+}
+
+// expStats reads the experiments' trace (TRACE, else the shared 32k
+// synthetic one; skips when absent) with their NODES and LAYERS.
+func expStats(t *testing.T) (*routing.Stats, int, []int) {
+	path := os.Getenv("TRACE")
+	if path == "" {
+		path = sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+	}
+	N, layers := testkit.ExpSettings(t, 0, 20)
+	if path == "" {
+		t.Skip("no trace: set TRACE")
+	}
+	src, err := routing.Load(path, routing.LoadOptions{})
+	require.NoError(t, err)
+	return src.Stats, N, layers
 }

@@ -218,23 +218,30 @@ func maxSeparable(E int, caps []int, g func(float64) float64, mbar float64) floa
 		hi = max(hi, float64(c))
 	}
 	lo, up := -3*hi*hi, 3*hi*hi // |g′| ≤ 3·hi² on [0, hi]
-	best := min(dual(lo), dual(up))
+	return max(min(dual(lo), dual(up), goldenMin(dual, lo, up, 200)), 0)
+}
+
+// goldenMin searches [lo, hi] for the least f by golden section (f
+// convex, or at least unimodal), evaluating f at two points and then at
+// one more in each of steps steps, and returns the least value it saw.
+func goldenMin(f func(float64) float64, lo, hi float64, steps int) float64 {
 	const phi = 0.6180339887498949
-	x1, x2 := up-phi*(up-lo), lo+phi*(up-lo)
-	f1, f2 := dual(x1), dual(x2)
-	for range 200 {
+	x1, x2 := hi-phi*(hi-lo), lo+phi*(hi-lo)
+	f1, f2 := f(x1), f(x2)
+	best := min(f1, f2)
+	for range steps {
 		if f1 < f2 {
-			up, x2, f2 = x2, x1, f1
-			x1 = up - phi*(up-lo)
-			f1 = dual(x1)
+			hi, x2, f2 = x2, x1, f1
+			x1 = hi - phi*(hi-lo)
+			f1 = f(x1)
 		} else {
 			lo, x1, f1 = x1, x2, f2
-			x2 = lo + phi*(up-lo)
-			f2 = dual(x2)
+			x2 = lo + phi*(hi-lo)
+			f2 = f(x2)
 		}
 		best = min(best, f1, f2)
 	}
-	return max(best, 0)
+	return best
 }
 
 // spectralBound is a projected eigenvalue bound (after Donath–Hoffman and
