@@ -141,7 +141,8 @@ func TestExperimentBudgets(t *testing.T) {
 // every plan and over the plans whose nodes carry at most CAP (default
 // 1.02) of the mean load, without and with the shift steps, and their
 // times (run with MOETUNER_EXP=1; TRACE, NODES, LAYERS as above; SLOTS
-// per GPU, 9 by default: 32 redundant slots on 4 × 8; static dispatch).
+// per GPU, 9 by default: 32 redundant slots on 4 × 8; DISPATCH, static by
+// default).
 func TestExperimentBalancedBound(t *testing.T) {
 	if os.Getenv("MOETUNER_EXP") == "" {
 		t.Skip("experiment: set MOETUNER_EXP=1")
@@ -158,15 +159,21 @@ func TestExperimentBalancedBound(t *testing.T) {
 		require.NoError(t, err)
 	}
 	shape := Uniform(N, 8, slots)
+	d := placement.DispatchStatic
+	if v := os.Getenv("DISPATCH"); v != "" {
+		var err error
+		d, err = placement.ParseDispatch(v)
+		require.NoError(t, err)
+	}
 	for _, l := range layers {
 		t0 := time.Now()
-		b0, err := HomeRemote(context.Background(), st, l, shape, placement.DispatchStatic, Options{ShiftSteps: -1})
+		b0, err := HomeRemote(context.Background(), st, l, shape, d, Options{ShiftSteps: -1})
 		require.NoError(t, err)
 		t1 := time.Now()
-		b1, err := HomeRemote(context.Background(), st, l, shape, placement.DispatchStatic, Options{ShiftSteps: -1, MaxNodeLoad: capRatio})
+		b1, err := HomeRemote(context.Background(), st, l, shape, d, Options{ShiftSteps: -1, MaxNodeLoad: capRatio})
 		require.NoError(t, err)
 		t2 := time.Now()
-		b2, err := HomeRemote(context.Background(), st, l, shape, placement.DispatchStatic, Options{MaxNodeLoad: capRatio})
+		b2, err := HomeRemote(context.Background(), st, l, shape, d, Options{MaxNodeLoad: capRatio})
 		require.NoError(t, err)
 		T := b0.Tokens
 		t.Logf("layer %d: bound %.4f (W* %.3f, %v); at node cap %.2f %.4f (W* %.3f, %v), with the shift steps %.4f (%v)", l, b0.Value/T, b0.PairBudget/T, t1.Sub(t0), capRatio, b1.Value/T, b1.PairBudget/T, t2.Sub(t1), b2.Value/T, time.Since(t2))
