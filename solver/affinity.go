@@ -196,30 +196,37 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 			}
 			return rose
 		}
-		capped := false
-		if p.Flow == costmodel.FlowHome && p.MaxImbalance > 0 && err == nil && bctx.Err() == nil {
-			// Every layer is bounded over every plan; now over the plans
-			// that meet the cap, as the joint plan will: every layer's
-			// busiest GPU at most MaxImbalance times the mean per unit of
-			// speed, so a node serves at most its share of the speed times
-			// that. It is dearer, so it comes second, with the shift steps
-			// (the pass below then does not run): at short limits the
-			// layers it does not reach keep the first bound. Measured on
-			// the 32k trace (4 × 8, 32 slots, static, one core, layers 0,
-			// 20, 40): 29 ms a layer for the first pass (0.92 remote nodes
-			// per token), 91 ms with the cap (1.15), 165 ms with the cap
-			// and the steps (1.27): per second of the share, the steps
-			// gain about as much as the cap alone, and in one pass.
-			bo.MaxNodeLoad = p.MaxImbalance * nodeSpeedPeak(p.Cluster)
-			bo.ShiftSteps = 0
-			capped = again(bo)
-		}
-		if dl, ok := bctx.Deadline(); ok && err == nil && W == 0 && bo.ShiftSteps < 0 && time.Until(dl) > 2*layerTime {
+		// With a cap (home flow), a pass over the plans that meet it, as
+		// the joint plan will: every layer's busiest GPU at most
+		// MaxImbalance times the mean per unit of speed, so a node serves
+		// at most its share of the speed times that. It runs with the
+		// shift steps and includes the bound over every plan with them,
+		// so each layer it reaches is at least what the steps pass gives;
+		// but it is dearer. Measured on the 32k trace (4 × 8, 32 slots,
+		// static, one core, layers 0, 20, 40): 29 ms a layer for the
+		// first pass (0.92 remote nodes per token), 91 ms with the cap
+		// (1.15), 165 ms with the cap and the steps (1.27). So when the
+		// share holds six first passes it runs alone; else the steps pass
+		// over every plan comes first, as without a cap, and the capped
+		// pass takes what is left (a layer it does not reach keeps the
+		// larger of the others), so a cap never leaves the bound below
+		// the one without it.
+		capOn := p.Flow == costmodel.FlowHome && p.MaxImbalance > 0
+		dl, timed := bctx.Deadline()
+		rounds := time.Duration(p.Stats.Layers) / time.Duration(max(opts.Parallel, 1))
+		cappedFits := capOn && (W > 0 || timed && time.Until(dl) > 6*layerTime*rounds)
+		if timed && err == nil && W == 0 && !cappedFits && time.Until(dl) > 2*layerTime {
 			// Every layer is bounded, and the share holds a round of
 			// layers with the spectral shift steps (a third more work),
 			// twice over: the steps tighten each layer's bound.
 			bo.ShiftSteps = 0
-			capped = again(bo) && bo.MaxNodeLoad > 0 || capped
+			again(bo)
+		}
+		capped := false
+		if capOn && err == nil && bctx.Err() == nil {
+			bo.MaxNodeLoad = p.MaxImbalance * nodeSpeedPeak(p.Cluster)
+			bo.ShiftSteps = 0
+			capped = again(bo)
 		}
 		cancel()
 		// Out of its share (not cancelled): the layers bounded by then
