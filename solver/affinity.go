@@ -182,19 +182,17 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		layerTime := time.Since(t0) * time.Duration(max(opts.Parallel, 1)) / time.Duration(max(p.Stats.Layers, 1))
 		// again bounds the layers once more with o while the share lasts
 		// (a pass takes them in order); each layer keeps the larger of
-		// its bounds (all hold). It reports whether any layer rose.
-		again := func(o trafficbound.Options) bool {
+		// its bounds (all hold).
+		again := func(o trafficbound.Options) {
 			bs2, err2 := bound(o)
 			if err2 != nil && !errors.Is(err2, context.DeadlineExceeded) {
-				return false
+				return
 			}
-			rose := false
 			for i := range min(len(bs), len(bs2)) {
 				if bs2[i].Method != "" && bs2[i].Value > bs[i].Value {
-					bs[i], rose = bs2[i], true
+					bs[i] = bs2[i]
 				}
 			}
-			return rose
 		}
 		// With a cap (home flow), a pass over the plans that meet it, as
 		// the joint plan will: every layer's busiest GPU at most
@@ -222,20 +220,19 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 			bo.ShiftSteps = 0
 			again(bo)
 		}
-		capped := false
 		if capOn && err == nil && bctx.Err() == nil {
 			bo.MaxNodeLoad = p.MaxImbalance * nodeSpeedPeak(p.Cluster)
 			bo.ShiftSteps = 0
-			capped = again(bo)
+			again(bo)
 		}
 		cancel()
 		// Out of its share (not cancelled): the layers bounded by then
 		// still bound the plan, the others counting 0.
 		if (err == nil || ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded)) && p.Stats.Tokens > 0 {
-			v, n := 0.0, 0
+			v, n, capped := 0.0, 0, false
 			for _, bd := range bs {
 				if bd.Method != "" {
-					v, n = v+bd.Value, n+1
+					v, n, capped = v+bd.Value, n+1, capped || bd.Capped
 				}
 			}
 			if n > 0 {

@@ -71,9 +71,11 @@ func bruteCapped(t *testing.T, in instance, d placement.Dispatch, capRatio float
 // never exceeds the least cost of the placements that meet the cap, on
 // random small instances, every dispatch, at the tightest cap any
 // placement meets and a little above it (where the balance term bites
-// hardest), and it is never below the uncapped bound.
+// hardest), and it is never below the uncapped bound; a bound not marked
+// Capped is the uncapped one.
 func TestHomeRemoteCappedBelowBruteForce(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
+	capped := 0
 	for _, in := range boundCases(r, 40) {
 		if in.shape.Nodes == 1 {
 			continue
@@ -90,9 +92,15 @@ func TestHomeRemoteCappedBelowBruteForce(t *testing.T) {
 				require.NoError(t, err)
 				assert.LessOrEqual(t, b.Value, opt+1e-9*(1+opt), "%s %v cap %.4f: bound %v above the capped optimum %v", in.name, d, capRatio, b.Value, opt)
 				assert.GreaterOrEqual(t, b.Value, b0.Value-1e-9*(1+b0.Value), "%s %v cap %.4f: capped bound below the uncapped one", in.name, d, capRatio)
+				if !b.Capped {
+					assert.Equal(t, b0.Value, b.Value, "%s %v cap %.4f: not Capped, yet not the bound over every plan", in.name, d, capRatio)
+				} else {
+					capped++
+				}
 			}
 		}
 	}
+	require.Positive(t, capped, "the cap never tightened a bound")
 }
 
 // TestMaxNodeLoadErrors: a cap below 1 (no plan meets it), NaN or +Inf

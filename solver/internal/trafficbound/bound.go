@@ -78,6 +78,10 @@ type Bound struct {
 	// common node) (chain flow).
 	PrevPairBudget, PrevGPUPairBudget, CrossBudget float64
 	Multipliers                                    []float64
+	// Capped: the pair budget came from Options.MaxNodeLoad's balance
+	// term, so Value holds only for the plans that meet that cap (else
+	// for every plan, whatever the options).
+	Capped bool
 }
 
 // DefaultShiftSteps is the number of diagonal-shift steps of the spectral
@@ -284,7 +288,9 @@ func HomeRemote(ctx context.Context, stats *routing.Stats, layer int, c Shape, d
 	b.HomeBudget = homeBudget(lt, caps, R, d, &b.Work)
 	b.PairBudget = pairBudget(lt, caps, R, d, opts.steps(), &b.Work)
 	if opts.MaxNodeLoad != 0 {
-		b.PairBudget = min(b.PairBudget, balancedPairBudget(lt, caps, R, d, opts.MaxNodeLoad, opts.steps(), &b.Work))
+		if w := balancedPairBudget(lt, caps, R, d, opts.MaxNodeLoad, opts.steps(), &b.Work); w < b.PairBudget {
+			b.PairBudget, b.Capped = w, true
+		}
 	}
 	groups := make([]group, 0, len(lt.kWeight))
 	for _, k := range sortedKeys(lt.kWeight) {
