@@ -2,7 +2,6 @@ package trafficbound
 
 import (
 	"math"
-	"slices"
 
 	"gonum.org/v1/gonum/floats"
 
@@ -58,9 +57,7 @@ func balancedPairBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch
 	}
 	U2, owner := Q, 0.0
 	if d == placement.DispatchStatic && R > 0 {
-		X := maxExtra(E, R, min(lt.G, R+1), func(e, c int) float64 {
-			return (1 - 1/float64(c)) * topSum(slices.Clone(lt.gpuLoad[e]), c)
-		})
+		X := ownerExtra(lt, R)
 		delta := math.Sqrt2 * X
 		U2 = Q + 2*delta*math.Sqrt(max(0, Q-float64(N)*mean*mean)) + delta*delta
 		owner = float64(lt.kmax-1) * X

@@ -326,9 +326,7 @@ func homeBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch, w *Wor
 		// A source owning a copy serves at home; the others split over the
 		// copies, which averages at most the primary's node weight. So c
 		// copies on GPUs C add at most (1−1/c)·Σ_{h∈C} gpuLoad[e][h].
-		h += maxExtra(lt.E, R, min(lt.G, R+1), func(e, c int) float64 {
-			return (1 - 1/float64(c)) * topSum(slices.Clone(lt.gpuLoad[e]), c)
-		})
+		h += ownerExtra(lt, R)
 	case placement.DispatchLocal:
 		// Every node holding a copy serves its sources at home: each extra
 		// copy adds at most one (expert, node) entry of nodeLoad.
@@ -339,6 +337,16 @@ func homeBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch, w *Wor
 		h += topSum(all, R)
 	}
 	return h
+}
+
+// ownerExtra is static dispatch's most for R redundant slots: over the
+// copy counts c_e they allow, Σ_e (1 − 1/c_e)·(e's token weight from its
+// c_e heaviest sources), what the sources owning a copy of a replicated
+// expert serve at home beyond the even share of its copies.
+func ownerExtra(lt *layerTokens, R int) float64 {
+	return maxExtra(lt.E, R, min(lt.G, R+1), func(e, c int) float64 {
+		return (1 - 1/float64(c)) * topSum(slices.Clone(lt.gpuLoad[e]), c)
+	})
 }
 
 // pairBudget bounds Σ_t Count·E[pairs of t's experts on a common node].
@@ -362,9 +370,7 @@ func pairBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch, steps 
 		// for each pair (a, b) of its token that changes ⟨x_a, x_b⟩ by at
 		// most x_bA·(1 − x_aA) ≤ 1 − 1/c (and 1 − xy ≤ (1−x) + (1−y) when h
 		// owns both), k−1 pairs per owned expert.
-		wb += float64(lt.kmax-1) * maxExtra(lt.E, R, min(lt.G, R+1), func(e, c int) float64 {
-			return (1 - 1/float64(c)) * topSum(slices.Clone(lt.gpuLoad[e]), c)
-		})
+		wb += float64(lt.kmax-1) * ownerExtra(lt, R)
 	case placement.DispatchLocal:
 		// Local dispatch: bound by co-presence, primaries (the partition
 		// above) plus each extra copy's best node of partners.
