@@ -177,9 +177,10 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		}
 		t0 := time.Now()
 		bs, err := bound(bo)
+		pass := time.Since(t0)
 		// A layer's time in that pass: its wall time over the rounds of
 		// Parallel layers it ran.
-		layerTime := time.Since(t0) * time.Duration(max(opts.Parallel, 1)) / time.Duration(max(p.Stats.Layers, 1))
+		layerTime := pass * time.Duration(max(opts.Parallel, 1)) / time.Duration(max(p.Stats.Layers, 1))
 		// again bounds the layers once more with o while the share lasts
 		// (a pass takes them in order); each layer keeps the larger of
 		// its bounds (all hold).
@@ -211,8 +212,7 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		// the one without it.
 		capOn := p.Flow == costmodel.FlowHome && p.MaxImbalance > 0
 		dl, timed := bctx.Deadline()
-		rounds := time.Duration(p.Stats.Layers) / time.Duration(max(opts.Parallel, 1))
-		cappedFits := capOn && (W > 0 || timed && time.Until(dl) > 6*layerTime*rounds)
+		cappedFits := capOn && (W > 0 || timed && time.Until(dl) > 6*pass)
 		if timed && err == nil && W == 0 && !cappedFits && time.Until(dl) > 2*layerTime {
 			// Every layer is bounded, and the share holds a round of
 			// layers with the spectral shift steps (a third more work),

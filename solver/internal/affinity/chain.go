@@ -630,7 +630,7 @@ func (cp *chainProxy) anneal(seed uint64, scs []*schedule, procs int, scale, per
 	// at a time (its arrays stay in cache), and reports whether w's
 	// schedule has ended.
 	run := max(1, cp.E)
-	worker := func(w, lo, hi int) bool {
+	worker := func(w, _, lo, hi int) bool {
 		rng := rngs[w]
 		return scs[w].runLayers(rng, lo, hi, run, func(l int, p float64) {
 			a, b, x, y, ok := pick(rng, l)
@@ -647,7 +647,7 @@ func (cp *chainProxy) anneal(seed uint64, scs []*schedule, procs int, scale, per
 	}
 	done := make([]bool, W)
 	for r := 0; ; r++ {
-		blockRound(L, W, procs, r, 2, done, func(w, _, lo, hi int) bool { return worker(w, lo, hi) })
+		blockRound(L, W, procs, r, 2, done, worker)
 		if !slices.Contains(done, false) {
 			break
 		}
