@@ -255,6 +255,12 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		solve = affinity.SolveChain
 	}
 	ap := affinity.Problem{Scenario: sc, Slots: slots, Start: first, StartReport: firstRep, EvalTime: evalTime}
+	if p.Flow == costmodel.FlowHome && p.Split != SplitOptimal && len(p.Workloads) == 0 {
+		// The cap as the search can measure it (tokens as dispatched per
+		// unit of speed); under an optimal split or workloads the repair
+		// alone measures it.
+		ap.MaxImbalance = p.MaxImbalance
+	}
 	if movesBudgeted(p, opts) {
 		ap.Current, ap.MaxMoves, ap.MoveCost = p.Current, opts.MaxMoves, p.MoveCost
 	}
@@ -274,7 +280,12 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		}
 		// Under a move cost the plans are compared with their moves
 		// charged, as the search priced them.
-		if r.TimeSec+moveCharge(p, plan) <= firstRep.TimeSec+moveCharge(p, first) && withinMoves(p, opts, plan) {
+		// Under a cap the search's plan may be slower where the start
+		// breaks the cap: it is then kept when it leaves fewer layers
+		// above the cap (the repair that follows must bring them under).
+		over, overFirst := layersOverCap(p, r, ap.MaxImbalance), layersOverCap(p, firstRep, ap.MaxImbalance)
+		better := over < overFirst || over == overFirst && r.TimeSec+moveCharge(p, plan) <= firstRep.TimeSec+moveCharge(p, first)
+		if better && withinMoves(p, opts, plan) {
 			res.Plan, rep = plan, r
 		}
 	}

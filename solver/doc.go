@@ -186,7 +186,12 @@
 // Problem.MoveCost).
 //
 // Problem.MaxImbalance caps every layer's busiest/mean in the joint plan,
-// whichever path made it: a layer above the cap is repaired by moves
+// whichever path made it. The home flow's affinity search treats it as a
+// constraint: every phase charges the busiest GPU's (at the node level,
+// the busiest node's) compute above the cap at G seconds a second, and
+// while a layer is above it half the last annealing's moves start on the
+// busiest GPU; a layer that starts within the cap ends within it. A
+// layer still above the cap is repaired by moves
 // off the busiest GPU that lower the GPUs' squared excess over the cap,
 // taking the cheapest on the exact cost of those that meet it. The moves
 // swap copies between the busiest GPU and the others, and re-apportion

@@ -33,6 +33,29 @@ func layerRatio(tok, speed []float64) (ratio float64, busiest int) {
 	return peak / (sum / ssum), busiest
 }
 
+// layersOverCap is how many layers of rep have a busiest/mean (layerRatio)
+// above limit (0 without a cap: limit ≤ 0).
+func layersOverCap(p Problem, rep *costmodel.Report, limit float64) int {
+	if limit <= 0 {
+		return 0
+	}
+	speed := make([]float64, p.Cluster.GPUs())
+	for g := range speed {
+		speed[g] = p.Cluster.SpeedOf(g)
+	}
+	n := 0
+	for _, lr := range rep.Layers {
+		if r, _ := layerRatio(lr.Tokens, speed); r > limit*(1+capTol) {
+			n++
+		}
+	}
+	return n
+}
+
+// capTol is the relative slack within which a layer's busiest/mean counts
+// as meeting Problem.MaxImbalance (rounding of the tokens' sums).
+const capTol = 1e-9
+
 // imbalanceFloor is a lower bound on layer l's busiest/mean over every
 // plan with lp's copy counts and slots per GPU: the GPU that holds a copy
 // of expert e gets that copy's tokens (all of them with a single copy, its
@@ -124,7 +147,7 @@ func countsFloor(p Problem, l int, copies, perGPU []int, speed []float64) (float
 // repair. It returns how many layers it changed.
 func capImbalance(ctx context.Context, p Problem, opts Options, plan *placement.Plan, rep *costmodel.Report, fallback *placement.Plan, proven []float64, deadline time.Time) (int, error) {
 	limit := p.MaxImbalance
-	const tol = 1e-9
+	const tol = capTol
 	speed := make([]float64, plan.GPUs)
 	for g := range speed {
 		speed[g] = p.Cluster.SpeedOf(g)
@@ -689,6 +712,10 @@ func enforceImbalance(ctx context.Context, p Problem, opts Options, res *Result)
 		}
 		res.Balance, res.Gap = bal, bal.MaxGap
 	}
-	res.Note = strings.TrimPrefix(res.Note+fmt.Sprintf("; %d layers repaired to meet Problem.MaxImbalance", changed), "; ")
+	layers := "layers"
+	if changed == 1 {
+		layers = "layer"
+	}
+	res.Note = strings.TrimPrefix(res.Note+fmt.Sprintf("; %d %s repaired to meet Problem.MaxImbalance", changed, layers), "; ")
 	return nil
 }

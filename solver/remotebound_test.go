@@ -3,6 +3,8 @@ package solver_test
 import (
 	"context"
 	"math/rand/v2"
+	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -107,4 +109,48 @@ func TestRemoteBoundUsesMaxImbalance(t *testing.T) {
 	require.Greater(t, want, uncapped*(1+1e-6), "the cap must raise the bound on this instance")
 	assert.InDelta(t, want/per, res.RemoteBound, 1e-9*want/per)
 	assert.LessOrEqual(t, res.RemoteBound, rep.RemoteCopies/per*(1+1e-9), "the bound is above the plan's own remote copies")
+}
+
+// Problem.MaxImbalance reaches the home flow's affinity search: on slow,
+// overlapped NICs the uncapped joint plan trades balance for fewer remote
+// copies; with a cap halfway to perfect balance the search itself keeps
+// to it, so the repair after it changes fewer layers than the uncapped
+// plan has above the cap (a search blind to the cap leaves the repair all
+// of them), and every layer ends within the cap.
+func TestMaxImbalanceReachesAffinitySearch(t *testing.T) {
+	pl := testkit.Planted{Nodes: 2, GPUsPerNode: 4, SlotsPerGPU: 4, Layers: 6, TopK: 4, Tokens: 3000, Stray: 2, Skew: 0.8}
+	tr, _ := pl.Trace(rand.New(rand.NewPCG(9, 5)))
+	require.NoError(t, tr.Validate())
+	c := testkit.SmallCluster(2, 4)
+	c.NICGbps = 25
+	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: c, Model: testkit.FakeModel(32, 4), Flow: costmodel.FlowHome, Mode: costmodel.Overlapped, Dispatch: placement.DispatchStatic, RedundantSlots: 8}
+	opts := Options{Strategy: StrategyJoint, Effort: 1}
+	free, err := Solve(context.Background(), p, opts)
+	require.NoError(t, err)
+	require.Contains(t, free.Note, "affinity search")
+	ratios := layerRatios(t, p, free.Plan)
+	worst := 0.0
+	for _, r := range ratios {
+		worst = max(worst, r)
+	}
+	p.MaxImbalance = 1 + (worst-1)/2
+	above := 0
+	for _, r := range ratios {
+		if r > p.MaxImbalance {
+			above++
+		}
+	}
+	res, err := Solve(context.Background(), p, opts)
+	require.NoError(t, err)
+	verify(t, p, res)
+	repaired := 0
+	if m := regexp.MustCompile(`(\d+) layers? repaired`).FindStringSubmatch(res.Note); m != nil {
+		repaired, _ = strconv.Atoi(m[1])
+	}
+	t.Logf("uncapped worst %.4f, cap %.4f: %d of %d layers above it uncapped, %d repaired after the capped search", worst, p.MaxImbalance, above, len(ratios), repaired)
+	require.Positive(t, above)
+	assert.Less(t, repaired, above)
+	for l, r := range layerRatios(t, p, res.Plan) {
+		assert.LessOrEqual(t, r, p.MaxImbalance*(1+1e-9), "layer %d", l)
+	}
 }

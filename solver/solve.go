@@ -66,8 +66,10 @@ type Problem struct {
 	// in the joint strategy's plan: the busiest GPU's routed tokens per
 	// unit of speed (Cluster.Speed; tokens on equal GPUs) over the layer's
 	// tokens per unit of speed, as the plan is dispatched (Dispatch). A
-	// value of 1.02 allows the busiest GPU 2 % above the mean. The plan is
-	// repaired where a layer is above it, and a cap no plan is found
+	// value of 1.02 allows the busiest GPU 2 % above the mean. In the home
+	// flow the affinity search (several nodes, per-token traces) keeps to
+	// it as it searches; the plan is then repaired where a layer is still
+	// above it, and a cap no plan is found
 	// under is an *InfeasibleError that names the layer and what would
 	// fix it (before the search when a bound rules out every plan). With
 	// Workloads it applies to Stats, their sum. The other strategies

@@ -111,7 +111,7 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 		fs.Float64Var(&c.moveCost, "move-cost", 0, "with --from: cost of one changed slot in units of busiest/mean load; a move is made only if it gains more")
 		fs.StringVar(&c.slotsPerGPU, "slots-per-gpu", "", "comma-separated expert slots per GPU per layer, for heterogeneous clusters (overrides --redundant-slots)")
 		fs.IntVar(&c.maxMoves, "max-moves", 0, "with --from: at most this many slots per layer change (0: no bound)")
-		fs.Float64Var(&c.maxImbalance, "max-imbalance", 0, "joint: cap every layer's busiest/mean GPU load (tokens per unit of speed, as dispatched), e.g. 1.02; layers above it are repaired, and a cap no plan is found under is an error (0: no cap)")
+		fs.Float64Var(&c.maxImbalance, "max-imbalance", 0, "joint: cap every layer's busiest/mean GPU load (tokens per unit of speed, as dispatched), e.g. 1.02; the home flow's affinity search keeps to it, layers still above it are repaired, and a cap no plan is found under is an error (0: no cap)")
 		fs.BoolVar(&c.equalSizes, "moetuner-equal-sizes", false, "moetuner strategy: E/G experts per cluster in ILP 1 (not the paper's design; always meets Eq. 13)")
 	}
 }

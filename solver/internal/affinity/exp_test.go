@@ -68,7 +68,8 @@ func TestExperiment(t *testing.T) {
 	}
 	debugf = t.Logf
 	t0 := time.Now()
-	res, err := Solve(context.Background(), Problem{Scenario: sc, Slots: slots, Start: plan}, Options{Limit: task.Limit{Deadline: time.Now().Add(lim)}, Parallel: 2, Shares: Shares{Proxy: 0.4, Nodes: 0.25, GPUs: 0.15}})
+	capR, _ := strconv.ParseFloat(os.Getenv("CAP"), 64)
+	res, err := Solve(context.Background(), Problem{Scenario: sc, Slots: slots, Start: plan, MaxImbalance: capR}, Options{Limit: task.Limit{Deadline: time.Now().Add(lim)}, Parallel: 2, Shares: Shares{Proxy: 0.4, Nodes: 0.25, GPUs: 0.15}})
 	require.NoError(t, err)
 	el := time.Since(t0)
 	out := placement.FromReplicas(c.GPUs(), res.Copies, "affinity")

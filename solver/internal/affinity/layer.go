@@ -21,6 +21,11 @@ type shape struct {
 	nicLat         float64
 	sigma, chunks  float64
 	overlapped     bool
+	// capR, when positive, is Problem.MaxImbalance: the cost then charges
+	// capW seconds per second of compute by which the busiest GPU (the
+	// busiest node's mean GPU at the node level) exceeds capR times the
+	// mean.
+	capR, capW float64
 	// nv: the state also counts every token's reach per GPU and the
 	// NVLink ports (nvSec seconds a copy), for clusters whose NVLink can
 	// set a phase's time (see nvlinkShare).
@@ -201,6 +206,9 @@ type state struct {
 	kappa float64
 	// tie, with kappa 0, breaks the busiest port's ties by the others.
 	tie bool
+	// capOff leaves the cap's charge out of the cost (an annealing's
+	// starting temperature is the NIC and compute moves', not the cap's).
+	capOff bool
 	// changed is the slots that differ from the running plan (with a
 	// budget).
 	changed int
@@ -467,6 +475,10 @@ func (s *state) cost(tok, out, in, nvo, nvi []float64, lv level) float64 {
 			tail = math.Max(tail, c/sp)
 		}
 	}
+	over := 0.0
+	if sh.capR > 0 && !s.capOff {
+		over = sh.capW * sh.perTok * capExcess(tok, sh.speed, sh.P, sh.capR, lv == levelNode)
+	}
 	tot, mx := 0.0, 0.0
 	for g := range out {
 		tot += out[g]
@@ -493,9 +505,67 @@ func (s *state) cost(tok, out, in, nvo, nvi []float64, lv level) float64 {
 	}
 	comm := 2 * phase
 	if sh.overlapped {
-		return math.Max(tail*(1+sh.sigma), comm) + comm/sh.chunks
+		return math.Max(tail*(1+sh.sigma), comm) + comm/sh.chunks + over
 	}
-	return tail + comm
+	return tail + comm + over
+}
+
+// overCap is how many tokens per unit of speed s's busiest GPU holds
+// above the cap (0 within it or without one).
+func (s *state) overCap() float64 {
+	sh := s.ly.sh
+	if sh.capR <= 0 {
+		return 0
+	}
+	return capExcess(s.tok, sh.speed, sh.P, sh.capR, false)
+}
+
+// busiestOverCap is the GPU with the most tokens per unit of speed when
+// it holds more than the cap allows, else −1.
+func (s *state) busiestOverCap() int {
+	sh := s.ly.sh
+	if s.overCap() == 0 {
+		return -1
+	}
+	top, tv := -1, -1.0
+	for g, t := range s.tok {
+		if v := t / sh.speed[g]; v > tv {
+			top, tv = g, v
+		}
+	}
+	return top
+}
+
+// capExcess is how many tokens per unit of speed the busiest GPU (with
+// nodes, the busiest node's mean GPU: P GPUs a node) holds above capR
+// times the mean, 0 within the cap: the solver's measure (busiest
+// tokens/speed over Σ tokens / Σ speed).
+func capExcess(tok, speed []float64, P int, capR float64, nodes bool) float64 {
+	var sum, ssum, peak float64
+	for g, t := range tok {
+		sum += t
+		ssum += speed[g]
+	}
+	if nodes {
+		for b := 0; b+P <= len(tok); b += P {
+			var t, sp float64
+			for g := b; g < b+P; g++ {
+				t += tok[g]
+				sp += speed[g]
+			}
+			peak = math.Max(peak, t/sp)
+		}
+	} else {
+		for g, t := range tok {
+			peak = math.Max(peak, t/speed[g])
+		}
+	}
+	if ssum <= 0 {
+		return 0
+	}
+	// Within rounding of the sums (as the solver's own check) counts as
+	// within the cap.
+	return math.Max(0, peak-capR*(1+1e-9)*sum/ssum)
 }
 
 // Cost is the current surrogate cost.

@@ -25,6 +25,25 @@ type proxy struct {
 	E     int
 	cut   float64
 	of    [][]int // vertices of each expert
+	// capR, when positive, is the cap on the busiest node's mean GPU over
+	// the mean (tokens per unit of speed, nspeed per node), each token
+	// per unit of speed above it charged capSec seconds.
+	capR, capSec float64
+	nspeed       []float64
+}
+
+// capExcess is the cap's charge for node loads nl.
+func (px *proxy) capExcess(nl []float64) float64 {
+	var sum, ssum, peak float64
+	for b, v := range nl {
+		sum += v
+		ssum += px.nspeed[b]
+		peak = math.Max(peak, v/px.nspeed[b])
+	}
+	if ssum <= 0 {
+		return 0
+	}
+	return px.capSec * math.Max(0, peak-px.capR*sum/ssum)
 }
 
 // newProxy builds the proxy of s's placement.
@@ -68,6 +87,13 @@ func newProxy(s *state) *proxy {
 		}
 	}
 	px.cut = px.cost()
+	if sh.capR > 0 {
+		px.capR, px.capSec = sh.capR, sh.capW*sh.perTok
+		px.nspeed = make([]float64, N)
+		for g, v := range sh.speed {
+			px.nspeed[g/P] += v
+		}
+	}
 	return px
 }
 
@@ -175,15 +201,23 @@ func (px *proxy) anneal(rng *rand.Rand, sc *schedule, scale, perNodeTok, copySec
 		return a, b, x, y, ex != ey && !px.holds(px.gpu[y], ex) && !px.holds(px.gpu[x], ey)
 	}
 	nl := make([]float64, N)
+	capOn := false
 	delta := func(a, b, x, y int) float64 {
 		copy(nl, px.nload)
 		before := maxNode(nl)
+		var over float64
+		if capOn {
+			over = -px.capExcess(nl)
+		}
 		nl[a] += px.load[y] - px.load[x]
 		nl[b] += px.load[x] - px.load[y]
-		return obj(px.swapDelta(x, y), maxNode(nl)-before)
+		if capOn {
+			over += px.capExcess(nl)
+		}
+		return obj(px.swapDelta(x, y), maxNode(nl)-before) + over
 	}
 	// The starting temperature is the mean |Δ| of random swaps, so the
-	// schedule scales with the instance.
+	// schedule scales with the instance (the cap's charge left out).
 	t0, n0 := 0.0, 0
 	for i := 0; i < 4*V; i++ {
 		if a, b, x, y, ok := pick(); ok {
@@ -191,6 +225,7 @@ func (px *proxy) anneal(rng *rand.Rand, sc *schedule, scale, perNodeTok, copySec
 			n0++
 		}
 	}
+	capOn = px.capR > 0
 	if n0 == 0 || t0 == 0 {
 		return
 	}

@@ -336,6 +336,13 @@ func (se *searcher) anneal(rng *rand.Rand, sc *schedule, lv level, hot float64) 
 	pick := func() (move, bool) {
 		for range 64 {
 			a := rng.IntN(G)
+			if sh.capR > 0 && rng.IntN(2) == 0 {
+				// Above the cap only a move off the busiest GPU lowers
+				// its charge: half the picks start there while it is.
+				if g := s.busiestOverCap(); g >= 0 {
+					a = g
+				}
+			}
 			full := bud != nil && bud.max > 0 && s.changed >= bud.max-1
 			var ia int
 			if full && rng.IntN(2) == 0 {
@@ -374,6 +381,7 @@ func (se *searcher) anneal(rng *rand.Rand, sc *schedule, lv level, hot float64) 
 		return move{}, false
 	}
 	t0, n0 := 0.0, 0
+	s.capOff = true // the cap's charge would set a temperature it then melts
 	for range 4 * G {
 		mv, ok := pick()
 		if !ok {
@@ -383,6 +391,7 @@ func (se *searcher) anneal(rng *rand.Rand, sc *schedule, lv level, hot float64) 
 		se.tries++
 		n0++
 	}
+	s.capOff = false
 	if n0 == 0 || t0 == 0 {
 		return
 	}

@@ -392,3 +392,78 @@ func TestBudgetReachesBruteForceOptimum(t *testing.T) {
 	}
 	require.Greater(t, improved, 6, "most running plans must have a better plan within the budget")
 }
+
+// layerCapRatio is layer copies' busiest/mean by the cost model (tokens
+// per unit of speed over the mean), as the solver measures its cap.
+func layerCapRatio(t *testing.T, sc costmodel.Scenario, copies [][][]placement.GPU) []float64 {
+	t.Helper()
+	G := sc.Cluster.GPUs()
+	rep, err := sc.Evaluate(placement.FromReplicas(G, copies, "ratio"))
+	require.NoError(t, err)
+	out := make([]float64, len(rep.Layers))
+	for l, lr := range rep.Layers {
+		var sum, ssum, peak float64
+		for g, v := range lr.Tokens {
+			sum += v
+			ssum += sc.Cluster.SpeedOf(g)
+			peak = max(peak, v/sc.Cluster.SpeedOf(g))
+		}
+		out[l] = peak / (sum / ssum)
+	}
+	return out
+}
+
+// TestSolveMeetsMaxImbalance: on random home-flow instances with replicas
+// (every dispatch, several nodes, random starts), a cap halfway between
+// perfect balance and the uncapped search's own busiest/mean is met by the
+// capped search in most layers: far more than the start or the uncapped
+// search meet. A layer that starts within the cap ends within it. A search
+// blind to the cap, or one returning its start, fails it.
+func TestSolveMeetsMaxImbalance(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 4))
+	var layers, startIn, freeIn, capIn int
+	for it := range 12 {
+		N, P := 2+rng.IntN(2), 2+rng.IntN(2)
+		E := 4*N*P - N*P
+		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal}[it%3]
+		sc, plan, slots := randomInstance(t, rng, N, P, E, 2+rng.IntN(2), 3, 400+rng.IntN(200), N*P, d, it%4 == 0)
+		// Slow NICs overlapped with compute: the uncapped search then
+		// trades balance for fewer remote copies.
+		sc.Mode, sc.Cluster.NICGbps = costmodel.Overlapped, 25
+		opts := Options{Limit: task.Limit{Work: 20000}, Parallel: 2, Shares: Shares{Proxy: 0.4, Nodes: 0.25, GPUs: 0.15}}
+		p := Problem{Scenario: sc, Slots: slots, Start: plan}
+		free, err := Solve(context.Background(), p, opts)
+		require.NoError(t, err)
+		rFree := layerCapRatio(t, sc, free.Copies)
+		p.MaxImbalance = 1 + (slices.Max(rFree)-1)/2
+		res, err := Solve(context.Background(), p, opts)
+		require.NoError(t, err)
+		checkPlan(t, res.Copies, E, slots)
+		rStart := layerCapRatio(t, sc, func() [][][]placement.GPU {
+			out := make([][][]placement.GPU, len(plan.Layers))
+			for l := range out {
+				out[l] = plan.ExpertGPUs(l)
+			}
+			return out
+		}())
+		rCap := layerCapRatio(t, sc, res.Copies)
+		within := func(r float64) bool { return r <= p.MaxImbalance*(1+1e-9) }
+		for l := range rCap {
+			layers++
+			if within(rStart[l]) {
+				startIn++
+				assert.True(t, within(rCap[l]), "instance %d layer %d: started within the cap %.4f, ended at %.4f", it, l, p.MaxImbalance, rCap[l])
+			}
+			if within(rFree[l]) {
+				freeIn++
+			}
+			if within(rCap[l]) {
+				capIn++
+			}
+		}
+	}
+	t.Logf("layers within the cap: start %d, uncapped search %d, capped search %d of %d", startIn, freeIn, capIn, layers)
+	assert.GreaterOrEqual(t, capIn, layers*3/4)
+	assert.Greater(t, capIn, freeIn+layers/4)
+	assert.Greater(t, capIn, startIn+layers/4)
+}
