@@ -524,14 +524,17 @@ func (s *state) overCap() float64 {
 // it holds more than the cap allows, else −1.
 func (s *state) busiestOverCap() int {
 	sh := s.ly.sh
-	if s.overCap() == 0 {
-		return -1
-	}
-	top, tv := -1, -1.0
+	var sum, ssum, tv float64
+	top := -1
 	for g, t := range s.tok {
+		sum += t
+		ssum += sh.speed[g]
 		if v := t / sh.speed[g]; v > tv {
 			top, tv = g, v
 		}
+	}
+	if sh.capR <= 0 || ssum <= 0 || tv <= sh.capR*(1+1e-9)*sum/ssum {
+		return -1
 	}
 	return top
 }

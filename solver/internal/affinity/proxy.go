@@ -32,18 +32,10 @@ type proxy struct {
 	nspeed       []float64
 }
 
-// capExcess is the cap's charge for node loads nl.
+// capExcess is the cap's charge for node loads nl (each node one "GPU"
+// of its speed to capExcess).
 func (px *proxy) capExcess(nl []float64) float64 {
-	var sum, ssum, peak float64
-	for b, v := range nl {
-		sum += v
-		ssum += px.nspeed[b]
-		peak = math.Max(peak, v/px.nspeed[b])
-	}
-	if ssum <= 0 {
-		return 0
-	}
-	return px.capSec * math.Max(0, peak-px.capR*sum/ssum)
+	return px.capSec * capExcess(nl, px.nspeed, 1, px.capR, false)
 }
 
 // newProxy builds the proxy of s's placement.
