@@ -136,6 +136,24 @@ func (s *shares) build(lp placement.LayerPlan, E, G, P int, d placement.Dispatch
 	return nil
 }
 
+// SourceShares returns, per layer, the share of each expert's tokens that
+// each GPU sources, at [l][h·E+e], as Evaluate counts them under the
+// per-source dispatches (static, local): from st's per-token patterns,
+// a pattern without a source counting 1/G for every GPU. It returns nil
+// when no pattern has a source (every GPU then sources the same share),
+// or when a source is G or more (Evaluate refuses those stats).
+func SourceShares(st *routing.Stats, G int) [][]float64 {
+	if st == nil || G <= 0 {
+		return nil
+	}
+	for i := range st.Patterns {
+		if int(st.Patterns[i].Source) >= G {
+			return nil
+		}
+	}
+	return sourceFractions(st, G)
+}
+
 // sourceFractions returns per layer the share of each expert's tokens
 // sourced on each GPU, [L][h·E+e], from patterns with a source (patterns
 // without one count evenly for every GPU); nil when no pattern has a

@@ -142,7 +142,14 @@
 // is more than 0.1 % above its bound, moving one copy from one expert to
 // another, alone or followed by swaps. With ExpertGroups, groups go to
 // nodes first (balanced, then swapped) and copies stay on their group's
-// node. Each layer is certified against
+// node. Under static dispatch with per-token sources those loads are not
+// what the GPUs get: a copy on a source's own GPU serves all that
+// source's tokens for the expert, the other sources splitting evenly
+// (placement.StaticSplit). There the even-split search is skipped and the
+// packing is balanced on the static split itself (the layer's source
+// shares, costmodel.SourceShares): swaps of two copies between the
+// busiest GPU and another (on its node with ExpertGroups), best first,
+// until none lowers the busiest. Each layer is certified against
 //
 //	busiest ≥ max(Σ_e P_e / Σ_g speed_g, min_c max_e P_e/c_e / max_g speed_g)
 //

@@ -69,7 +69,7 @@ func TestGroupBoundBruteForce(t *testing.T) {
 		}
 		checked++
 		assert.LessOrEqual(t, got, opt*(1+1e-9), name)
-		basic := layerBalance(load, nil, speed, replicaLayout{slots: slots, total: total}, G, 0).Bound
+		basic := layerBalance(load, nil, speed, replicaLayout{slots: slots, total: total}, G, 0, nil).Bound
 		assert.Positive(t, got, name)
 		if got > basic*(1+1e-9) {
 			raised++

@@ -79,6 +79,18 @@ type replicaLayout struct {
 	// groups > 0: expert groups kept on nodes of perNode GPUs, which
 	// groupBound's certificate accounts for.
 	groups, perNode int
+	// src, under static dispatch with per-token sources, is every layer's
+	// source shares (costmodel.SourceShares): the loads are then the
+	// static split's (staticLoads), not the even split's.
+	src [][]float64
+}
+
+// srcOf returns layer l's source shares, or nil.
+func (lay replicaLayout) srcOf(l int) []float64 {
+	if lay.src == nil {
+		return nil
+	}
+	return lay.src[l]
 }
 
 func (p Problem) layout() (replicaLayout, error) {
@@ -223,6 +235,9 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 	if groups > 0 && (E%groups != 0 || groups%p.Cluster.Nodes != 0) {
 		return nil, &task.Infeasible{Constraint: "expert groups", Detail: fmt.Sprintf("%d groups must divide %d experts and be a multiple of %d nodes", groups, E, p.Cluster.Nodes)}
 	}
+	if p.Dispatch == placement.DispatchStatic && len(p.Workloads) == 0 {
+		lay.src = costmodel.SourceShares(s, G)
+	}
 	deadline := opts.Deadline
 	polishable := !opts.NoPolish && p.Current == nil && len(p.Workloads) == 0 && (s.Patterns != nil || (p.Flow == costmodel.FlowChain && s.Transitions != nil))
 	layersDone := deadline
@@ -316,7 +331,7 @@ func balanceReport(p Problem, bal []LayerBalance, copies [][][]placement.GPU, sp
 		br.Workload = make([]float64, len(p.Workloads))
 		for si, st := range p.Workloads {
 			for l := range L {
-				br.Workload[si] += busiestOverMean(st.Load[l], copies[l], speed, p.localP()) / float64(L)
+				br.Workload[si] += busiestOverMean(st.Load[l], copies[l], speed, p.localP(), nil) / float64(L)
 			}
 		}
 	}
@@ -357,15 +372,21 @@ func certifyLayers(p Problem, plan *placement.Plan, lay replicaLayout, speed []f
 	bal := make([]LayerBalance, L)
 	for l := range L {
 		copies[l] = plan.ExpertGPUs(l)
-		bal[l] = layerBalance(p.Stats.Load[l], copies[l], speed, lay, G, p.localP())
+		bal[l] = layerBalance(p.Stats.Load[l], copies[l], speed, lay, G, p.localP(), lay.srcOf(l))
 	}
 	return copies, bal
 }
 
 // busiestOverMean scores one layer of copies under a load vector (even
-// split, or local dispatch with P GPUs per node when P > 0).
-func busiestOverMean(load []float64, copies [][]placement.GPU, speed []float64, P int) float64 {
-	gl := gpuLoads(load, copies, speed, P)
+// split, local dispatch with P GPUs per node when P > 0, or static
+// dispatch with source shares src when src is not nil).
+func busiestOverMean(load []float64, copies [][]placement.GPU, speed []float64, P int, src []float64) float64 {
+	var gl []float64
+	if src != nil {
+		gl = staticLoads(load, copies, speed, src)
+	} else {
+		gl = gpuLoads(load, copies, speed, P)
+	}
 	total, sp := 0.0, 0.0
 	for e := range copies {
 		total += load[e]
@@ -388,6 +409,8 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 	m := lim.Meter(ctx)
 	E, G := p.Stats.Experts, p.Cluster.GPUs()
 	w := p.workloadLoads(l)
+	src := lay.srcOf(l)
+	static := src != nil && p.Current == nil && len(w) == 1
 	pk := newPacker(G, lay.slots, speed, w, p.Across)
 	agg := pk.aggWeight()
 	all := make([]int, G)
@@ -436,17 +459,31 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 				return nil, LayerBalance{}, err
 			}
 		}
-		pk.improve(all, m, 0)
+		if !static {
+			// Under static dispatch the swaps below balance the split
+			// the cost model counts, as well from the packing alone and
+			// sooner (58 DeepSeek-V3 layers, 32 or 64 redundant slots).
+			pk.improve(all, m, 0)
+		}
 		if pk.perNode > 0 && len(w) == 1 {
 			pk = trafficFirst(pk, agg, lay, all, m)
 		}
 	}
 	cp := pk.copies(E)
+	if static {
+		// The packer balances the even split; static dispatch serves a
+		// copy on a source's GPU all that source's tokens.
+		perNode := 0
+		if groups > 0 {
+			perNode = p.Cluster.GPUsPerNode // groups stay on their nodes
+		}
+		cp, _ = staticSwap(p.Stats.Load[l], cp, speed, src, perNode, m)
+	}
 	if p.Dispatch == placement.DispatchLocal && groups == 0 && p.Current == nil {
 		spread := task.Limit{Deadline: lim.Deadline.Add(opts.SpreadGrace), Work: lim.Work}
 		cp = spreadNodes(p, p.Stats.Load[l], cp, lay, speed, spread.Meter(ctx))
 	}
-	b := layerBalance(p.Stats.Load[l], cp, speed, lay, G, p.localP())
+	b := layerBalance(p.Stats.Load[l], cp, speed, lay, G, p.localP(), src)
 	// One or two slots per GPU of equal speed: the exact pair method
 	// proves a stronger bound and often packs to it.
 	if backend != nil && groups == 0 && p.Current == nil && len(w) == 1 && p.Dispatch == placement.DispatchEven && b.Gap() > 1e-6 {
@@ -458,7 +495,7 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 			}
 			bound, better, _ := pairRefine(ctx, backend, load, single, double, b.Bound, b.Busiest, lim.Meter(ctx), opts)
 			if better != nil {
-				if nb := layerBalance(p.Stats.Load[l], better, speed, lay, G, 0); nb.Busiest < b.Busiest {
+				if nb := layerBalance(p.Stats.Load[l], better, speed, lay, G, 0, nil); nb.Busiest < b.Busiest {
 					cp, b = better, nb
 				}
 			}
@@ -471,7 +508,7 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 	if groups == 0 && p.Current == nil && len(w) == 1 && p.Dispatch == placement.DispatchEven && b.Gap() > 1e-6 {
 		better, _, complete := exactPack(p.Stats.Load[l], speed, lay.slots, b.Busiest, lim.Meter(ctx))
 		if better != nil {
-			if nb := layerBalance(p.Stats.Load[l], better, speed, lay, G, 0); nb.Busiest < b.Busiest {
+			if nb := layerBalance(p.Stats.Load[l], better, speed, lay, G, 0, nil); nb.Busiest < b.Busiest {
 				cp, b = better, nb
 			}
 		}
@@ -487,7 +524,7 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 	if groups > 0 && p.Current == nil && len(w) == 1 && p.Dispatch == placement.DispatchEven && b.Gap() > 1e-6 {
 		better, busiest, bound := exactGroups(p.Stats.Load[l], speed, lay.slots, groups, p.Cluster.GPUsPerNode, b.Busiest, lim.Meter(ctx))
 		if better != nil && p.Stats.Patterns == nil {
-			if nb := layerBalance(p.Stats.Load[l], better, speed, lay, G, 0); nb.Busiest < b.Busiest && math.Abs(nb.Busiest-busiest) <= 1e-9*busiest {
+			if nb := layerBalance(p.Stats.Load[l], better, speed, lay, G, 0, nil); nb.Busiest < b.Busiest && math.Abs(nb.Busiest-busiest) <= 1e-9*busiest {
 				cp, b = better, nb
 			}
 		}
@@ -529,7 +566,7 @@ func trafficFirst(pk *packer, agg []float64, lay replicaLayout, all []int, m *ta
 
 // layerBalance certifies one layer's busiest load under load: the bound is
 // max(mean, largest replica under the apportionment that minimises it).
-func layerBalance(load []float64, copies [][]placement.GPU, speed []float64, lay replicaLayout, G, P int) LayerBalance {
+func layerBalance(load []float64, copies [][]placement.GPU, speed []float64, lay replicaLayout, G, P int, src []float64) LayerBalance {
 	total, sp, maxSp := 0.0, 0.0, 0.0
 	for _, v := range load {
 		total += v
@@ -543,7 +580,7 @@ func layerBalance(load []float64, copies [][]placement.GPU, speed []float64, lay
 		experts[e] = e
 	}
 	mean := total / sp
-	b := LayerBalance{Mean: mean, Busiest: busiestOverMean(load, copies, speed, P) * mean, Bound: mean}
+	b := LayerBalance{Mean: mean, Busiest: busiestOverMean(load, copies, speed, P, src) * mean, Bound: mean}
 	// apportion only fails for impossible slot counts, which layout()
 	// has ruled out; the bound then stays at the mean.
 	if cnt, err := apportion(load, experts, lay.total, G); err == nil {
