@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"math/rand/v2"
@@ -133,7 +134,7 @@ func TestStaticSwapLocalOptimum(t *testing.T) {
 		for e := range order {
 			order[e] = e
 		}
-		slices.SortFunc(order, func(a, b int) int { return -cmpF(load[a], load[b]) })
+		slices.SortFunc(order, func(a, b int) int { return cmp.Compare(load[b], load[a]) })
 		for i := range G {
 			e := order[i%E]
 			g := placement.GPU((e + 1 + i/E) % G)
@@ -219,16 +220,6 @@ func TestStaticSwapLocalOptimum(t *testing.T) {
 	// The round-robin starts are poor: most searches must improve them.
 	t.Logf("%d of 20 searches lowered the busiest GPU", improved)
 	assert.GreaterOrEqual(t, improved, 12, "searches that lowered the busiest GPU")
-}
-
-func cmpF(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Under static dispatch with uneven sources the replicated solve balances
