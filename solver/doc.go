@@ -149,7 +149,11 @@
 // packing is balanced on the static split itself (the layer's source
 // shares, costmodel.SourceShares): swaps of two copies between the
 // busiest GPU and another (on its node with ExpertGroups), best first,
-// until none lowers the busiest. Each layer is certified against
+// until none lowers the busiest. From a running plan (Current) the same
+// swaps continue both from it and from what the even-split search made of
+// it, within what is left of Options.MaxMoves and paying
+// Problem.MoveCost a slot, and the better of the three is kept. Each
+// layer is certified against
 //
 //	busiest ≥ max(Σ_e P_e / Σ_g speed_g, min_c max_e P_e/c_e / max_g speed_g)
 //

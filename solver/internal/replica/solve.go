@@ -417,11 +417,16 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 	for g := range all {
 		all[g] = g
 	}
+	var cp [][]placement.GPU
 	if p.Current != nil {
 		if err := pk.load(p.Current, l, E); err != nil {
 			return nil, LayerBalance{}, err
 		}
-		pk.improveCost(all, m, p.MaxMoves, p.MoveCost)
+		running := pk.copies(E)
+		moves := pk.improveCost(all, m, p.MaxMoves, p.MoveCost)
+		if src != nil && len(w) == 1 {
+			cp = staticFrom(p, l, running, pk.copies(E), moves, speed, src, groups, m)
+		}
 	} else if groups > 0 {
 		if err := pk.packGroups(p, l, agg, groups, all, m); err != nil {
 			return nil, LayerBalance{}, err
@@ -469,7 +474,9 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 			pk = trafficFirst(pk, agg, lay, all, m)
 		}
 	}
-	cp := pk.copies(E)
+	if cp == nil {
+		cp = pk.copies(E)
+	}
 	if static {
 		// The packer balances the even split; static dispatch serves a
 		// copy on a source's GPU all that source's tokens.
@@ -477,7 +484,7 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 		if groups > 0 {
 			perNode = p.Cluster.GPUsPerNode // groups stay on their nodes
 		}
-		cp, _ = staticSwap(p.Stats.Load[l], cp, speed, src, perNode, m)
+		cp, _ = staticSwap(p.Stats.Load[l], cp, speed, src, perNode, -1, 0, m)
 	}
 	if p.Dispatch == placement.DispatchLocal && groups == 0 && p.Current == nil {
 		spread := task.Limit{Deadline: lim.Deadline.Add(opts.SpreadGrace), Work: lim.Work}

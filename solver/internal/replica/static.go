@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"math"
 	"slices"
 
 	"github.com/moetuner/moetuner/placement"
@@ -52,10 +53,13 @@ func staticLoads(load []float64, copies [][]placement.GPU, speed []float64, src 
 // staticSwap lowers the busiest GPU's load under static dispatch by
 // swapping two experts' copies between it and another GPU (perNode > 0:
 // one on the same node, which keeps every expert's nodes), best swap
-// first, until no swap lowers it or m is done. Slot counts and the
-// distinct GPUs of every expert's copies are kept. It returns the new
-// copies (copies itself is not changed) and the swaps made.
-func staticSwap(load []float64, copies [][]placement.GPU, speed []float64, src []float64, perNode int, m *task.Meter) ([][]placement.GPU, int) {
+// first, until no swap lowers it, maxSwaps swaps are made (negative: no
+// bound) or m is done. With minGain > 0 a swap must also lower the
+// busiest GPU of the layer by at least minGain (load over speed). Slot
+// counts and the distinct GPUs of every expert's copies are kept. It
+// returns the new copies (copies itself is not changed) and the swaps
+// made.
+func staticSwap(load []float64, copies [][]placement.GPU, speed []float64, src []float64, perNode, maxSwaps int, minGain float64, m *task.Meter) ([][]placement.GPU, int) {
 	E, G := len(load), len(speed)
 	cp := make([][]placement.GPU, E)
 	on := make([][]int, G) // experts on each GPU
@@ -109,7 +113,7 @@ func staticSwap(load []float64, copies [][]placement.GPU, speed []float64, src [
 	}
 	const eps = 1e-12
 	swaps := 0
-	for iter := 0; ; iter++ {
+	for iter := 0; maxSwaps < 0 || swaps < maxSwaps; iter++ {
 		if (m.Work() || iter%8 == 0) && m.Done() {
 			break
 		}
@@ -153,6 +157,19 @@ func staticSwap(load []float64, copies [][]placement.GPU, speed []float64, src [
 		touched = touched[:0]
 		delta(bestE, a, bestB)
 		delta(bestF, bestB, a)
+		if minGain > 0 {
+			// The layer's busiest GPU after the swap, wherever it is.
+			after := 0.0
+			for g, v := range gl {
+				after = max(after, v+d[g])
+			}
+			if peak-after < minGain {
+				for _, g := range touched {
+					d[g] = 0
+				}
+				break
+			}
+		}
 		for _, g := range touched {
 			gl[g] += d[g]
 			d[g] = 0
@@ -162,4 +179,62 @@ func staticSwap(load []float64, copies [][]placement.GPU, speed []float64, src [
 		swaps++
 	}
 	return cp, swaps
+}
+
+// staticFrom re-places layer l from the running plan's copies (p.Current)
+// under static dispatch: the even-split search made improved, moving
+// moves slots. Swaps under the static split continue from both, each
+// within what is left of Problem.MaxMoves (two slots a swap) and paying
+// Problem.MoveCost a slot; the result with the lower busiest GPU, plus
+// MoveCost for each slot it changes, is returned, within MaxMoves.
+func staticFrom(p Problem, l int, running, improved [][]placement.GPU, moves int, speed, src []float64, groups int, m *task.Meter) [][]placement.GPU {
+	load := p.Stats.Load[l]
+	total, sp := 0.0, 0.0
+	for _, v := range load {
+		total += v
+	}
+	for _, v := range speed {
+		sp += v
+	}
+	mean := total / sp
+	if mean <= 0 {
+		return improved
+	}
+	perNode := 0
+	if groups > 0 {
+		perNode = p.Cluster.GPUsPerNode
+	}
+	left := func(used int) int {
+		if p.MaxMoves <= 0 {
+			return -1
+		}
+		return max(p.MaxMoves-used, 0) / 2
+	}
+	minGain := 2 * p.MoveCost * mean
+	a, _ := staticSwap(load, improved, speed, src, perNode, left(moves), minGain, m)
+	b, _ := staticSwap(load, running, speed, src, perNode, left(0), minGain, m)
+	score := func(cp [][]placement.GPU) (float64, bool) {
+		changed := 0
+		for e, gs := range cp {
+			for _, g := range gs {
+				if !slices.Contains(running[e], g) {
+					changed++
+				}
+			}
+		}
+		if p.MaxMoves > 0 && changed > p.MaxMoves {
+			return 0, false
+		}
+		return slices.Max(staticLoads(load, cp, speed, src))/mean + p.MoveCost*float64(changed), true
+	}
+	best, bestScore := improved, math.Inf(1)
+	if s, ok := score(improved); ok {
+		bestScore = s
+	}
+	for _, cp := range [][][]placement.GPU{a, b} {
+		if s, ok := score(cp); ok && s < bestScore*(1-1e-12) {
+			best, bestScore = cp, s
+		}
+	}
+	return best
 }

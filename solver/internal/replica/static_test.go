@@ -147,7 +147,7 @@ func TestStaticSwapLocalOptimum(t *testing.T) {
 			perNodeHold = perNode
 		}
 		before := staticLoads(load, copies, speed, src)
-		out, swaps := staticSwap(load, copies, speed, src, perNodeHold, task.ByWork(context.Background(), 1<<40))
+		out, swaps := staticSwap(load, copies, speed, src, perNodeHold, -1, 0, task.ByWork(context.Background(), 1<<40))
 		after := staticLoads(load, out, speed, src)
 		assert.LessOrEqual(t, slices.Max(after), slices.Max(before)*(1+1e-12), "trial %d", trial)
 		if slices.Max(after) < slices.Max(before)*(1-1e-9) {
@@ -298,4 +298,63 @@ func BenchmarkStaticSplit(b *testing.B) {
 	b.ReportMetric(st, "static-busiest/mean")
 	b.ReportMetric(ev, "even-plan-busiest/mean")
 	b.ReportMetric(st/ev, "static/even-plan")
+}
+
+// From a running plan under static dispatch (Problem.Current), the solve
+// changes at most MaxMoves slots per layer and balances the static split:
+// summed over layers its busiest GPUs are below those of the same solve
+// for even dispatch (the even split's search alone) scored under static
+// dispatch, layer by layer in most layers. Under MoveCost alone, every
+// layer's busiest/mean plus MoveCost per changed slot is at most the
+// running plan's.
+func TestStaticFromRunningPlan(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 4))
+	better, layers := 0, 0
+	for trial := range 6 {
+		G := 4 + rng.IntN(5)
+		E := 2*G + rng.IntN(G)
+		R := 2*G - E%G
+		L := 3
+		sc := staticScenario(t, rng, 1, G, E, 2, L, 600)
+		opts := Options{Start: time.Now(), Deadline: time.Now().Add(time.Minute), LayerShare: 1, NoPolish: true, Work: 1 << 24}
+		// The running plan: the even split's balanced plan.
+		pe := Problem{Scenario: sc, RedundantSlots: R}
+		pe.Dispatch = placement.DispatchEven
+		run, err := Solve(context.Background(), pe, nil, opts)
+		require.NoError(t, err)
+		maxMoves := 2 + 2*rng.IntN(3)
+		p := Problem{Scenario: sc, RedundantSlots: R, Current: run.Plan, MaxMoves: maxMoves}
+		st, err := Solve(context.Background(), p, nil, opts)
+		require.NoError(t, err)
+		pe.Current, pe.MaxMoves = run.Plan, maxMoves
+		ev, err := Solve(context.Background(), pe, nil, opts)
+		require.NoError(t, err)
+		rs, err := sc.Evaluate(st.Plan)
+		require.NoError(t, err)
+		re, err := sc.Evaluate(ev.Plan)
+		require.NoError(t, err)
+		for l := range L {
+			layers++
+			require.LessOrEqual(t, placement.ChangedSlots(run.Plan.Layers[l], st.Plan.Layers[l]), maxMoves, "trial %d layer %d", trial, l)
+			if rs.Layers[l].MaxTokens < re.Layers[l].MaxTokens*(1-1e-9) {
+				better++
+			}
+		}
+		// MoveCost alone: no layer pays more than it gains.
+		const cost = 0.01
+		pc := Problem{Scenario: sc, RedundantSlots: R, Current: run.Plan, MoveCost: cost}
+		sc2, err := Solve(context.Background(), pc, nil, opts)
+		require.NoError(t, err)
+		r0, err := sc.Evaluate(run.Plan)
+		require.NoError(t, err)
+		r2, err := sc.Evaluate(sc2.Plan)
+		require.NoError(t, err)
+		for l := range L {
+			paid := r2.Layers[l].Imbalance + cost*float64(placement.ChangedSlots(run.Plan.Layers[l], sc2.Plan.Layers[l]))
+			assert.LessOrEqual(t, paid, r0.Layers[l].Imbalance*(1+1e-9), "trial %d layer %d", trial, l)
+		}
+		t.Logf("trial %d (%d moves): static %.4f, even search %.4f, running %.4f, move cost %.4f", trial, maxMoves, rs.MeanImbalance, re.MeanImbalance, r0.MeanImbalance, r2.MeanImbalance)
+	}
+	t.Logf("%d of %d layers better", better, layers)
+	assert.GreaterOrEqual(t, better, layers/2)
 }
