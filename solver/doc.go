@@ -145,7 +145,8 @@
 // node. Under static dispatch with per-token sources those loads are not
 // what the GPUs get: a copy on a source's own GPU serves all that
 // source's tokens for the expert, the other sources splitting evenly
-// (placement.StaticSplit). There the even-split search is skipped and the
+// (placement.StaticSplit; local dispatch on one node splits the same
+// way). There the even-split search is skipped and the
 // packing is balanced on the static split itself (the layer's source
 // shares, costmodel.SourceShares): swaps of two copies between the
 // busiest GPU and another (on its node with ExpertGroups), best first,

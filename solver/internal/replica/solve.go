@@ -235,7 +235,9 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 	if groups > 0 && (E%groups != 0 || groups%p.Cluster.Nodes != 0) {
 		return nil, &task.Infeasible{Constraint: "expert groups", Detail: fmt.Sprintf("%d groups must divide %d experts and be a multiple of %d nodes", groups, E, p.Cluster.Nodes)}
 	}
-	if p.Dispatch == placement.DispatchStatic && len(p.Workloads) == 0 {
+	// On one node local dispatch splits as static does (a source's own
+	// GPU, else its node's copies evenly: all of them).
+	if (p.Dispatch == placement.DispatchStatic || (p.Dispatch == placement.DispatchLocal && p.Cluster.Nodes == 1)) && len(p.Workloads) == 0 {
 		lay.src = costmodel.SourceShares(s, G)
 	}
 	deadline := opts.Deadline
