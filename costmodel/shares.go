@@ -143,15 +143,37 @@ func (s *shares) build(lp placement.LayerPlan, E, G, P int, d placement.Dispatch
 // when no pattern has a source (every GPU then sources the same share),
 // or when a source is G or more (Evaluate refuses those stats).
 func SourceShares(st *routing.Stats, G int) [][]float64 {
-	if st == nil || G <= 0 {
+	if !sharesDefined(st, G) {
 		return nil
 	}
+	return sourceFractions(st, G)
+}
+
+// LayerSourceShares is SourceShares for layer l alone ([h·E+e]; nil when
+// SourceShares is nil).
+func LayerSourceShares(st *routing.Stats, G, l int) []float64 {
+	if !sharesDefined(st, G) || l < 0 || l >= st.Layers {
+		return nil
+	}
+	return layerShares(st, G, l, make([]float64, st.Experts))
+}
+
+// sharesDefined reports whether st has per-token patterns with a source,
+// every source below G.
+func sharesDefined(st *routing.Stats, G int) bool {
+	if st == nil || G <= 0 {
+		return false
+	}
+	any := false
 	for i := range st.Patterns {
-		if int(st.Patterns[i].Source) >= G {
-			return nil
+		switch src := int(st.Patterns[i].Source); {
+		case src >= G:
+			return false
+		case src >= 0:
+			any = true
 		}
 	}
-	return sourceFractions(st, G)
+	return any
 }
 
 // sourceFractions returns per layer the share of each expert's tokens
@@ -169,39 +191,42 @@ func sourceFractions(st *routing.Stats, G int) [][]float64 {
 	if !any {
 		return nil
 	}
-	L, E, k := st.Layers, st.Experts, st.TopK
-	out := make([][]float64, L)
-	forLayers(L, workersFor(len(st.Patterns)*L), func() func(l int) {
-		tot := make([]float64, E)
-		return func(l int) {
-			f := make([]float64, G*E)
-			clear(tot)
-			for i := range st.Patterns {
-				pt := &st.Patterns[i]
-				for _, e := range pt.Experts[l*k : (l+1)*k] {
-					tot[e] += pt.Count
-					if pt.Source >= 0 {
-						f[int(pt.Source)*E+int(e)] += pt.Count
-					} else {
-						for h := 0; h < G; h++ {
-							f[h*E+int(e)] += pt.Count / float64(G)
-						}
-					}
-				}
-			}
-			for h := 0; h < G; h++ {
-				for e := 0; e < E; e++ {
-					if tot[e] > 0 {
-						f[h*E+e] /= tot[e]
-					} else {
-						f[h*E+e] = 1 / float64(G)
-					}
-				}
-			}
-			out[l] = f
-		}
+	out := make([][]float64, st.Layers)
+	forLayers(st.Layers, workersFor(len(st.Patterns)*st.Layers), func() func(l int) {
+		tot := make([]float64, st.Experts)
+		return func(l int) { out[l] = layerShares(st, G, l, tot) }
 	})
 	return out
+}
+
+// layerShares is sourceFractions' layer l, with tot (len E) as scratch.
+func layerShares(st *routing.Stats, G, l int, tot []float64) []float64 {
+	E, k := st.Experts, st.TopK
+	f := make([]float64, G*E)
+	clear(tot)
+	for i := range st.Patterns {
+		pt := &st.Patterns[i]
+		for _, e := range pt.Experts[l*k : (l+1)*k] {
+			tot[e] += pt.Count
+			if pt.Source >= 0 {
+				f[int(pt.Source)*E+int(e)] += pt.Count
+			} else {
+				for h := 0; h < G; h++ {
+					f[h*E+int(e)] += pt.Count / float64(G)
+				}
+			}
+		}
+	}
+	for h := 0; h < G; h++ {
+		for e := 0; e < E; e++ {
+			if tot[e] > 0 {
+				f[h*E+e] /= tot[e]
+			} else {
+				f[h*E+e] = 1 / float64(G)
+			}
+		}
+	}
+	return f
 }
 
 func resize(x []int32, n int) []int32 {

@@ -151,40 +151,16 @@ func newShape(p Problem) (*shape, error) {
 // buildLayer gathers layer l of the sample and its source shares.
 func buildLayer(p Problem, sh *shape, l int) *layer {
 	st := p.Stats
-	K, E, G := sh.K, sh.E, sh.G
+	K, G := sh.K, sh.G
 	ex := make([]int16, sh.T*K)
-	anySrc := false
 	for i, pt := range st.Patterns {
 		copy(ex[i*K:(i+1)*K], pt.Experts[l*K:(l+1)*K])
-		anySrc = anySrc || pt.Source >= 0
 	}
 	var share []float64
-	if anySrc && sh.dispatch.PerSource() {
+	if sh.dispatch.PerSource() {
 		// As the cost model: the share of each expert's sampled tokens
 		// from each source, tokens without a source spread evenly.
-		share = make([]float64, G*E)
-		tot := make([]float64, E)
-		for _, pt := range st.Patterns {
-			for _, e := range pt.Experts[l*K : (l+1)*K] {
-				tot[e] += pt.Count
-				if pt.Source >= 0 {
-					share[int(pt.Source)*E+int(e)] += pt.Count
-				} else {
-					for h := 0; h < G; h++ {
-						share[h*E+int(e)] += pt.Count / float64(G)
-					}
-				}
-			}
-		}
-		for h := 0; h < G; h++ {
-			for e := 0; e < E; e++ {
-				if tot[e] > 0 {
-					share[h*E+e] /= tot[e]
-				} else {
-					share[h*E+e] = 1 / float64(G)
-				}
-			}
-		}
+		share = costmodel.LayerSourceShares(st, G, l)
 	}
 	ly := newLayer(sh, l, ex, st.Load[l], share)
 	ly.bud = newBudget(p, l)
