@@ -63,6 +63,17 @@ func staticScenario(t testing.TB, rng *rand.Rand, nodes, perNode, E, k, L, T int
 		Model: testkit.FakeModel(E, k), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStatic}
 }
 
+// solveScored solves p and scores its plan under sc (which may dispatch
+// differently from p).
+func solveScored(t *testing.T, p Problem, sc costmodel.Scenario, opts Options) (*Result, *costmodel.Report) {
+	t.Helper()
+	res, err := Solve(context.Background(), p, nil, opts)
+	require.NoError(t, err)
+	rep, err := sc.Evaluate(res.Plan)
+	require.NoError(t, err)
+	return res, rep
+}
+
 // staticLoads is what the cost model counts: every layer's busiest GPU's
 // tokens, recomputed by Evaluate, match the largest of staticLoads.
 func TestStaticLoadsMatchCostModel(t *testing.T) {
@@ -243,16 +254,10 @@ func TestSolveBalancesStaticSplit(t *testing.T) {
 		}
 		p := Problem{Scenario: sc, RedundantSlots: R}
 		opts := Options{Start: time.Now(), Deadline: time.Now().Add(time.Minute), LayerShare: 1, NoPolish: true, Work: 1 << 24}
-		st, err := Solve(context.Background(), p, nil, opts)
-		require.NoError(t, err)
+		st, rs := solveScored(t, p, sc, opts)
 		pe := p
 		pe.Dispatch = placement.DispatchEven
-		ev, err := Solve(context.Background(), pe, nil, opts)
-		require.NoError(t, err)
-		rs, err := sc.Evaluate(st.Plan)
-		require.NoError(t, err)
-		re, err := sc.Evaluate(ev.Plan)
-		require.NoError(t, err)
+		_, re := solveScored(t, pe, sc, opts)
 		require.NoError(t, st.Plan.Validate(placement.ValidateOptions{Experts: E}))
 		for l := range L {
 			layers++
@@ -324,19 +329,12 @@ func TestStaticFromRunningPlan(t *testing.T) {
 		// The running plan: the even split's balanced plan.
 		pe := Problem{Scenario: sc, RedundantSlots: R}
 		pe.Dispatch = placement.DispatchEven
-		run, err := Solve(context.Background(), pe, nil, opts)
-		require.NoError(t, err)
+		run, r0 := solveScored(t, pe, sc, opts)
 		maxMoves := 2 + 2*rng.IntN(3)
 		p := Problem{Scenario: sc, RedundantSlots: R, Current: run.Plan, MaxMoves: maxMoves}
-		st, err := Solve(context.Background(), p, nil, opts)
-		require.NoError(t, err)
+		st, rs := solveScored(t, p, sc, opts)
 		pe.Current, pe.MaxMoves = run.Plan, maxMoves
-		ev, err := Solve(context.Background(), pe, nil, opts)
-		require.NoError(t, err)
-		rs, err := sc.Evaluate(st.Plan)
-		require.NoError(t, err)
-		re, err := sc.Evaluate(ev.Plan)
-		require.NoError(t, err)
+		_, re := solveScored(t, pe, sc, opts)
 		for l := range L {
 			layers++
 			require.LessOrEqual(t, placement.ChangedSlots(run.Plan.Layers[l], st.Plan.Layers[l]), maxMoves, "trial %d layer %d", trial, l)
@@ -347,12 +345,7 @@ func TestStaticFromRunningPlan(t *testing.T) {
 		// MoveCost alone: no layer pays more than it gains.
 		const cost = 0.01
 		pc := Problem{Scenario: sc, RedundantSlots: R, Current: run.Plan, MoveCost: cost}
-		sc2, err := Solve(context.Background(), pc, nil, opts)
-		require.NoError(t, err)
-		r0, err := sc.Evaluate(run.Plan)
-		require.NoError(t, err)
-		r2, err := sc.Evaluate(sc2.Plan)
-		require.NoError(t, err)
+		sc2, r2 := solveScored(t, pc, sc, opts)
 		for l := range L {
 			paid := r2.Layers[l].Imbalance + cost*float64(placement.ChangedSlots(run.Plan.Layers[l], sc2.Plan.Layers[l]))
 			assert.LessOrEqual(t, paid, r0.Layers[l].Imbalance*(1+1e-9), "trial %d layer %d", trial, l)
