@@ -142,12 +142,7 @@ func (s *shares) build(lp placement.LayerPlan, E, G, P int, d placement.Dispatch
 // a pattern without a source counting 1/G for every GPU. It returns nil
 // when no pattern has a source (every GPU then sources the same share),
 // or when a source is G or more (Evaluate refuses those stats).
-func SourceShares(st *routing.Stats, G int) [][]float64 {
-	if !sharesDefined(st, G) {
-		return nil
-	}
-	return sourceFractions(st, G)
-}
+func SourceShares(st *routing.Stats, G int) [][]float64 { return sourceFractions(st, G) }
 
 // LayerSourceShares is SourceShares for layer l alone ([h·E+e]; nil when
 // SourceShares is nil).
@@ -179,16 +174,9 @@ func sharesDefined(st *routing.Stats, G int) bool {
 // sourceFractions returns per layer the share of each expert's tokens
 // sourced on each GPU, [L][h·E+e], from patterns with a source (patterns
 // without one count evenly for every GPU); nil when no pattern has a
-// source, meaning uniform.
+// source, meaning uniform, or when one is G or more.
 func sourceFractions(st *routing.Stats, G int) [][]float64 {
-	any := false
-	for i := range st.Patterns {
-		if st.Patterns[i].Source >= 0 {
-			any = true
-			break
-		}
-	}
-	if !any {
+	if !sharesDefined(st, G) {
 		return nil
 	}
 	out := make([][]float64, st.Layers)

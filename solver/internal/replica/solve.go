@@ -413,6 +413,10 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 	w := p.workloadLoads(l)
 	src := lay.srcOf(l)
 	static := src != nil && p.Current == nil && len(w) == 1
+	staticNode := 0 // static swaps stay within a node where groups hold experts to nodes
+	if groups > 0 {
+		staticNode = p.Cluster.GPUsPerNode
+	}
 	pk := newPacker(G, lay.slots, speed, w, p.Across)
 	agg := pk.aggWeight()
 	all := make([]int, G)
@@ -427,7 +431,7 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 		running := pk.copies(E)
 		moves := pk.improveCost(all, m, p.MaxMoves, p.MoveCost)
 		if src != nil && len(w) == 1 {
-			cp = staticFrom(p, l, running, pk.copies(E), moves, speed, src, groups, m)
+			cp = staticFrom(p, l, running, pk.copies(E), moves, speed, src, staticNode, m)
 		}
 	} else if groups > 0 {
 		if err := pk.packGroups(p, l, agg, groups, all, m); err != nil {
@@ -482,11 +486,7 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 	if static {
 		// The packer balances the even split; static dispatch serves a
 		// copy on a source's GPU all that source's tokens.
-		perNode := 0
-		if groups > 0 {
-			perNode = p.Cluster.GPUsPerNode // groups stay on their nodes
-		}
-		cp, _ = staticSwap(p.Stats.Load[l], cp, speed, src, perNode, -1, 0, m)
+		cp, _ = staticSwap(p.Stats.Load[l], cp, speed, src, staticNode, -1, 0, m)
 	}
 	if p.Dispatch == placement.DispatchLocal && groups == 0 && p.Current == nil {
 		spread := task.Limit{Deadline: lim.Deadline.Add(opts.SpreadGrace), Work: lim.Work}

@@ -185,9 +185,10 @@ func staticSwap(load []float64, copies [][]placement.GPU, speed []float64, src [
 // under static dispatch: the even-split search made improved, moving
 // moves slots. Swaps under the static split continue from both, each
 // within what is left of Problem.MaxMoves (two slots a swap) and paying
-// Problem.MoveCost a slot; the result with the lower busiest GPU, plus
-// MoveCost for each slot it changes, is returned, within MaxMoves.
-func staticFrom(p Problem, l int, running, improved [][]placement.GPU, moves int, speed, src []float64, groups int, m *task.Meter) [][]placement.GPU {
+// Problem.MoveCost a slot (perNode > 0: swaps within a node); the result
+// with the lower busiest GPU, plus MoveCost for each slot it changes, is
+// returned, within MaxMoves.
+func staticFrom(p Problem, l int, running, improved [][]placement.GPU, moves int, speed, src []float64, perNode int, m *task.Meter) [][]placement.GPU {
 	load := p.Stats.Load[l]
 	total, sp := 0.0, 0.0
 	for _, v := range load {
@@ -199,10 +200,6 @@ func staticFrom(p Problem, l int, running, improved [][]placement.GPU, moves int
 	mean := total / sp
 	if mean <= 0 {
 		return improved
-	}
-	perNode := 0
-	if groups > 0 {
-		perNode = p.Cluster.GPUsPerNode
 	}
 	left := func(used int) int {
 		if p.MaxMoves <= 0 {
