@@ -183,7 +183,8 @@ func TestMaxImbalanceRepairMeetsCap(t *testing.T) {
 // TestMaxImbalanceSolve checks the cap end to end: the joint plan of the
 // chain flow on FLAME trades balance for fewer cross-node transitions;
 // with Problem.MaxImbalance between 1 and its balance, the plan meets it
-// in every layer, its report is the plan's, and the note says so.
+// in every layer, its report is the plan's, and a note on a repair names
+// the field (TestMaxImbalanceRefreshesBalance checks that a repair is noted).
 func TestMaxImbalanceSolve(t *testing.T) {
 	p := flameProblem(t, 2, costmodel.FlowChain)
 	free, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 3 * time.Second})
@@ -200,7 +201,13 @@ func TestMaxImbalanceSolve(t *testing.T) {
 	for l, r := range layerRatios(t, p, res.Plan) {
 		assert.LessOrEqual(t, r, p.MaxImbalance*(1+1e-9), "layer %d", l)
 	}
-	assert.Contains(t, res.Note, "Problem.MaxImbalance")
+	// Whether the search's plan needed the repair depends on how far the
+	// search got in its 3 s (on a loaded machine it may stay within the
+	// cap); when it did, the note says so in the library's words.
+	if strings.Contains(res.Note, "repaired") {
+		assert.Contains(t, res.Note, "Problem.MaxImbalance")
+	}
+	t.Logf("note: %q", res.Note)
 }
 
 // TestMaxImbalanceInfeasible: one expert with most of a layer's tokens
