@@ -91,7 +91,7 @@ func addTokens(tok []float64, lp placement.LayerPlan, load []float64, cnt []int)
 // expert e; lp must hold plan slots on c.GPUs() GPUs.
 func StepCompute(lp placement.LayerPlan, load []float64, c Cluster, m Model) (perGPU []float64, tail float64) {
 	G := c.GPUs()
-	perTok, perExp := c.Coefficients(m)
+	t := NewTerms(c, m, Sequential, 0)
 	cnt := copyCounts(lp, len(load))
 	tok := make([]float64, G)
 	act := make([]float64, G)
@@ -99,7 +99,7 @@ func StepCompute(lp placement.LayerPlan, load []float64, c Cluster, m Model) (pe
 	addActivated(act, lp, load, cnt)
 	perGPU = tok // reused
 	for g := range G {
-		perGPU[g] = (tok[g]*perTok + act[g]*perExp) / c.SpeedOf(g)
+		perGPU[g] = t.Compute(g, tok[g], act[g])
 		tail = math.Max(tail, perGPU[g])
 	}
 	return perGPU, tail
@@ -126,20 +126,11 @@ func StepTime(plan *placement.Plan, load [][]float64, topK int, c Cluster, m Mod
 	if err != nil {
 		return 0, err
 	}
-	chunks := float64(opts.Chunks)
-	if chunks <= 0 {
-		chunks = DefaultChunks
-	}
-	sigma := c.SigmaValue()
+	t := NewTerms(c, m, opts.Mode, opts.Chunks)
 	total := 0.0
 	for l, lr := range rep.Layers {
 		_, tail := StepCompute(plan.Layers[l], load[l], c, m)
-		comm := lr.DispatchTime.Seconds() + lr.CombineTime.Seconds()
-		if opts.Mode == Overlapped {
-			total += math.Max(tail*(1+sigma), comm) + comm/chunks
-		} else {
-			total += comm + tail
-		}
+		total += t.LayerSec(tail, lr.DispatchTime.Seconds()+lr.CombineTime.Seconds(), 0)
 	}
 	return total, nil
 }

@@ -20,13 +20,10 @@ type engine struct {
 	opts  Options
 
 	g, n, p, e, l, k int // GPUs, nodes, GPUs per node, experts, layers, top-k
-	perTok, perExp   float64
+	terms            Terms
 	tb               float64 // bytes per token
 	nvBW, nicBW      float64 // bytes/s per direction
 	nvLat, nicLat    float64 // seconds
-	sigma            float64
-	chunks           float64
-	speed            []float64
 	usePatterns      bool
 	// perSource: the split over an expert's copies depends on the source
 	// GPU (local or static dispatch).
@@ -142,19 +139,12 @@ func newEngine(stats *routing.Stats, c Cluster, m Model, opts Options) (*engine,
 		nicBW:  c.NICBytesPerSec(),
 		nvLat:  c.NVLinkLatency.Seconds(),
 		nicLat: c.NICLatency.Seconds(),
-		sigma:  c.SigmaValue(),
-		chunks: float64(opts.Chunks),
+		terms:  NewTerms(c, m, opts.Mode, opts.Chunks),
 	}
-	ev.perTok, ev.perExp = c.Coefficients(m)
 	ev.usePatterns = stats.Patterns != nil
 	ev.perSource = opts.Dispatch.PerSource()
 	if ev.perSource && ev.usePatterns {
 		ev.srcFrac = sourceFractions(stats, c.GPUs())
-	}
-	G := ev.g
-	ev.speed = make([]float64, G)
-	for g := range ev.speed {
-		ev.speed[g] = c.SpeedOf(g)
 	}
 	ev.initScratch()
 	return ev, nil
@@ -611,7 +601,7 @@ func (ev *engine) finish(l int, cur *shares, st *layerState, out *LayerReport) l
 	G := ev.g
 	var r layerTimes
 	for g := 0; g < G; g++ {
-		ev.compute[g] = (st.tokens[g]*ev.perTok + cur.slots[g]*ev.perExp) / ev.speed[g]
+		ev.compute[g] = ev.terms.Compute(g, st.tokens[g], cur.slots[g])
 		r.tail = max(r.tail, ev.compute[g])
 	}
 	clear(ev.disp)
@@ -631,9 +621,7 @@ func (ev *engine) finish(l int, cur *shares, st *layerState, out *LayerReport) l
 	r.comb, nicC, _ = ev.phase(ev.comb)
 	r.nicBytes = r.dispNIC + nicC
 	comm := r.disp + r.comb
-	r.seq = r.disp + r.tail + r.comb
-	r.ideal = max(r.tail, comm)
-	r.over = max(r.tail*(1+ev.sigma), comm) + comm/ev.chunks
+	r.seq, r.ideal, r.over = ev.terms.Times(r.tail, r.disp, r.comb)
 	r.time = r.seq
 	if ev.opts.Mode == Overlapped {
 		r.time = r.over
@@ -651,10 +639,7 @@ func (ev *engine) finish(l int, cur *shares, st *layerState, out *LayerReport) l
 		sum += st.tokens[g]
 	}
 	out.MeanTokens = sum / float64(G)
-	out.Imbalance = 1
-	if out.MeanTokens > 0 {
-		out.Imbalance = out.MaxTokens / out.MeanTokens
-	}
+	out.Balance = Balance(st.tokens, ev.terms.Speed)
 	out.ComputeTail = dur(r.tail)
 	out.Dispatch = matrix(ev.disp, G)
 	out.Combine = matrix(ev.comb, G)

@@ -36,8 +36,12 @@ type Options struct {
 type LayerReport struct {
 	Layer int
 	// Tokens is the token-expert load per GPU, Σ_e Load[l][e]·w[e][g].
-	Tokens                           []float64
-	MaxTokens, MeanTokens, Imbalance float64 // Imbalance = MaxTokens/MeanTokens (1 when empty)
+	Tokens                []float64
+	MaxTokens, MeanTokens float64
+	// Balance is the layer's busiest GPU per unit of speed over the mean
+	// (the package function Balance of Tokens and the cluster's speeds; 1
+	// when empty): MaxTokens/MeanTokens when every GPU has speed 1.
+	Balance float64
 	// Compute is the expert compute time per GPU; ComputeTail its maximum.
 	Compute     []time.Duration
 	ComputeTail time.Duration
@@ -74,8 +78,8 @@ type Report struct {
 	RemoteCopies, BusiestNIC float64
 	// Tokens is the statistics' token count.
 	Tokens float64
-	// MeanImbalance and MaxImbalance summarize the layers' Imbalance.
-	MeanImbalance, MaxImbalance float64
+	// MeanBalance and MaxBalance summarize the layers' Balance.
+	MeanBalance, MaxBalance float64
 	// MaxTokensSum is Σ_l MaxTokens, the paper's token-processing tail.
 	MaxTokensSum float64
 	// Dispatch and Combine are the layers' byte matrices [src][dst] added
@@ -96,7 +100,7 @@ func Evaluate(plan *placement.Plan, stats *routing.Stats, c Cluster, m Model, op
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{Flow: opts.Flow, Mode: opts.Mode, Sigma: ev.sigma, Layers: make([]LayerReport, ev.l), Tokens: stats.Tokens}
+	rep := &Report{Flow: opts.Flow, Mode: opts.Mode, Sigma: ev.terms.Sigma, Layers: make([]LayerReport, ev.l), Tokens: stats.Tokens}
 	times := ev.layerReports(sh, rep.Layers, ev.workers())
 	var tail, comm, seq, ideal, over, tm float64
 	for l := range sh {
@@ -110,13 +114,13 @@ func Evaluate(plan *placement.Plan, stats *routing.Stats, c Cluster, m Model, op
 		rep.CrossNodeBytes += lr.CrossNodeBytes
 		rep.RemoteCopies += lr.RemoteCopies
 		rep.BusiestNIC += lr.BusiestNIC
-		rep.MeanImbalance += lr.Imbalance
-		rep.MaxImbalance = math.Max(rep.MaxImbalance, lr.Imbalance)
+		rep.MeanBalance += lr.Balance
+		rep.MaxBalance = math.Max(rep.MaxBalance, lr.Balance)
 		rep.MaxTokensSum += lr.MaxTokens
 		rep.Dispatch = addMatrix(rep.Dispatch, lr.Dispatch)
 		rep.Combine = addMatrix(rep.Combine, lr.Combine)
 	}
-	rep.MeanImbalance /= float64(ev.l)
+	rep.MeanBalance /= float64(ev.l)
 	rep.ComputeTail, rep.CommTime = dur(tail), dur(comm)
 	rep.Sequential, rep.Ideal, rep.Overlapped, rep.Time = dur(seq), dur(ideal), dur(over), dur(tm)
 	rep.TimeSec = tm

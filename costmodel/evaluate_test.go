@@ -123,7 +123,7 @@ func TestEvaluateTwoGPUHome(t *testing.T) {
 	assert.Equal(t, us(57), l0.Time)
 	assert.InDelta(t, 57e-6, l0.TimeSec, 1e-15)
 	assert.Zero(t, l0.CrossNodeBytes)
-	assert.InDelta(t, 25/19.0, l0.Imbalance, 1e-12)
+	assert.InDelta(t, 25/19.0, l0.Balance, 1e-12)
 
 	l1 := rep.Layers[1]
 	assert.Equal(t, [][]float64{{0, 2000}, {2000, 0}}, l1.Dispatch)
@@ -217,7 +217,7 @@ func TestEvaluateTwoNodesHome(t *testing.T) {
 	assert.Equal(t, 8000.0, l.CrossNodeBytes)
 	assert.Equal(t, []float64{2, 1, 2, 3}, l.Tokens)
 	assert.Equal(t, us(13), l.ComputeTail)
-	assert.InDelta(t, 1.5, l.Imbalance, 1e-12)
+	assert.InDelta(t, 1.5, l.Balance, 1e-12)
 	assert.Equal(t, us(25), l.Sequential)
 	assert.Equal(t, us(13), l.Ideal)
 	assert.Equal(t, us(14.3+3), l.Overlapped)

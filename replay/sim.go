@@ -3,6 +3,8 @@ package replay
 import (
 	"context"
 	"fmt"
+
+	"github.com/moetuner/moetuner/costmodel"
 )
 
 // Sim is the simulation backend: a discrete-event replay on the cost model.
@@ -26,7 +28,7 @@ func (Sim) Run(ctx context.Context, w *Workload, opts RunOptions) (*Measurement,
 	if err := modelComm(m, w, opts); err != nil {
 		return nil, err
 	}
-	perTok, perExp := opts.Cluster.Coefficients(opts.Model)
+	terms := costmodel.NewTerms(opts.Cluster, opts.Model, costmodel.Sequential, 0)
 	for i := range w.Iterations() {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -35,13 +37,12 @@ func (Sim) Run(ctx context.Context, w *Workload, opts RunOptions) (*Measurement,
 			toks := w.GPUTokens(i, l)
 			slots := w.Plan.SlotsPerGPU(l)
 			for g := range toks {
-				t := (float64(toks[g])*perTok + float64(slots[g])*perExp) / opts.Cluster.SpeedOf(g)
-				m.GPUTime[i][l][g] = secs(t)
+				m.GPUTime[i][l][g] = secs(terms.Compute(g, float64(toks[g]), float64(slots[g])))
 			}
 		}
 	}
 	m.Compute = Modeled
-	m.ComputeNote = fmt.Sprintf("(%.4g s/token·expert × tokens + %.4g s × experts held) / speed, Cluster.Coefficients of %s", perTok, perExp, opts.Model.Name)
+	m.ComputeNote = fmt.Sprintf("(%.4g s/token·expert × tokens + %.4g s × experts held) / speed, Cluster.Coefficients of %s", terms.PerTokenSec, terms.PerExpertSec, opts.Model.Name)
 	m.finish(opts)
 	return m, nil
 }

@@ -258,7 +258,7 @@ func planFigures(in Input) ([][]figure, error) {
 		if err != nil {
 			return nil, fmt.Errorf("report: plan %q load map: %w", pl.Name, err)
 		}
-		out[k] = append(out[k], newFigure(pl.Name+" load", fmt.Sprintf("%s: routed tokens per GPU and layer, relative to the layer's mean (1 = balanced; busiest/mean %.3f on average, %.3f at worst).", pl.Name, pl.Report.MeanImbalance, pl.Report.MaxImbalance), b, smallW, smallH))
+		out[k] = append(out[k], newFigure(pl.Name+" load", fmt.Sprintf("%s: routed tokens per GPU and layer, relative to the layer's mean (1 = balanced; busiest/mean %.3f on average, %.3f at worst).", pl.Name, pl.Report.MeanBalance, pl.Report.MaxBalance), b, smallW, smallH))
 		b, err = heatFigure(pl.Name+": dispatch bytes, GPU → GPU", "destination GPU", "source GPU", "MB (all layers)", gpuM[k], 0, maxGPU, true, false)
 		if err != nil {
 			return nil, fmt.Errorf("report: plan %q traffic map: %w", pl.Name, err)
@@ -305,7 +305,7 @@ func sharedFigures(in Input) ([]figure, error) {
 	for k, pl := range in.Plans {
 		names[k] = pl.Name
 		for _, lr := range pl.Report.Layers {
-			imb[k] = append(imb[k], lr.Imbalance)
+			imb[k] = append(imb[k], lr.Balance)
 			cross[k] = append(cross[k], lr.CrossNodeBytes/1e6)
 		}
 	}

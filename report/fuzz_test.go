@@ -27,7 +27,7 @@ func FuzzReadJSON(f *testing.F) {
 	f.Add([]byte(`{"plans": [{"file": "a", "measurement": {"layers": [{"tail_ns": -5}]}}], "comparison": {"diffs": []}}`))
 	f.Add([]byte(`{"windows": ["a"], "series": [{"name": "x", "values": [1e308]}]}`))
 	c := costmodel.Cluster{Name: "tiny", Nodes: 1, GPUsPerNode: 2}
-	rep := &costmodel.Report{Layers: []costmodel.LayerReport{{Tokens: []float64{3, 1}, MaxTokens: 3, MeanTokens: 2, Imbalance: 1.5,
+	rep := &costmodel.Report{Layers: []costmodel.LayerReport{{Tokens: []float64{3, 1}, MaxTokens: 3, MeanTokens: 2, Balance: 1.5,
 		Dispatch: [][]float64{{0, 5e6}, {2e6, 0}}, Combine: [][]float64{{0, 2e6}, {5e6, 0}}}}, TimeSec: 1e-4}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) > 1<<16 {

@@ -286,7 +286,7 @@ func build(in Input) (*page, error) {
 	p.RefName = ref.Name
 	for _, pl := range in.Plans {
 		r := pl.Report
-		rw := row{Name: pl.Name, Slots: "-", TokenTail: fmt.Sprintf("%.0f", r.MaxTokensSum), Imbalance: fmt.Sprintf("%.3f", r.MeanImbalance),
+		rw := row{Name: pl.Name, Slots: "-", TokenTail: fmt.Sprintf("%.0f", r.MaxTokensSum), Imbalance: fmt.Sprintf("%.3f", r.MeanBalance),
 			Comm: dur(r.CommTime), CrossNode: bytesStr(r.CrossNodeBytes), Time: dur(r.Time), Vs: "-", Status: orDash(pl.Status), Gap: "-", Solve: "-"}
 		if pl.Plan != nil && len(pl.Plan.Layers) > 0 {
 			rw.Slots = fmt.Sprint(len(pl.Plan.Layers[0].SlotExpert))

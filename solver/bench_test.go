@@ -33,7 +33,7 @@ func benchSolve(b *testing.B, p Problem, st Strategy, opts Options) {
 	}
 	b.ReportMetric(res.Objective/cont.Objective, "time/contiguous")
 	b.ReportMetric(res.Objective/greedy.Objective, "time/greedy")
-	b.ReportMetric(res.Report.MeanImbalance, "max/mean")
+	b.ReportMetric(res.Report.MeanBalance, "max/mean")
 	if res.Gap == res.Gap { // not NaN
 		b.ReportMetric(100*res.Gap, "gap%")
 	}

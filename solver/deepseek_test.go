@@ -101,8 +101,8 @@ func TestDeepSeekRobustAcrossWorkloads(t *testing.T) {
 		q.Stats, q.Workloads = st, nil
 		rep, err := q.Scenario().Evaluate(ep.Plan)
 		require.NoError(t, err)
-		epMean += rep.MeanImbalance / float64(len(scen))
-		epWorst = max(epWorst, rep.MaxImbalance)
+		epMean += rep.MeanBalance / float64(len(scen))
+		epWorst = max(epWorst, rep.MaxBalance)
 	}
 	t.Logf("per-workload mean busiest/mean: %v; mean %.4f (EPLB on the summed counts: mean %.4f, worst layer %.3f); %s", res.Balance.Workload, m, epMean, epWorst, res.SolveTime)
 	assert.LessOrEqual(t, m, 1.04)
@@ -124,12 +124,12 @@ func TestDeepSeekAgainstEPLB(t *testing.T) {
 	hier, err := Solve(context.Background(), p, Options{Strategy: StrategyEPLBHierarchical})
 	require.NoError(t, err)
 	verify(t, p, hier)
-	assert.Less(t, joint.Report.MaxImbalance, global.Report.MaxImbalance)
-	assert.Less(t, joint.Report.MaxImbalance, 1.013)
+	assert.Less(t, joint.Report.MaxBalance, global.Report.MaxBalance)
+	assert.Less(t, joint.Report.MaxBalance, 1.013)
 	assert.Less(t, joint.Objective, hier.Objective)
 	assert.LessOrEqual(t, joint.Objective, global.Objective)
 	t.Logf("worst busiest/mean: joint %.4f, eplb %.4f, eplb-hierarchical %.4f; layer time %.2f / %.2f / %.2f s",
-		joint.Report.MaxImbalance, global.Report.MaxImbalance, hier.Report.MaxImbalance, joint.Objective, global.Objective, hier.Objective)
+		joint.Report.MaxBalance, global.Report.MaxBalance, hier.Report.MaxBalance, joint.Objective, global.Objective, hier.Objective)
 }
 
 // TestDeepSeekLocalDispatchCrossNode: when the serving stack prefers a
@@ -155,11 +155,11 @@ func TestDeepSeekLocalDispatchCrossNode(t *testing.T) {
 	assert.Less(t, joint.Report.CrossNodeBytes, global.Report.CrossNodeBytes)
 	assert.Less(t, joint.Objective, hier.Objective)
 	assert.Less(t, joint.Objective, global.Objective)
-	assert.LessOrEqual(t, joint.Report.MaxImbalance, global.Report.MaxImbalance)
+	assert.LessOrEqual(t, joint.Report.MaxBalance, global.Report.MaxBalance)
 	t.Logf("cross-node TB: joint %.2f, eplb %.2f, eplb-hierarchical %.2f; layer time %.2f / %.2f / %.2f s; worst busiest/mean %.4f / %.4f / %.4f; max gap %.3f%%; traffic %.2f%% above its bound; %s",
 		joint.Report.CrossNodeBytes/1e12, global.Report.CrossNodeBytes/1e12, hier.Report.CrossNodeBytes/1e12,
 		joint.Objective, global.Objective, hier.Objective,
-		joint.Report.MaxImbalance, global.Report.MaxImbalance, hier.Report.MaxImbalance, 100*joint.Balance.MaxGap, 100*joint.Balance.TrafficGap, joint.SolveTime)
+		joint.Report.MaxBalance, global.Report.MaxBalance, hier.Report.MaxBalance, 100*joint.Balance.MaxGap, 100*joint.Balance.TrafficGap, joint.SolveTime)
 }
 
 // BenchmarkDeepSeek is the production-scale instance (prefill_in4096, 4 nodes × 8
@@ -189,7 +189,7 @@ func BenchmarkDeepSeek(b *testing.B) {
 				}
 			}
 			b.ReportMetric(100*res.Balance.MaxGap, "gap%")
-			b.ReportMetric(res.Report.MaxImbalance, "worst-max/mean")
+			b.ReportMetric(res.Report.MaxBalance, "worst-max/mean")
 			b.ReportMetric(res.Report.CrossNodeBytes/hier.Report.CrossNodeBytes, "nic/eplb-hier")
 			b.ReportMetric(res.Report.CrossNodeBytes/global.Report.CrossNodeBytes, "nic/eplb")
 			b.ReportMetric(res.Objective/hier.Objective, "time/eplb-hier")

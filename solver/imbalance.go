@@ -17,20 +17,9 @@ import (
 )
 
 // layerRatio is a layer's busiest/mean load the way Problem.MaxImbalance
-// measures it: the largest tokens/speed over Σ tokens / Σ speed.
+// measures it: the cost model's Balance (per unit of speed).
 func layerRatio(tok, speed []float64) (ratio float64, busiest int) {
-	var sum, ssum, peak float64
-	for g, t := range tok {
-		sum += t
-		ssum += speed[g]
-		if v := t / speed[g]; v > peak {
-			peak, busiest = v, g
-		}
-	}
-	if sum <= 0 {
-		return 1, busiest
-	}
-	return peak / (sum / ssum), busiest
+	return costmodel.BalanceAt(tok, speed)
 }
 
 // layersOverCap is how many layers of rep have a busiest/mean (layerRatio)
@@ -53,8 +42,8 @@ func layersOverCap(p Problem, rep *costmodel.Report, limit float64) int {
 }
 
 // capTol is the relative slack within which a layer's busiest/mean counts
-// as meeting Problem.MaxImbalance (rounding of the tokens' sums).
-const capTol = 1e-9
+// as meeting Problem.MaxImbalance: the cost model's.
+const capTol = costmodel.CapTol
 
 // imbalanceFloor is a lower bound on layer l's busiest/mean over every
 // plan with lp's copy counts and slots per GPU: the GPU that holds a copy

@@ -82,7 +82,7 @@ func TestRemoteBoundUsesMaxImbalance(t *testing.T) {
 	require.Equal(t, 1.05, res.RemoteBoundCap)
 	rep, err := p.Scenario().Evaluate(res.Plan)
 	require.NoError(t, err)
-	require.LessOrEqual(t, rep.MaxImbalance, 1.05+1e-9)
+	require.LessOrEqual(t, rep.MaxBalance, 1.05+1e-9)
 
 	sh := trafficbound.Shape{Nodes: 2, GPUsPerNode: 4, SlotsPerGPU: []int{5, 5, 5, 5, 5, 5, 5, 5}}
 	ctx := context.Background()

@@ -56,7 +56,7 @@ func BenchmarkScaling(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				b.ReportMetric(res.Report.MeanImbalance, "max/mean")
+				b.ReportMetric(res.Report.MeanBalance, "max/mean")
 				b.ReportMetric(100*res.Balance.MaxGap, "gap%")
 				if E >= G && E%G == 0 {
 					pg := p
@@ -65,7 +65,7 @@ func BenchmarkScaling(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					b.ReportMetric(g.Report.MeanImbalance, "greedy-max/mean")
+					b.ReportMetric(g.Report.MeanBalance, "greedy-max/mean")
 				}
 			})
 		}

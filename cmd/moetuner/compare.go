@@ -290,7 +290,7 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 			rt, bn := remotePer(p, rep)
 			remote = fmt.Sprintf("%.4f\t%.4f\t", rt, bn)
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.3f\t%.3f\t%s\t%s\t%s%s\t%s\t%s\t%s\t%s\t\n", name, rep.MaxTokensSum, rep.MeanImbalance, rep.MaxImbalance, dur(rep.CommTime), bytesStr(rep.CrossNodeBytes), remote, dur(rep.Time), vs, status, gap, solve)
+		fmt.Fprintf(tw, "%s\t%.0f\t%.3f\t%.3f\t%s\t%s\t%s%s\t%s\t%s\t%s\t%s\t\n", name, rep.MaxTokensSum, rep.MeanBalance, rep.MaxBalance, dur(rep.CommTime), bytesStr(rep.CrossNodeBytes), remote, dur(rep.Time), vs, status, gap, solve)
 	}
 	tw.Flush()
 	for _, r := range results {
@@ -375,8 +375,8 @@ type jsonResult struct {
 	Status          string   `json:"status"`
 	TimeSec         float64  `json:"layer_time_sec"`
 	MaxTokensSum    float64  `json:"token_tail"`
-	MeanImbalance   float64  `json:"mean_imbalance"`
-	MaxImbalance    float64  `json:"max_imbalance"`
+	MeanBalance     float64  `json:"mean_balance"`
+	MaxBalance      float64  `json:"max_balance"`
 	CommSec         float64  `json:"all_to_all_sec"`
 	CrossNodeBytes  float64  `json:"cross_node_bytes"`
 	RemotePerToken  float64  `json:"remote_per_token_layer"`
@@ -422,7 +422,7 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 			RemotePerToken: rt, BusiestNIC: bn, RemoteBound: rb, RemoteBoundOf: r.RemoteBoundLayers, RemoteBoundCap: r.RemoteBoundCap,
 			TrafficGap: tg, CostBound: clean(r.CostBound), CostGap: clean(r.CostGap),
 			Strategy: string(r.Strategy), Status: status, TimeSec: r.Objective,
-			MaxTokensSum: r.Report.MaxTokensSum, MeanImbalance: r.Report.MeanImbalance, MaxImbalance: r.Report.MaxImbalance,
+			MaxTokensSum: r.Report.MaxTokensSum, MeanBalance: r.Report.MeanBalance, MaxBalance: r.Report.MaxBalance,
 			CommSec: r.Report.CommTime.Seconds(), CrossNodeBytes: r.Report.CrossNodeBytes,
 			ModelObjective: clean(r.ModelObjective), Bound: clean(r.Bound), Gap: clean(r.Gap),
 			Stage1Objective: clean(r.Stage1Objective), SolveSec: r.SolveTime.Seconds(), Cols: r.Cols, Rows: r.Rows,

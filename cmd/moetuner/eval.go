@@ -37,9 +37,9 @@ func cmdEval(args []string, stdout, stderr io.Writer) error {
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "layer\tmax tokens\tmax/mean\tcompute tail\tall-to-all\tcross-node\tsequential\toverlapped\t")
 	for _, l := range rep.Layers {
-		fmt.Fprintf(tw, "%d\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t\n", l.Layer, l.MaxTokens, l.Imbalance, dur(l.ComputeTail), dur(l.CommTime), bytesStr(l.CrossNodeBytes), dur(l.Sequential), dur(l.Overlapped))
+		fmt.Fprintf(tw, "%d\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t\n", l.Layer, l.MaxTokens, l.Balance, dur(l.ComputeTail), dur(l.CommTime), bytesStr(l.CrossNodeBytes), dur(l.Sequential), dur(l.Overlapped))
 	}
-	fmt.Fprintf(tw, "total\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t\n", rep.MaxTokensSum, rep.MeanImbalance, dur(rep.ComputeTail), dur(rep.CommTime), bytesStr(rep.CrossNodeBytes), dur(rep.Sequential), dur(rep.Overlapped))
+	fmt.Fprintf(tw, "total\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t\n", rep.MaxTokensSum, rep.MeanBalance, dur(rep.ComputeTail), dur(rep.CommTime), bytesStr(rep.CrossNodeBytes), dur(rep.Sequential), dur(rep.Overlapped))
 	tw.Flush()
 	return writeJSON(c.jsonOut, rep)
 }

@@ -108,11 +108,11 @@ func TestCompareFLAMETwoNodes(t *testing.T) {
 	// layers differ, so some strategy's worst lies above its mean.
 	spread := false
 	for _, r := range res.Results {
-		assert.GreaterOrEqual(t, r.MaxImbalance, r.MeanImbalance, r.Strategy)
-		assert.GreaterOrEqual(t, r.MeanImbalance, 1.0, r.Strategy)
-		spread = spread || r.MaxImbalance > r.MeanImbalance*(1+1e-6)
+		assert.GreaterOrEqual(t, r.MaxBalance, r.MeanBalance, r.Strategy)
+		assert.GreaterOrEqual(t, r.MeanBalance, 1.0, r.Strategy)
+		spread = spread || r.MaxBalance > r.MeanBalance*(1+1e-6)
 	}
-	assert.True(t, spread, "max_imbalance equals mean_imbalance for every strategy")
+	assert.True(t, spread, "max_balance equals mean_balance for every strategy")
 	want := 11
 	for _, r := range res.Results {
 		if r.Gap != 0 || r.CostGap != 0 {

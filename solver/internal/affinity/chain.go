@@ -1141,7 +1141,7 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 		if bud == nil {
 			return 0
 		}
-		return bud[l].swapChanged(int(lp.SlotGPU[a]), int(lp.SlotExpert[a]), int(lp.SlotGPU[b]), int(lp.SlotExpert[b]))
+		return bud[l].SwapChanged(int(lp.SlotGPU[a]), int(lp.SlotExpert[a]), int(lp.SlotGPU[b]), int(lp.SlotExpert[b]))
 	}
 	// movedSlot is a random slot of lp whose copy the running plan does
 	// not have there, or −1.
@@ -1152,7 +1152,7 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 		}
 		n := rng.IntN(b.changed)
 		for i, e := range lp.SlotExpert {
-			if b.off(int(lp.SlotGPU[i]), int(e)) == 1 {
+			if b.Off(int(lp.SlotGPU[i]), int(e)) == 1 {
 				if n == 0 {
 					return i
 				}
@@ -1176,7 +1176,7 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 				continue
 			}
 			a, b := rng.IntN(n), rng.IntN(n)
-			if bud != nil && bud[l].max > 0 && bud[l].changed >= bud[l].max-1 && rng.IntN(2) == 0 {
+			if bud != nil && bud[l].Max > 0 && bud[l].changed >= bud[l].Max-1 && rng.IntN(2) == 0 {
 				if a = movedSlot(l, lp); a < 0 {
 					continue
 				}
@@ -1191,7 +1191,7 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 				continue
 			}
 			dc := changed(l, lp, a, b)
-			if bud != nil && bud[l].max > 0 && bud[l].changed+dc > bud[l].max {
+			if bud != nil && bud[l].Max > 0 && bud[l].changed+dc > bud[l].Max {
 				continue
 			}
 			clash := false
@@ -1212,7 +1212,7 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 		if bud == nil {
 			return 0
 		}
-		return bud[l].sec
+		return bud[l].SlotSec
 	}
 	t0, n0 := 0.0, 0
 	t1 := time.Now()
@@ -1247,7 +1247,7 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 	// within every cap can become the best kept.
 	cur := ev.Cost()
 	for l := range bud {
-		cur += bud[l].sec * float64(bud[l].changed)
+		cur += bud[l].SlotSec * float64(bud[l].changed)
 	}
 	over := make([]float64, L) // tail above the cap per layer
 	nOver := 0

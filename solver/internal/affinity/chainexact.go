@@ -51,8 +51,8 @@ type chainExact struct {
 	// nodeMask[b] is node b's GPUs, a bit each.
 	nodeMask []uint64
 
-	perTok, perExp, sigma, chunks, copySec, lat float64
-	overlapped                                  bool
+	terms        costmodel.Terms
+	copySec, lat float64
 	// tie prices a NIC copy anywhere at 1/(2G) of one on the busiest
 	// port (its chance of landing there among the 2G ports): the busiest
 	// port sets the time, the others break its ties.
@@ -80,7 +80,7 @@ func newChainBudgets(p Problem, copies [][][]placement.GPU) []*chainBudget {
 		b := &chainBudget{budget: *newBudget(p, l)}
 		for e, gs := range copies[l] {
 			for _, g := range gs {
-				b.changed += b.off(int(g), e)
+				b.changed += b.Off(int(g), e)
 			}
 		}
 		out[l] = b
@@ -96,7 +96,7 @@ func (cx *chainExact) movedExpert(l int, b *chainBudget, rng *rand.Rand) (int, b
 	}
 	n := rng.IntN(b.changed)
 	for e, g := range cx.gpu[l] {
-		if b.off(int(g), e) == 1 {
+		if b.Off(int(g), e) == 1 {
 			if n == 0 {
 				return e, true
 			}
@@ -152,13 +152,8 @@ func newChainExact(p Problem, copies [][][]placement.GPU, tcap []float64) *chain
 		out: make([][]float64, L+1), in: make([][]float64, L+1), un: make([][]float64, L+1),
 		gtok: make([][]float64, L), slots: make([]float64, G), speed: make([]float64, G),
 		tcap: tcap, ltime: make([]float64, L), cut: make([]float64, L+1),
-		sigma: c.SigmaValue(), copySec: p.Model.TokenBytes() / c.NICBytesPerSec(), lat: c.NICLatency.Seconds(),
-		overlapped: p.Mode == costmodel.Overlapped}
-	cx.perTok, cx.perExp = c.Coefficients(p.Model)
-	cx.chunks = float64(p.Chunks)
-	if p.Chunks == 0 {
-		cx.chunks = costmodel.DefaultChunks
-	}
+		copySec: p.Model.TokenBytes() / c.NICBytesPerSec(), lat: c.NICLatency.Seconds(),
+		terms: p.Scenario.Terms()}
 	cx.tie = 1 / float64(2*G)
 	cx.nodeMask = make([]uint64, N)
 	for b := range cx.nodeMask {
@@ -369,7 +364,7 @@ func (cx *chainExact) tail(l, a, b int, dx float64) float64 {
 		case b:
 			x += dx
 		}
-		t = max(t, (x*cx.perTok+cx.slots[g]*cx.perExp)/cx.speed[g])
+		t = max(t, cx.terms.Compute(g, x, cx.slots[g]))
 	}
 	return t
 }
@@ -381,10 +376,7 @@ func (cx *chainExact) layerTime(l int, tail, disp, comb float64) float64 {
 	if l == cx.L-1 {
 		comm += comb
 	}
-	if !cx.overlapped {
-		return tail + comm
-	}
-	return max(tail*(1+cx.sigma), comm) + comm/cx.chunks
+	return cx.terms.LayerSec(tail, comm, 0)
 }
 
 // cost is the objective: the layers' times plus the tie-break price of
@@ -399,7 +391,7 @@ func (cx *chainExact) cost() float64 {
 	}
 	for _, b := range cx.bud {
 		if b != nil {
-			s += b.sec * float64(b.changed)
+			s += b.SlotSec * float64(b.changed)
 		}
 	}
 	return s
@@ -632,7 +624,7 @@ func (cx *chainExact) anneal(seed uint64, scs []*schedule, procs int, canSweep f
 				// Under a nearly spent budget half the swaps take a
 				// moved expert, and half of those a moved partner (a
 				// swap of two moved experts never adds to the count).
-				if b.max > 0 && b.changed >= b.max-1 && rng.IntN(2) == 0 {
+				if b.Max > 0 && b.changed >= b.Max-1 && rng.IntN(2) == 0 {
 					if x, ok := cx.movedExpert(l, b, rng); ok {
 						e = x
 						if rng.IntN(2) == 0 {
@@ -645,14 +637,14 @@ func (cx *chainExact) anneal(seed uint64, scs []*schedule, procs int, canSweep f
 						return
 					}
 				}
-				dc = b.swapChanged(int(cx.gpu[l][e]), e, int(cx.gpu[l][f]), f)
-				if b.max > 0 && b.changed+dc > b.max {
+				dc = b.SwapChanged(int(cx.gpu[l][e]), e, int(cx.gpu[l][f]), f)
+				if b.Max > 0 && b.changed+dc > b.Max {
 					return
 				}
 			}
 			d, tl, tn, ok := cx.trial(s, l, e, f)
 			if b != nil {
-				d += b.sec * float64(dc)
+				d += b.SlotSec * float64(dc)
 			}
 			if ok && (d <= 0 || rng.Float64() < math.Exp(-d/(t0*math.Pow(coolTo, p)))) {
 				cx.apply(s, l, e, f, tl, tn)

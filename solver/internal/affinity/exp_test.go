@@ -57,7 +57,7 @@ func TestExperiment(t *testing.T) {
 	require.NoError(t, err)
 	sc := costmodel.Scenario{Stats: st, Cluster: c, Model: m, Dispatch: placement.DispatchStatic}
 	r0, rep0 := remotePerTokenLayer(t, sc, plan)
-	t.Logf("eplb: remote %.4f time %.3fms imb %.4f", r0, rep0.TimeSec*1e3, rep0.MeanImbalance)
+	t.Logf("eplb: remote %.4f time %.3fms imb %.4f", r0, rep0.TimeSec*1e3, rep0.MeanBalance)
 	slots := make([]int, c.GPUs())
 	for g := range slots {
 		slots[g] = (st.Experts + red) / c.GPUs()
@@ -77,7 +77,7 @@ func TestExperiment(t *testing.T) {
 	r1, rep1 := remotePerTokenLayer(t, sc, out)
 	worst := 0.0
 	for _, lr := range rep1.Layers {
-		worst = max(worst, lr.Imbalance)
+		worst = max(worst, lr.Balance)
 	}
 	for _, l := range []int{0, 1, 2} {
 		for i, rep := range []*costmodel.Report{rep0, rep1} {
@@ -101,7 +101,7 @@ func TestExperiment(t *testing.T) {
 			t.Logf("layer %d plan %d: tail %v disp %v comb %v; NIC max/mean %.4f; NIC max %.3gB NV max %.3gB", l, i, lr.ComputeTail, lr.DispatchTime, lr.CombineTime, mx/(tot/float64(len(lr.Dispatch))), mx, nv)
 		}
 	}
-	t.Logf("affinity: remote %.4f (%.2f%%) time %.3fms (%.2f%%) imb %.4f worst %.4f tries %d in %v", r1, (r1/r0-1)*100, rep1.TimeSec*1e3, (rep1.TimeSec/rep0.TimeSec-1)*100, rep1.MeanImbalance, worst, res.Tries, el)
+	t.Logf("affinity: remote %.4f (%.2f%%) time %.3fms (%.2f%%) imb %.4f worst %.4f tries %d in %v", r1, (r1/r0-1)*100, rep1.TimeSec*1e3, (rep1.TimeSec/rep0.TimeSec-1)*100, rep1.MeanBalance, worst, res.Tries, el)
 	for i, rep := range []*costmodel.Report{rep0, rep1} {
 		ex, ports, most := busiestPorts(rep, c.GPUsPerNode)
 		t.Logf("plan %d: busiest NIC port over the mean %.4f (mean over layers); %d ports are the busiest in some layer, none in more than %d", i, ex, ports, most)
@@ -183,7 +183,7 @@ func TestExperimentChain(t *testing.T) {
 	worst := func(r *costmodel.Report) float64 {
 		w := 0.0
 		for _, lr := range r.Layers {
-			w = max(w, lr.Imbalance)
+			w = max(w, lr.Balance)
 		}
 		return w
 	}
@@ -200,7 +200,7 @@ func TestExperimentChain(t *testing.T) {
 		nl := float64(len(r.Layers))
 		t.Logf("%s: compute %v, all-to-all %v, NIC ports' busiest/mean out %.4f, in %.4f", []string{"start", "plan"}[i], r.ComputeTail, r.CommTime, so/nl, si/nl)
 	}
-	t.Logf("cross-node %.4g → %.4g (%.2f%%), time %.4g → %.4g (%.2f%%), imbalance %.4f → %.4f, worst %.4f → %.4f", rep0.CrossNodeBytes, rep1.CrossNodeBytes, (rep1.CrossNodeBytes/rep0.CrossNodeBytes-1)*100, rep0.TimeSec, rep1.TimeSec, (rep1.TimeSec/rep0.TimeSec-1)*100, rep0.MeanImbalance, rep1.MeanImbalance, worst(rep0), worst(rep1))
+	t.Logf("cross-node %.4g → %.4g (%.2f%%), time %.4g → %.4g (%.2f%%), imbalance %.4f → %.4f, worst %.4f → %.4f", rep0.CrossNodeBytes, rep1.CrossNodeBytes, (rep1.CrossNodeBytes/rep0.CrossNodeBytes-1)*100, rep0.TimeSec, rep1.TimeSec, (rep1.TimeSec/rep0.TimeSec-1)*100, rep0.MeanBalance, rep1.MeanBalance, worst(rep0), worst(rep1))
 }
 
 // TestExperimentChainCeiling asks how far the cross-node transitions alone
@@ -234,7 +234,7 @@ func TestExperimentChainCeiling(t *testing.T) {
 				sl += cx.slots[g]
 			}
 			G := float64(len(cx.gtok[l]))
-			tcap[l] = max(tcap[l], (capx*sum/G*cx.perTok+sl/G*cx.perExp)/cx.speed[0])
+			tcap[l] = max(tcap[l], (capx*sum/G*cx.terms.PerTokenSec+sl/G*cx.terms.PerExpertSec)/cx.speed[0])
 		}
 	}
 	cx.tie = 1e6 // the copies alone
@@ -244,5 +244,5 @@ func TestExperimentChainCeiling(t *testing.T) {
 	gpu, n := cx.anneal(1, scs, len(scs), func(float64) bool { return true })
 	rep1, err := sc.Evaluate(placement.FromReplicas(c.GPUs(), gpuCopies(gpu), "ceiling"))
 	require.NoError(t, err)
-	t.Logf("%d swaps; cross-node %.4g → %.4g (%.2f%%), time %.4g → %.4g (%.2f%%), imbalance %.4f → %.4f, worst %.4f → %.4f", n, rep0.CrossNodeBytes, rep1.CrossNodeBytes, (rep1.CrossNodeBytes/rep0.CrossNodeBytes-1)*100, rep0.TimeSec, rep1.TimeSec, (rep1.TimeSec/rep0.TimeSec-1)*100, rep0.MeanImbalance, rep1.MeanImbalance, rep0.MaxImbalance, rep1.MaxImbalance)
+	t.Logf("%d swaps; cross-node %.4g → %.4g (%.2f%%), time %.4g → %.4g (%.2f%%), imbalance %.4f → %.4f, worst %.4f → %.4f", n, rep0.CrossNodeBytes, rep1.CrossNodeBytes, (rep1.CrossNodeBytes/rep0.CrossNodeBytes-1)*100, rep0.TimeSec, rep1.TimeSec, (rep1.TimeSec/rep0.TimeSec-1)*100, rep0.MeanBalance, rep1.MeanBalance, rep0.MaxBalance, rep1.MaxBalance)
 }

@@ -16,16 +16,17 @@ type shape struct {
 	slots         []int     // per GPU
 	dispatch      placement.Dispatch
 
-	perTok, perExp float64 // compute seconds per routed token, per slot
-	copySec        float64 // NIC seconds of one token copy (bytes / NIC bandwidth)
-	nicLat         float64
-	sigma, chunks  float64
-	overlapped     bool
-	// capR, when positive, is Problem.MaxImbalance: the cost then charges
-	// capW seconds per second of compute by which the busiest GPU (the
-	// busiest node's mean GPU at the node level) exceeds capR times the
-	// mean.
-	capR, capW float64
+	// terms are the cost model's coefficients and formulas (compute,
+	// layer time); perTok is terms.PerTokenSec.
+	terms   costmodel.Terms
+	perTok  float64
+	copySec float64 // NIC seconds of one token copy (bytes / NIC bandwidth)
+	nicLat  float64
+	// cap is Problem.MaxImbalance: the cost then charges capW seconds per
+	// second of compute by which the busiest GPU (the busiest node's mean
+	// GPU at the node level) exceeds the cap times the mean.
+	cap  costmodel.Cap
+	capW float64
 	// nv: the state also counts every token's reach per GPU and the
 	// NVLink ports (nvSec seconds a copy), for clusters whose NVLink can
 	// set a phase's time (see nvlinkShare).
@@ -61,17 +62,9 @@ type layer struct {
 	bud *budget
 }
 
-// budget is one layer's move budget against the running plan: run[g·E+e]
-// reports whether GPU g holds expert e there; a plan changes a slot for
-// every copy it puts where the running plan has none (as
-// placement.ChangedSlots counts). At most max changed slots (0: no bound),
-// each costing sec seconds in the surrogate.
-type budget struct {
-	run []bool
-	max int
-	sec float64
-	E   int
-}
+// budget is one layer's move budget against the running plan, the cost
+// model's.
+type budget = costmodel.MoveBudget
 
 // newBudget is layer l's budget in p against p.Current (nil when p bounds
 // and prices no moves).
@@ -80,48 +73,15 @@ func newBudget(p Problem, l int) *budget {
 		return nil
 	}
 	G, E := p.Cluster.GPUs(), p.Stats.Experts
-	b := &budget{run: make([]bool, G*E), max: p.MaxMoves, E: E, sec: SlotCharge(p.Scenario, p.MoveCost, l)}
-	for e, gs := range p.Current.ExpertGPUs(l) {
-		for _, g := range gs {
-			if int(g) < G && e < E {
-				b.run[int(g)*E+e] = true
-			}
-		}
-	}
-	return b
+	return costmodel.NewMoveBudget(p.Current.Layers[l], G, E, p.MaxMoves, SlotCharge(p.Scenario, p.MoveCost, l))
 }
 
 // SlotCharge is what one changed slot of layer l costs under moveCost (in
 // units of the layer's busiest/mean load), in seconds: moveCost times the
 // mean GPU's compute, the layer's routed tokens over the GPUs' speeds.
 func SlotCharge(sc costmodel.Scenario, moveCost float64, l int) float64 {
-	c := sc.Cluster
-	perTok, _ := c.Coefficients(sc.Model)
-	tok, sp := 0.0, 0.0
-	for _, v := range sc.Stats.Load[l] {
-		tok += v
-	}
-	for g := range c.GPUs() {
-		sp += c.SpeedOf(g)
-	}
-	if sp <= 0 {
-		return 0
-	}
-	return moveCost * tok * perTok / sp
-}
-
-// off is 1 when the running plan has no copy of e on GPU g.
-func (b *budget) off(g, e int) int {
-	if b.run[g*b.E+e] {
-		return 0
-	}
-	return 1
-}
-
-// swapChanged is how many more slots differ from the running plan after
-// expert e (on GPU a) and expert f (on GPU c) trade GPUs.
-func (b *budget) swapChanged(a, e, c, f int) int {
-	return b.off(c, e) + b.off(a, f) - b.off(a, e) - b.off(c, f)
+	t := sc.Terms()
+	return t.SlotSec(moveCost, sc.Stats.Load[l])
 }
 
 func (ly *layer) tokensFrom(e, h int) []int32 {
@@ -323,7 +283,7 @@ func newState(ly *layer, copies [][]int32) *state {
 	if b := ly.bud; b != nil {
 		for g, es := range s.held {
 			for _, e := range es {
-				s.changed += b.off(g, int(e))
+				s.changed += b.Off(g, int(e))
 			}
 		}
 	}
@@ -463,21 +423,26 @@ func (s *state) cost(tok, out, in, nvo, nvi []float64, lv level) float64 {
 	tail := 0.0
 	if lv == levelGPU {
 		for g, x := range tok {
-			tail = math.Max(tail, (x*sh.perTok+float64(sh.slots[g])*sh.perExp)/sh.speed[g])
+			tail = math.Max(tail, sh.terms.Compute(g, x, float64(sh.slots[g])))
 		}
 	} else {
 		for b := 0; b < sh.N; b++ {
-			c, sp := 0.0, 0.0
+			x, sl, sp := 0.0, 0.0, 0.0
 			for g := b * sh.P; g < (b+1)*sh.P; g++ {
-				c += tok[g]*sh.perTok + float64(sh.slots[g])*sh.perExp
+				x += tok[g]
+				sl += float64(sh.slots[g])
 				sp += sh.speed[g]
 			}
-			tail = math.Max(tail, c/sp)
+			tail = math.Max(tail, sh.terms.ComputeAt(x, sl, sp))
 		}
 	}
 	over := 0.0
-	if sh.capR > 0 && !s.capOff {
-		over = sh.capW * sh.perTok * capExcess(tok, sh.speed, sh.P, sh.capR, lv == levelNode)
+	if sh.cap.On() && !s.capOff {
+		group := 1
+		if lv == levelNode {
+			group = sh.P
+		}
+		over = sh.capW * sh.perTok * sh.cap.Excess(tok, sh.speed, group)
 	}
 	tot, mx := 0.0, 0.0
 	for g := range out {
@@ -503,79 +468,33 @@ func (s *state) cost(tok, out, in, nvo, nvi []float64, lv level) float64 {
 	if tot > 0 {
 		phase += sh.nicLat
 	}
-	comm := 2 * phase
-	if sh.overlapped {
-		return math.Max(tail*(1+sh.sigma), comm) + comm/sh.chunks + over
-	}
-	return tail + comm + over
+	return sh.terms.LayerSec(tail, 2*phase, 0) + over
 }
 
 // overCap is how many tokens per unit of speed s's busiest GPU holds
 // above the cap (0 within it or without one).
 func (s *state) overCap() float64 {
 	sh := s.ly.sh
-	if sh.capR <= 0 {
-		return 0
-	}
-	return capExcess(s.tok, sh.speed, sh.P, sh.capR, false)
+	return sh.cap.Excess(s.tok, sh.speed, 1)
 }
 
 // busiestOverCap is the GPU with the most tokens per unit of speed when
 // it holds more than the cap allows, else −1.
 func (s *state) busiestOverCap() int {
 	sh := s.ly.sh
-	var sum, ssum, tv float64
-	top := -1
-	for g, t := range s.tok {
-		sum += t
-		ssum += sh.speed[g]
-		if v := t / sh.speed[g]; v > tv {
-			top, tv = g, v
-		}
-	}
-	if sh.capR <= 0 || ssum <= 0 || tv <= sh.capR*(1+1e-9)*sum/ssum {
+	if sh.cap.Holds(s.tok, sh.speed) {
 		return -1
 	}
+	_, top := costmodel.BalanceAt(s.tok, sh.speed)
 	return top
 }
 
-// capExcess is how many tokens per unit of speed the busiest GPU (with
-// nodes, the busiest node's mean GPU: P GPUs a node) holds above capR
-// times the mean, 0 within the cap: the solver's measure (busiest
-// tokens/speed over Σ tokens / Σ speed).
-func capExcess(tok, speed []float64, P int, capR float64, nodes bool) float64 {
-	var sum, ssum, peak float64
-	for g, t := range tok {
-		sum += t
-		ssum += speed[g]
-	}
-	if nodes {
-		for b := 0; b+P <= len(tok); b += P {
-			var t, sp float64
-			for g := b; g < b+P; g++ {
-				t += tok[g]
-				sp += speed[g]
-			}
-			peak = math.Max(peak, t/sp)
-		}
-	} else {
-		for g, t := range tok {
-			peak = math.Max(peak, t/speed[g])
-		}
-	}
-	if ssum <= 0 {
-		return 0
-	}
-	// Within rounding of the sums (as the solver's own check) counts as
-	// within the cap.
-	return math.Max(0, peak-capR*(1+1e-9)*sum/ssum)
-}
 
 // Cost is the current surrogate cost.
 func (s *state) costNow(lv level) float64 {
 	c := s.cost(s.tok, s.out, s.in, s.nvOut, s.nvIn, lv)
 	if b := s.ly.bud; b != nil {
-		c += b.sec * float64(s.changed)
+		c += b.Charge(s.changed)
 	}
 	return c
 }

@@ -117,7 +117,7 @@ func (s *state) valid(mv move) bool {
 		return false
 	}
 	b := s.ly.bud
-	return b == nil || b.max <= 0 || s.changed+s.dChanged(mv) <= b.max
+	return b == nil || b.Max <= 0 || s.changed+s.dChanged(mv) <= b.Max
 }
 
 // dChanged is how many more slots differ from the running plan after mv
@@ -129,9 +129,9 @@ func (s *state) dChanged(mv move) int {
 	}
 	e := int(s.held[mv.a][mv.ia])
 	if mv.kind == moveRetarget {
-		return b.off(mv.a, mv.f) - b.off(mv.a, e)
+		return b.Off(mv.a, mv.f) - b.Off(mv.a, e)
 	}
-	return b.swapChanged(mv.a, e, mv.b, int(s.held[mv.b][mv.ib]))
+	return b.SwapChanged(mv.a, e, mv.b, int(s.held[mv.b][mv.ib]))
 }
 
 // setChange fills change c for expert e whose copy on GPU from moves to GPU
@@ -243,7 +243,7 @@ func (s *state) try(mv move, lv level) float64 {
 	}
 	d := s.cost(tr.t2, tr.o2, tr.i2, tr.nvo2, tr.nvi2, lv) - s.cost(s.tok, s.out, s.in, s.nvOut, s.nvIn, lv)
 	if b := s.ly.bud; b != nil {
-		d += b.sec * float64(s.dChanged(mv))
+		d += b.SlotSec * float64(s.dChanged(mv))
 	}
 	return d
 }

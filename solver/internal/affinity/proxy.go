@@ -3,6 +3,8 @@ package affinity
 import (
 	"math"
 	"math/rand/v2"
+
+	"github.com/moetuner/moetuner/costmodel"
 )
 
 // proxy is the node-level placement problem in its clique expansion: a
@@ -25,17 +27,18 @@ type proxy struct {
 	E     int
 	cut   float64
 	of    [][]int // vertices of each expert
-	// capR, when positive, is the cap on the busiest node's mean GPU over
-	// the mean (tokens per unit of speed, nspeed per node), each token
-	// per unit of speed above it charged capSec seconds.
-	capR, capSec float64
-	nspeed       []float64
+	// cap bounds the busiest node's mean GPU over the mean (tokens per
+	// unit of speed, nspeed per node), each token per unit of speed above
+	// it charged capSec seconds.
+	cap    costmodel.Cap
+	capSec float64
+	nspeed []float64
 }
 
 // capExcess is the cap's charge for node loads nl (each node one "GPU"
 // of its speed to capExcess).
 func (px *proxy) capExcess(nl []float64) float64 {
-	return px.capSec * capExcess(nl, px.nspeed, 1, px.capR, false)
+	return px.capSec * px.cap.Excess(nl, px.nspeed, 1)
 }
 
 // newProxy builds the proxy of s's placement.
@@ -79,8 +82,8 @@ func newProxy(s *state) *proxy {
 		}
 	}
 	px.cut = px.cost()
-	if sh.capR > 0 {
-		px.capR, px.capSec = sh.capR, sh.capW*sh.perTok
+	if sh.cap.On() {
+		px.cap, px.capSec = sh.cap, sh.capW*sh.perTok
 		px.nspeed = make([]float64, N)
 		for g, v := range sh.speed {
 			px.nspeed[g/P] += v
@@ -217,7 +220,7 @@ func (px *proxy) anneal(rng *rand.Rand, sc *schedule, scale, perNodeTok, copySec
 			n0++
 		}
 	}
-	capOn = px.capR > 0
+	capOn = px.cap.On()
 	if n0 == 0 || t0 == 0 {
 		return
 	}

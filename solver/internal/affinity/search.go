@@ -273,7 +273,7 @@ func (se *searcher) gpuPhase() {
 	sh := s.ly.sh
 	P := sh.P
 	load := func(g int, tok []float64) float64 {
-		return (tok[g]*sh.perTok + float64(sh.slots[g])*sh.perExp) / sh.speed[g]
+		return sh.terms.Compute(g, tok[g], float64(sh.slots[g]))
 	}
 	stuck := make([]bool, sh.N)
 	for !se.m.Done() {
@@ -336,14 +336,14 @@ func (se *searcher) anneal(rng *rand.Rand, sc *schedule, lv level, hot float64) 
 	pick := func() (move, bool) {
 		for range 64 {
 			a := rng.IntN(G)
-			if sh.capR > 0 && rng.IntN(2) == 0 {
+			if sh.cap.On() && rng.IntN(2) == 0 {
 				// Above the cap only a move off the busiest GPU lowers
 				// its charge: half the picks start there while it is.
 				if g := s.busiestOverCap(); g >= 0 {
 					a = g
 				}
 			}
-			full := bud != nil && bud.max > 0 && s.changed >= bud.max-1
+			full := bud != nil && bud.Max > 0 && s.changed >= bud.Max-1
 			var ia int
 			if full && rng.IntN(2) == 0 {
 				var ok bool
@@ -443,7 +443,7 @@ func (s *state) changedSlot(rng *rand.Rand) (g, i int, ok bool) {
 	n := rng.IntN(s.changed)
 	for g, es := range s.held {
 		for i, e := range es {
-			if b.off(g, int(e)) == 1 {
+			if b.Off(g, int(e)) == 1 {
 				if n == 0 {
 					return g, i, true
 				}

@@ -101,15 +101,11 @@ func newShape(p Problem) (*shape, error) {
 		slots: p.Slots, dispatch: p.Dispatch,
 		copySec: p.Model.TokenBytes() / c.NICBytesPerSec(),
 		nicLat:  c.NICLatency.Seconds(),
-		sigma:   c.SigmaValue(),
-		chunks:  float64(p.Chunks),
+		terms:   p.Scenario.Terms(),
 	}
-	if sh.chunks == 0 {
-		sh.chunks = costmodel.DefaultChunks
-	}
-	sh.overlapped = p.Mode == costmodel.Overlapped
+	sh.perTok, sh.speed = sh.terms.PerTokenSec, sh.terms.Speed
 	if p.MaxImbalance > 0 {
-		sh.capR, sh.capW = p.MaxImbalance, capWeight*float64(G)
+		sh.cap, sh.capW = costmodel.Cap{Max: p.MaxImbalance}, capWeight*float64(G)
 	}
 	if bw := c.NVLinkBytesPerSec(); bw > 0 && c.GPUsPerNode > 1 {
 		sh.nvSec = p.Model.TokenBytes() / bw
@@ -126,11 +122,6 @@ func newShape(p Problem) (*shape, error) {
 				sh.nv = sh.nv || r >= nvlinkShare
 			}
 		}
-	}
-	sh.perTok, sh.perExp = c.Coefficients(p.Model)
-	sh.speed = make([]float64, G)
-	for g := range sh.speed {
-		sh.speed[g] = c.SpeedOf(g)
 	}
 	sh.T = len(st.Patterns)
 	sh.src = make([]int32, sh.T)

@@ -328,7 +328,7 @@ func TestBudgetCountersMatchRecount(t *testing.T) {
 			require.NoError(t, err)
 			ly := buildLayer(p, sh, 0)
 			require.NotNil(t, ly.bud)
-			require.Greater(t, ly.bud.sec, 0.0)
+			require.Greater(t, ly.bud.SlotSec, 0.0)
 			s := newState(ly, int32Copies(run.ExpertGPUs(0)))
 			require.Zero(t, s.changed)
 			for i := range 80 {

@@ -23,6 +23,7 @@ type Model struct {
 	nv, nic             float64 // bytes per µs per direction
 	lat                 float64 // µs per all-to-all phase
 	sigma, chunks       float64
+	terms               costmodel.Terms
 	overlap             bool
 	chain               bool
 	pairs               [][]pair // home: co-activation pairs per layer
@@ -47,10 +48,12 @@ func New(sc costmodel.Scenario, maxPairs int) (*Model, error) {
 	jm := &Model{
 		stats: s, L: s.Layers, E: s.Experts, G: c.GPUs(), N: c.Nodes, perNode: c.GPUsPerNode,
 		tb: sc.Model.TokenBytes(), nv: c.NVLinkBytesPerSec() / 1e6, nic: c.NICBytesPerSec() / 1e6,
-		sigma: c.SigmaValue(), chunks: costmodel.DefaultChunks, overlap: sc.Mode == costmodel.Overlapped, chain: sc.Flow == costmodel.FlowChain,
+		overlap: sc.Mode == costmodel.Overlapped, chain: sc.Flow == costmodel.FlowChain,
 	}
-	a, b := c.Coefficients(sc.Model)
-	jm.alpha, jm.beta = a*1e6, b*1e6
+	terms := sc.Terms()
+	jm.terms = terms
+	jm.sigma, jm.chunks = terms.Sigma, terms.Chunks
+	jm.alpha, jm.beta = terms.PerTokenSec*1e6, terms.PerExpertSec*1e6
 	if jm.tb <= 0 {
 		return nil, fmt.Errorf("solver: model %q has no token size (hidden × bytes per activation)", sc.Model.Name)
 	}
@@ -61,7 +64,7 @@ func New(sc costmodel.Scenario, maxPairs int) (*Model, error) {
 	jm.speed = make([]float64, jm.G)
 	for g := range jm.G {
 		jm.slots[g] = jm.E / jm.G
-		jm.speed[g] = c.SpeedOf(g)
+		jm.speed[g] = terms.Speed[g]
 	}
 	if jm.N > 1 {
 		jm.lat = float64(c.NICLatency) / 1e3
@@ -248,10 +251,7 @@ func (jm *Model) homeDispatch(ng, mb []float64) float64 {
 
 // layerTime combines compute and communication (µs) as the cost model does.
 func (jm *Model) layerTime(tc, comm float64) float64 {
-	if jm.overlap {
-		return math.Max((1+jm.sigma)*tc, comm) + comm/jm.chunks
-	}
-	return tc + comm
+	return jm.terms.LayerSec(tc, comm, 0)
 }
 
 // Objective recomputes the ILP objective (µs) of a single-copy assignment
@@ -268,7 +268,7 @@ func (jm *Model) Objective(assign [][]int) float64 {
 			mb[jm.node(g)] += s.Load[l][e]
 		}
 		for g := range jm.G {
-			tc = math.Max(tc, (jm.alpha*ng[g]+jm.beta*float64(jm.slots[g]))/jm.speed[g])
+			tc = math.Max(tc, 1e6*jm.terms.Compute(g, ng[g], float64(jm.slots[g])))
 		}
 		for _, pr := range pairs {
 			ga, gb := assign[l][pr.A], assign[l][pr.B]

@@ -32,25 +32,18 @@ func Cost(sc costmodel.Scenario) (cost func(maxL, maxD float64) float64, ok bool
 		}
 	}
 	m := E / G
-	perTok, perExp := c.Coefficients(sc.Model)
-	speed := c.SpeedOf(0)
+	terms := sc.Terms()
 	tb := sc.Model.TokenBytes()
 	bw := c.NVLinkBytesPerSec()
 	lat := c.NVLinkLatency.Seconds()
-	sigma := c.SigmaValue()
-	chunks := float64(costmodel.DefaultChunks)
-	overlapped := sc.Mode == costmodel.Overlapped
 	return func(maxL, maxD float64) float64 {
-		tail := (maxL*perTok + float64(m)*perExp) / speed
+		tail := terms.Compute(0, maxL, float64(m))
 		bytes := float64(G-1) / float64(G) * maxD * tb
 		comm := 0.0
 		if bytes > 0 && G > 1 {
 			comm = 2 * (bytes/bw + lat)
 		}
-		if overlapped {
-			return math.Max(tail*(1+sigma), comm) + comm/chunks
-		}
-		return tail + comm
+		return terms.LayerSec(tail, comm, 0)
 	}, true
 }
 

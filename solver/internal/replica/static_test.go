@@ -268,7 +268,7 @@ func TestSolveBalancesStaticSplit(t *testing.T) {
 			assert.InDelta(t, rs.Layers[l].MaxTokens, st.Balance.Layers[l].Busiest, 1e-6*rs.Layers[l].MaxTokens, "trial %d layer %d", trial, l)
 			assert.LessOrEqual(t, st.Balance.Layers[l].Bound, st.Balance.Layers[l].Busiest*(1+1e-9))
 		}
-		t.Logf("trial %d: static %.4f, even plan under static %.4f", trial, rs.MeanImbalance, re.MeanImbalance)
+		t.Logf("trial %d: static %.4f, even plan under static %.4f", trial, rs.MeanBalance, re.MeanBalance)
 	}
 	t.Logf("%d of %d layers better", better, layers)
 	assert.GreaterOrEqual(t, better, layers*2/3)
@@ -302,7 +302,7 @@ func BenchmarkStaticSplit(b *testing.B) {
 		if err1 != nil || err2 != nil {
 			b.Fatal(err1, err2)
 		}
-		st, ev = r1.MeanImbalance, r2.MeanImbalance
+		st, ev = r1.MeanBalance, r2.MeanBalance
 	}
 	b.ReportMetric(st, "static-busiest/mean")
 	b.ReportMetric(ev, "even-plan-busiest/mean")
@@ -347,10 +347,10 @@ func TestStaticFromRunningPlan(t *testing.T) {
 		pc := Problem{Scenario: sc, RedundantSlots: R, Current: run.Plan, MoveCost: cost}
 		sc2, r2 := solveScored(t, pc, sc, opts)
 		for l := range L {
-			paid := r2.Layers[l].Imbalance + cost*float64(placement.ChangedSlots(run.Plan.Layers[l], sc2.Plan.Layers[l]))
-			assert.LessOrEqual(t, paid, r0.Layers[l].Imbalance*(1+1e-9), "trial %d layer %d", trial, l)
+			paid := r2.Layers[l].Balance + cost*float64(placement.ChangedSlots(run.Plan.Layers[l], sc2.Plan.Layers[l]))
+			assert.LessOrEqual(t, paid, r0.Layers[l].Balance*(1+1e-9), "trial %d layer %d", trial, l)
 		}
-		t.Logf("trial %d (%d moves): static %.4f, even search %.4f, running %.4f, move cost %.4f", trial, maxMoves, rs.MeanImbalance, re.MeanImbalance, r0.MeanImbalance, r2.MeanImbalance)
+		t.Logf("trial %d (%d moves): static %.4f, even search %.4f, running %.4f, move cost %.4f", trial, maxMoves, rs.MeanBalance, re.MeanBalance, r0.MeanBalance, r2.MeanBalance)
 	}
 	t.Logf("%d of %d layers better", better, layers)
 	assert.GreaterOrEqual(t, better, layers/2)
