@@ -489,7 +489,6 @@ func (s *state) busiestOverCap() int {
 	return top
 }
 
-
 // Cost is the current surrogate cost.
 func (s *state) costNow(lv level) float64 {
 	c := s.cost(s.tok, s.out, s.in, s.nvOut, s.nvIn, lv)
