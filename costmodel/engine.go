@@ -109,7 +109,7 @@ func newEngine(stats *routing.Stats, c Cluster, m Model, opts Options) (*engine,
 	}
 	switch opts.Dispatch {
 	case placement.DispatchEven:
-	case placement.DispatchLocal, placement.DispatchStatic:
+	case placement.DispatchLocal, placement.DispatchStaticMean:
 		if opts.Flow != FlowHome {
 			return nil, fmt.Errorf("costmodel: %s dispatch is modeled for the home flow only (in chain flow a token has no single source GPU); use flow home or dispatch even", opts.Dispatch)
 		}

@@ -870,7 +870,7 @@ func TestEvaluatePerSourceBruteForce(t *testing.T) {
 	for _, d := range []struct {
 		dispatch placement.Dispatch
 		frac     func(gpus []int, G, P, h int) []float64
-	}{{placement.DispatchLocal, localFrac}, {placement.DispatchStatic, staticFrac}} {
+	}{{placement.DispatchLocal, localFrac}, {placement.DispatchStaticMean, staticFrac}} {
 		t.Run(d.dispatch.String(), func(t *testing.T) { testPerSourceBruteForce(t, d.dispatch, d.frac) })
 	}
 }

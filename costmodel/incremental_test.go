@@ -66,7 +66,7 @@ func TestEvaluatorRandomMoves(t *testing.T) {
 	}
 	combos := []combo{
 		{FlowHome, placement.DispatchEven}, {FlowChain, placement.DispatchEven},
-		{FlowHome, placement.DispatchLocal}, {FlowHome, placement.DispatchStatic},
+		{FlowHome, placement.DispatchLocal}, {FlowHome, placement.DispatchStaticMean},
 	}
 	moves, checked := 0, 0
 	for it := 0; it < 60; it++ {

@@ -44,7 +44,7 @@ func TestParallelLayersSameReport(t *testing.T) {
 	}
 	plan := placement.FromReplicas(G, copies, "test")
 	for _, flow := range []Flow{FlowHome, FlowChain} {
-		for _, d := range []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal} {
+		for _, d := range []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal} {
 			if flow == FlowChain && d != placement.DispatchEven {
 				continue
 			}

@@ -41,7 +41,7 @@ func BenchmarkEvaluateSynthetic32k(b *testing.B) {
 		flow costmodel.Flow
 		disp placement.Dispatch
 	}{
-		{"home-static-32slots", 32, costmodel.FlowHome, placement.DispatchStatic},
+		{"home-static-32slots", 32, costmodel.FlowHome, placement.DispatchStaticMean},
 		{"chain", 0, costmodel.FlowChain, placement.DispatchEven},
 	} {
 		b.Run(tc.name, func(b *testing.B) {

@@ -3,69 +3,125 @@ package placement
 import (
 	"fmt"
 	"slices"
+	"strings"
 )
 
-// Dispatch is how the serving stack chooses, for a token on source GPU h,
-// which copy of a replicated expert computes it. Single-copy experts are
-// unaffected.
+// Dispatch names how a serving stack chooses, for a token on source GPU
+// (EP rank) h, which copy of a replicated expert computes it. Single-copy
+// experts are unaffected. The models themselves live in costmodel
+// (costmodel.NewSplitter); each stack's rule is named for the stack and,
+// where trees differ, the tree.
 type Dispatch int
 
 const (
 	// DispatchEven: every source splits an expert's tokens evenly over all
-	// its copies (or by the plan's SlotShare). What vLLM (by token
-	// position), SGLang's random dispatch and EPLB's own model assume, and
-	// what SGLang's static dispatch gives in expectation when sources are
-	// uniform.
+	// its copies (or by the plan's SlotShare): EPLB's own model, and what a
+	// per-token uniform choice gives in expectation.
 	DispatchEven Dispatch = iota
 	// DispatchLocal: a source uses the copy on its own GPU if there is
 	// one, else the copies on its own node (evenly), else all copies with
 	// the fractions that leave the copies as evenly loaded as possible
 	// (water-filling, assuming every GPU sources the same number of
-	// tokens). This is SGLang's static dispatch (own GPU first) extended
-	// to the node, as in SGLang PR #19772 (node-local redundant experts):
-	// a copy on a node saves that node's tokens the NIC.
+	// tokens): SGLang's static dispatch extended to the node as in SGLang
+	// PR #19772 (node-local redundant experts).
 	DispatchLocal
-	// DispatchStatic is SGLang's static dispatch (its default with EPLB or
-	// an initial expert location): a source uses the copy on its own GPU
-	// if there is one; every other source gets one copy by a seeded fair
-	// random choice, which gives each copy the same number of sources and
-	// every source each copy with probability 1/n. moetuner models that
-	// expectation: a source without its own copy splits evenly over all
-	// copies (StaticSplit).
-	DispatchStatic
+	// DispatchStaticMean is the expectation of SGLang's static table over
+	// its random deal: a source uses the copy on its own GPU if there is
+	// one, else splits evenly over all copies (StaticSplit). No GPU ever
+	// sees this split; DispatchSGLangStatic is what they see.
+	DispatchStaticMean
+	// DispatchSGLangStatic is SGLang's static dispatch table exactly as
+	// compute_logical_to_rank_dispatch_physical_map builds it
+	// (python/sglang/srt/eplb/expert_location.py at sgl-project/sglang
+	// 01fec5c): a rank uses the first copy on its own GPU; the ranks left
+	// are dealt over all copies by _fair_choices with one
+	// random.Random(42), layer by layer, expert by expert. A rank then
+	// sends all its tokens of an expert to one copy. SGLang's default for
+	// --ep-dispatch-algorithm static (with EPLB or an initial expert
+	// location) in the trees before the same-node preference.
+	DispatchSGLangStatic
+	// DispatchSGLangStaticNode is the same table in the trees with the
+	// same-node preference (_find_nearest_expert): a single copy serves
+	// every rank without drawing, else a rank uses its own GPU's copy,
+	// else the first copy on its node, else the deal.
+	DispatchSGLangStaticNode
+	// DispatchSGLangStaticNarrow is the newest tree's table: as
+	// DispatchSGLangStaticNode, but a rank takes a same-node copy only
+	// when that narrows the candidates (some, not all, copies on its
+	// node).
+	DispatchSGLangStaticNarrow
+	// DispatchSGLangDynamic is SGLang's dynamic ("random") dispatch in the
+	// newest tree, in expectation: a rank uses its nearest copy (own GPU,
+	// else a same-node copy that narrows the candidates) and otherwise
+	// picks a copy per token uniformly at random.
+	DispatchSGLangDynamic
+	// DispatchVLLM is vLLM's replica choice, per token by a hash of its
+	// index ((index × 2654435769) mod 2^32 mod copies), modeled by its
+	// expectation, the even split.
+	DispatchVLLM
 )
 
-// String returns "even", "local" or "static".
+var dispatchNames = []string{"even", "local", "static-mean", "sglang-static", "sglang-static-node", "sglang-static-narrow", "sglang-dynamic", "vllm"}
+
+// String returns the model's name as ParseDispatch reads it.
 func (d Dispatch) String() string {
-	switch d {
-	case DispatchEven:
-		return "even"
-	case DispatchLocal:
-		return "local"
-	case DispatchStatic:
-		return "static"
+	if d >= 0 && int(d) < len(dispatchNames) {
+		return dispatchNames[d]
 	}
 	return fmt.Sprintf("Dispatch(%d)", int(d))
 }
 
 // PerSource reports whether a source's split over an expert's copies
-// depends on where the source is (local and static dispatch).
-func (d Dispatch) PerSource() bool { return d == DispatchLocal || d == DispatchStatic }
-
-// ParseDispatch parses "even", "local" or "static".
-func ParseDispatch(s string) (Dispatch, error) {
-	switch s {
-	case "even", "":
-		return DispatchEven, nil
-	case "local":
-		return DispatchLocal, nil
-	case "static":
-		return DispatchStatic, nil
+// depends on where the source is.
+func (d Dispatch) PerSource() bool {
+	switch d {
+	case DispatchEven, DispatchVLLM:
+		return false
 	}
-	return 0, fmt.Errorf("placement: unknown dispatch %q (want even, local or static)", s)
+	return true
 }
 
-// StaticSplit fills frac, of length G·len(gpus), with DispatchStatic's
+// Dealt reports whether d is SGLang's static table, whose deal depends on
+// the whole plan (the random stream runs through every layer and expert).
+func (d Dispatch) Dealt() bool {
+	return d == DispatchSGLangStatic || d == DispatchSGLangStaticNode || d == DispatchSGLangStaticNarrow
+}
+
+// Closed is the plan-independent model a search that splits one expert
+// at a time in closed form plans with for d: d itself, or for SGLang's
+// tables the closed form nearest to them (StaticSplit for the plain deal,
+// LocalSplit for the same-node trees and dynamic dispatch, even for
+// vLLM). Evaluate always scores d itself.
+func (d Dispatch) Closed() Dispatch {
+	switch d {
+	case DispatchSGLangStatic:
+		return DispatchStaticMean
+	case DispatchSGLangStaticNode, DispatchSGLangStaticNarrow, DispatchSGLangDynamic:
+		return DispatchLocal
+	case DispatchVLLM:
+		return DispatchEven
+	}
+	return d
+}
+
+// ParseDispatch parses a name String returns; "static" is
+// "sglang-static" (SGLang's table), "" is "even".
+func ParseDispatch(s string) (Dispatch, error) {
+	switch s {
+	case "":
+		return DispatchEven, nil
+	case "static":
+		return DispatchSGLangStatic, nil
+	}
+	for i, n := range dispatchNames {
+		if n == s {
+			return Dispatch(i), nil
+		}
+	}
+	return 0, fmt.Errorf("placement: unknown dispatch %q (want %s)", s, strings.Join(dispatchNames, ", "))
+}
+
+// StaticSplit fills frac, of length G·len(gpus), with DispatchStaticMean's
 // fractions for one expert whose copies sit on the distinct GPUs gpus:
 // frac[h·len(gpus)+i] is 1 for the copy on h when h holds one, and 1/n for
 // every copy otherwise. Every source's fractions sum to 1.
@@ -89,13 +145,13 @@ func StaticSplit(gpus []int32, G int, frac []float64) {
 	}
 }
 
-// Split fills frac as LocalSplit or StaticSplit do for a per-source
-// dispatch d; for DispatchEven every source splits evenly.
+// Split fills frac as LocalSplit or StaticSplit do for d's closed form
+// (d.Closed()); for DispatchEven every source splits evenly.
 func (d Dispatch) Split(gpus []int32, G, gpusPerNode int, frac []float64) {
-	switch d {
+	switch d.Closed() {
 	case DispatchLocal:
 		LocalSplit(gpus, G, gpusPerNode, frac)
-	case DispatchStatic:
+	case DispatchStaticMean:
 		StaticSplit(gpus, G, frac)
 	default:
 		n := len(gpus)

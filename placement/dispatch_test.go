@@ -12,7 +12,7 @@ import (
 )
 
 func TestParseDispatch(t *testing.T) {
-	for _, d := range []Dispatch{DispatchEven, DispatchLocal, DispatchStatic} {
+	for _, d := range []Dispatch{DispatchEven, DispatchLocal, DispatchStaticMean} {
 		got, err := ParseDispatch(d.String())
 		require.NoError(t, err)
 		assert.Equal(t, d, got)

@@ -81,7 +81,7 @@ func TestMaxImbalanceRepairMeetsCap(t *testing.T) {
 		E := G * (2 + rng.IntN(2))
 		// The home flow under every dispatch, the chain flow under even
 		// dispatch (the only one it models).
-		flow, disp := costmodel.FlowHome, []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal, placement.DispatchEven}[i/2%4]
+		flow, disp := costmodel.FlowHome, []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal, placement.DispatchEven}[i/2%4]
 		if i/2%4 == 3 {
 			flow = costmodel.FlowChain
 		}
@@ -310,7 +310,7 @@ func TestMaxImbalanceRetargetsFollowLoads(t *testing.T) {
 		nodes, perNode := 1+i%2, 2+rng.IntN(3)
 		G := nodes * perNode
 		E := G * (2 + rng.IntN(2))
-		flow, disp := costmodel.FlowHome, []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal, placement.DispatchEven}[i/2%4]
+		flow, disp := costmodel.FlowHome, []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal, placement.DispatchEven}[i/2%4]
 		if i/2%4 == 3 {
 			flow = costmodel.FlowChain
 		}

@@ -39,7 +39,7 @@ func TestSynthetic32kTwoSecondLimit(t *testing.T) {
 	require.NoError(t, err)
 	c, err := costmodel.ClusterPreset("4xh100x8")
 	require.NoError(t, err)
-	home := Problem{Stats: src.Stats, Cluster: c, Model: m, RedundantSlots: 32, Dispatch: placement.DispatchStatic}
+	home := Problem{Stats: src.Stats, Cluster: c, Model: m, RedundantSlots: 32, Dispatch: placement.DispatchStaticMean}
 	eplb, err := Solve(context.Background(), home, Options{Strategy: StrategyEPLB})
 	require.NoError(t, err)
 	budget := home

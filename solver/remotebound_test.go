@@ -28,7 +28,7 @@ func TestRemoteBoundShiftSteps(t *testing.T) {
 	pl := testkit.Planted{Nodes: 2, GPUsPerNode: 4, SlotsPerGPU: 4, Layers: 3, TopK: 4, Tokens: 2000, Stray: 2, Skew: 0.8}
 	tr, _ := pl.Trace(rand.New(rand.NewPCG(7, 3)))
 	require.NoError(t, tr.Validate())
-	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 4), Model: testkit.FakeModel(32, 4), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStatic, RedundantSlots: 8}
+	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 4), Model: testkit.FakeModel(32, 4), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStaticMean, RedundantSlots: 8}
 	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 2 * time.Second})
 	require.NoError(t, err)
 	verify(t, p, res)
@@ -74,7 +74,7 @@ func TestRemoteBoundUsesMaxImbalance(t *testing.T) {
 	pl := testkit.Planted{Nodes: 2, GPUsPerNode: 4, SlotsPerGPU: 4, Layers: 3, TopK: 4, Tokens: 2000, Stray: 2, Skew: 0.8}
 	tr, _ := pl.Trace(rand.New(rand.NewPCG(7, 3)))
 	require.NoError(t, tr.Validate())
-	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 4), Model: testkit.FakeModel(32, 4), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStatic, RedundantSlots: 8, MaxImbalance: 1.05}
+	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 4), Model: testkit.FakeModel(32, 4), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStaticMean, RedundantSlots: 8, MaxImbalance: 1.05}
 	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 2 * time.Second})
 	require.NoError(t, err)
 	verify(t, p, res)
@@ -123,7 +123,7 @@ func TestMaxImbalanceReachesAffinitySearch(t *testing.T) {
 	require.NoError(t, tr.Validate())
 	c := testkit.SmallCluster(2, 4)
 	c.NICGbps = 25
-	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: c, Model: testkit.FakeModel(32, 4), Flow: costmodel.FlowHome, Mode: costmodel.Overlapped, Dispatch: placement.DispatchStatic, RedundantSlots: 8}
+	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: c, Model: testkit.FakeModel(32, 4), Flow: costmodel.FlowHome, Mode: costmodel.Overlapped, Dispatch: placement.DispatchStaticMean, RedundantSlots: 8}
 	opts := Options{Strategy: StrategyJoint, Effort: 1}
 	free, err := Solve(context.Background(), p, opts)
 	require.NoError(t, err)

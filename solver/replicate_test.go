@@ -544,7 +544,7 @@ func TestRunningPlanAffinityMoves(t *testing.T) {
 	pl := testkit.Planted{Nodes: 2, GPUsPerNode: 2, SlotsPerGPU: 4, Layers: 3, TopK: 2, Tokens: 800, Stray: 10, Skew: 0.8, HomeTopics: true}
 	tr, _ := pl.Trace(rand.New(rand.NewPCG(3, 1)))
 	require.NoError(t, tr.Validate())
-	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 2), Model: testkit.FakeModel(16, 2), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStatic, RedundantSlots: 4}
+	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 2), Model: testkit.FakeModel(16, 2), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStaticMean, RedundantSlots: 4}
 	ctx := context.Background()
 	eplb, err := Solve(ctx, p, Options{Strategy: StrategyEPLB})
 	require.NoError(t, err)

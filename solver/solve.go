@@ -281,7 +281,7 @@ func (p Problem) check() error {
 	}
 	switch p.Dispatch {
 	case placement.DispatchEven:
-	case placement.DispatchLocal, placement.DispatchStatic:
+	case placement.DispatchLocal, placement.DispatchStaticMean:
 		if p.Flow != costmodel.FlowHome {
 			return fmt.Errorf("solver: %s dispatch is modeled for the home flow only; use flow home or dispatch even", p.Dispatch)
 		}

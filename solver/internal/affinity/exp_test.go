@@ -55,7 +55,7 @@ func TestExperiment(t *testing.T) {
 	m, _ := costmodel.ModelPreset("deepseek-v3")
 	plan, err := baseline.EPLB(st, c.GPUs(), baseline.EPLBOptions{RedundantSlots: red, Nodes: nodes, FixDuplicates: true})
 	require.NoError(t, err)
-	sc := costmodel.Scenario{Stats: st, Cluster: c, Model: m, Dispatch: placement.DispatchStatic}
+	sc := costmodel.Scenario{Stats: st, Cluster: c, Model: m, Dispatch: placement.DispatchStaticMean}
 	r0, rep0 := remotePerTokenLayer(t, sc, plan)
 	t.Logf("eplb: remote %.4f time %.3fms imb %.4f", r0, rep0.TimeSec*1e3, rep0.MeanBalance)
 	slots := make([]int, c.GPUs())

@@ -155,7 +155,7 @@ func TestCountersMatchCostModel(t *testing.T) {
 		for (E+red)%(N*P) != 0 {
 			red++
 		}
-		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal}[it%3]
+		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal}[it%3]
 		t.Run(fmt.Sprintf("%d-%s-N%dP%dE%dK%dR%d", it, d, N, P, E, K, red), func(t *testing.T) {
 			sc, plan, slots := randomInstance(t, rng, N, P, E, K, 2, 60+rng.IntN(100), red, d, false)
 			sh, err := newShape(Problem{Scenario: sc, Slots: slots, Start: plan})

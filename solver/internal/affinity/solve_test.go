@@ -53,7 +53,7 @@ func TestSolveKeepsConstraints(t *testing.T) {
 			red = N * P
 		}
 		red = fillSlots(E, N*P, red)
-		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal}[it%3]
+		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal}[it%3]
 		flow := costmodel.FlowHome
 		if it%4 == 3 {
 			flow, d = costmodel.FlowChain, placement.DispatchEven
@@ -114,7 +114,7 @@ func reachBruteForce(t *testing.T, rng *rand.Rand, nvGBps float64) {
 	solved := 0
 	for it := range 12 {
 		E := 8 - 2*(it%2) // 8 experts, or 6 with 2 redundant slots
-		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic}[(it/2)%2]
+		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean}[(it/2)%2]
 		t.Run(fmt.Sprintf("%d-%s-E%d", it, d, E), func(t *testing.T) {
 			sc, plan, slots := randomInstance(t, rng, N, P, E, 2+rng.IntN(2), 1, 60+rng.IntN(60), G*S-E, d, false)
 			sc.Cluster.NVLinkGBps = nvGBps
@@ -233,7 +233,7 @@ func TestSolveKeepsMoveBudget(t *testing.T) {
 			red = N * P
 		}
 		red = fillSlots(E, N*P, red)
-		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal}[it%3]
+		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal}[it%3]
 		t.Run(fmt.Sprintf("%d-%s-N%dP%dE%dR%d", it, d, N, P, E, red), func(t *testing.T) {
 			sc, run, slots := randomInstance(t, rng, N, P, E, K, 3, 80+rng.IntN(80), red, d, it%5 == 0)
 			G := N * P
@@ -318,7 +318,7 @@ func TestBudgetCountersMatchRecount(t *testing.T) {
 		N, P := 2+rng.IntN(2), 1+rng.IntN(3)
 		E, K := 6+rng.IntN(10), 1+rng.IntN(3)
 		red := fillSlots(E, N*P, rng.IntN(3)*N*P)
-		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal}[it%3]
+		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal}[it%3]
 		t.Run(fmt.Sprintf("%d-%s-N%dP%dE%dR%d", it, d, N, P, E, red), func(t *testing.T) {
 			sc, run, slots := randomInstance(t, rng, N, P, E, K, 1, 60+rng.IntN(60), red, d, false)
 			G := N * P
@@ -363,7 +363,7 @@ func TestBudgetReachesBruteForceOptimum(t *testing.T) {
 	improved := 0
 	for it := range 12 {
 		E := 8 - 2*(it%2)
-		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic}[(it/2)%2]
+		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean}[(it/2)%2]
 		t.Run(fmt.Sprintf("%d-%s-E%d", it, d, E), func(t *testing.T) {
 			sc, run, slots := randomInstance(t, rng, N, P, E, 2+rng.IntN(2), 1, 60+rng.IntN(60), G*S-E, d, false)
 			sc.Cluster.NVLinkGBps = 1e9
@@ -425,7 +425,7 @@ func TestSolveMeetsMaxImbalance(t *testing.T) {
 	for it := range 12 {
 		N, P := 2+rng.IntN(2), 2+rng.IntN(2)
 		E := 4*N*P - N*P
-		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal}[it%3]
+		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal}[it%3]
 		sc, plan, slots := randomInstance(t, rng, N, P, E, 2+rng.IntN(2), 3, 400+rng.IntN(200), N*P, d, it%4 == 0)
 		// Slow NICs overlapped with compute: the uncapped search then
 		// trades balance for fewer remote copies.

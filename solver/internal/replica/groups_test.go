@@ -28,7 +28,7 @@ func TestGroupTrafficMatchesCostModel(t *testing.T) {
 		size := 1 + rng.IntN(3)
 		E, G, K, L, T := groups*size, N*n, 1+rng.IntN(3), 2, 60
 		K = min(K, E)
-		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal}[it%3]
+		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal}[it%3]
 		t.Run(fmt.Sprintf("%d-%s-N%dn%dgroups%dE%dK%d", it, d, N, n, groups, E, K), func(t *testing.T) {
 			tr := &routing.Trace{Tokens: T, Layers: L, TopK: K, Experts: E, Source: make([]int32, T)}
 			for i := range T {

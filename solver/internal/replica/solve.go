@@ -237,7 +237,7 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 	}
 	// On one node local dispatch splits as static does (a source's own
 	// GPU, else its node's copies evenly: all of them).
-	if (p.Dispatch == placement.DispatchStatic || (p.Dispatch == placement.DispatchLocal && p.Cluster.Nodes == 1)) && len(p.Workloads) == 0 {
+	if (p.Dispatch == placement.DispatchStaticMean || (p.Dispatch == placement.DispatchLocal && p.Cluster.Nodes == 1)) && len(p.Workloads) == 0 {
 		lay.src = costmodel.SourceShares(s, G)
 	}
 	deadline := opts.Deadline

@@ -60,7 +60,7 @@ func staticScenario(t testing.TB, rng *rand.Rand, nodes, perNode, E, k, L, T int
 	}
 	require.NoError(t, tr.Validate())
 	return costmodel.Scenario{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(nodes, perNode),
-		Model: testkit.FakeModel(E, k), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStatic}
+		Model: testkit.FakeModel(E, k), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStaticMean}
 }
 
 // solveScored solves p and scores its plan under sc (which may dispatch

@@ -56,7 +56,7 @@ func balancedPairBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch
 		left -= x
 	}
 	U2, owner := Q, 0.0
-	if d == placement.DispatchStatic && R > 0 {
+	if d == placement.DispatchStaticMean && R > 0 {
 		X := ownerExtra(lt, R)
 		delta := math.Sqrt2 * X
 		U2 = Q + 2*delta*math.Sqrt(max(0, Q-float64(N)*mean*mean)) + delta*delta

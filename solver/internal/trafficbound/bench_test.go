@@ -183,9 +183,9 @@ func BenchmarkHomeRemote(b *testing.B) {
 		nodes, gpus, slots int
 		d                  placement.Dispatch
 	}{
-		{"ds3/static-r32", "shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy", 4, 8, 9, placement.DispatchStatic},
+		{"ds3/static-r32", "shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy", 4, 8, 9, placement.DispatchStaticMean},
 		{"ds3/even-r0", "shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy", 4, 8, 8, placement.DispatchEven},
-		{"flame/static-r8", "testdata/flame-moe-290m", 2, 4, 9, placement.DispatchStatic},
+		{"flame/static-r8", "testdata/flame-moe-290m", 2, 4, 9, placement.DispatchStaticMean},
 		{"flame/even-r0", "testdata/flame-moe-290m", 2, 4, 8, placement.DispatchEven},
 	} {
 		b.Run(tc.name, func(b *testing.B) {

@@ -256,7 +256,7 @@ func HomeRemote(ctx context.Context, stats *routing.Stats, layer int, c Shape, d
 		return Bound{}, err
 	}
 	switch d {
-	case placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal:
+	case placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal:
 	default:
 		return Bound{}, fmt.Errorf("trafficbound: unknown dispatch %v", d)
 	}
@@ -271,7 +271,7 @@ func HomeRemote(ctx context.Context, stats *routing.Stats, layer int, c Shape, d
 		R += s
 	}
 	R -= stats.Experts
-	lt, err := tokenSet(stats, layer, c, d == placement.DispatchStatic && R > 0)
+	lt, err := tokenSet(stats, layer, c, d == placement.DispatchStaticMean && R > 0)
 	if err != nil {
 		return Bound{}, err
 	}
@@ -322,7 +322,7 @@ func homeBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch, w *Wor
 		return h
 	}
 	switch d {
-	case placement.DispatchStatic:
+	case placement.DispatchStaticMean:
 		// A source owning a copy serves at home; the others split over the
 		// copies, which averages at most the primary's node weight. So c
 		// copies on GPUs C add at most (1−1/c)·Σ_{h∈C} gpuLoad[e][h].
@@ -364,7 +364,7 @@ func pairBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch, steps 
 		return wb
 	}
 	switch d {
-	case placement.DispatchStatic:
+	case placement.DispatchStaticMean:
 		// A source h on node A owning a copy of a replicated expert a (c
 		// copies, c_A on A) serves it at home instead of by the shares x_a:
 		// for each pair (a, b) of its token that changes ⟨x_a, x_b⟩ by at

@@ -163,7 +163,7 @@ func copyShares(held []uint32, E, G, P int, d placement.Dispatch) [][]float64 {
 	return q
 }
 
-var dispatches = []placement.Dispatch{placement.DispatchEven, placement.DispatchStatic, placement.DispatchLocal}
+var dispatches = []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal}
 
 // TestHomeCostMatchesCostModel pins the brute force's cost to costmodel's
 // (CrossNodeBytes of a layer = 2·token bytes·Σ_t Count·R_t) on random
@@ -308,10 +308,10 @@ func TestMutationsAreCaught(t *testing.T) {
 		mutation string
 		d        placement.Dispatch
 	}{
-		{"even budgets", placement.DispatchLocal},  // local's replica terms dropped
-		{"even budgets", placement.DispatchStatic}, // static's own-GPU terms dropped
-		{"no eigen term", placement.DispatchEven},  // λ(PAP) term of the spectral bound dropped
-		{"mean home", placement.DispatchEven},      // home transportation master replaced by the mean
+		{"even budgets", placement.DispatchLocal}, // local's replica terms dropped
+		{"even budgets", placement.DispatchStaticMean},
+		{"no eigen term", placement.DispatchEven}, // λ(PAP) term of the spectral bound dropped
+		{"mean home", placement.DispatchEven},     // home transportation master replaced by the mean
 	} {
 		t.Run(tc.mutation+"/"+tc.d.String(), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(3, 4))
@@ -394,12 +394,12 @@ func TestHomeRemoteErrors(t *testing.T) {
 func TestHomeRemoteLayersDeterministic(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
 	in := randomInstance(r, 12, 2, 2, 4, 3, 40, 4, true)
-	one, err := HomeRemoteLayers(context.Background(), in.stats, in.shape, placement.DispatchStatic, Options{})
+	one, err := HomeRemoteLayers(context.Background(), in.stats, in.shape, placement.DispatchStaticMean, Options{})
 	require.NoError(t, err)
-	par, err := HomeRemoteLayers(context.Background(), in.stats, in.shape, placement.DispatchStatic, Options{Parallel: 3})
+	par, err := HomeRemoteLayers(context.Background(), in.stats, in.shape, placement.DispatchStaticMean, Options{Parallel: 3})
 	require.NoError(t, err)
 	for l := range one {
-		b, err := HomeRemote(context.Background(), in.stats, l, in.shape, placement.DispatchStatic, Options{})
+		b, err := HomeRemote(context.Background(), in.stats, l, in.shape, placement.DispatchStaticMean, Options{})
 		require.NoError(t, err)
 		assert.Equal(t, b, one[l])
 		assert.Equal(t, b, par[l])

@@ -159,7 +159,7 @@ func TestExperimentBalancedBound(t *testing.T) {
 		require.NoError(t, err)
 	}
 	shape := Uniform(N, 8, slots)
-	d := placement.DispatchStatic
+	d := placement.DispatchStaticMean
 	if v := os.Getenv("DISPATCH"); v != "" {
 		var err error
 		d, err = placement.ParseDispatch(v)
