@@ -256,3 +256,11 @@ func Shuffle[T any](r *Random, x []T) {
 		x[i], x[j] = x[j], x[i]
 	}
 }
+
+// Clone returns an independent copy of r: both then produce the same stream.
+// The dispatch models use it where a stack seeds one generator per rank with
+// the same seed and the ranks' streams part later.
+func (r *Random) Clone() *Random {
+	c := *r
+	return &c
+}

@@ -175,3 +175,12 @@ func TestFirstWordsOfSeed42(t *testing.T) {
 	r := New(42)
 	assert.Equal(t, []uint32{2746317213, 478163327, 107420369}, []uint32{r.Uint32(), r.Uint32(), r.Uint32()})
 }
+
+func TestClone(t *testing.T) {
+	r := New(42)
+	r.Uint32()
+	c := r.Clone()
+	assert.Equal(t, r.Uint32(), c.Uint32())
+	c.Uint32()
+	assert.NotEqual(t, r.Uint32(), c.Uint32(), "a clone must not share state")
+}
