@@ -120,17 +120,28 @@ func TestSGLangStaticAgainstPython(t *testing.T) {
 }
 
 // TestSGLangUpstreamExamples checks the plain tree against the expected
-// outputs of SGLang's own unit test of compute_logical_to_rank_dispatch_
-// physical_map (test/srt/test_expert_location.py), the cases whose answer
-// needs no random draw beyond the ones checked here by hand.
+// outputs in SGLang's own unit test of compute_logical_to_rank_dispatch_
+// physical_map (sgl-project/sglang test/srt/test_expert_location.py@
+// 05cc93af7190a9228c3dec3c9fd883b670eb30f1; 4 GPUs, 12 physical experts): the
+// identity map, and the identity map with redundant copies of experts 0-3,
+// whose answer depends on random.Random(42)'s deal.
 func TestSGLangUpstreamExamples(t *testing.T) {
-	// Identity map, 8 experts on 4 GPUs (2 slots each): every rank is dealt
-	// each expert it does not hold; a single copy still shuffles.
-	cands := [][][]int32{{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}}
-	got, err := SGLangStaticTable(cands, 4, 2, 4, SGLangStaticPlain, SGLangInitByMapping)
-	require.NoError(t, err)
-	for r := 0; r < 4; r++ {
-		assert.Equal(t, []int32{0, 1, 2, 3, 4, 5, 6, 7}, got[r][0], "rank %d", r)
+	cases := []struct {
+		name  string
+		cands [][][]int32
+		want  [][][]int32
+	}{
+		{"identity", [][][]int32{{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}}, [][][]int32{
+			{{0, 1, 2, 3, 4, 5, 6, 7}}, {{0, 1, 2, 3, 4, 5, 6, 7}},
+			{{0, 1, 2, 3, 4, 5, 6, 7}}, {{0, 1, 2, 3, 4, 5, 6, 7}}}},
+		{"redundant", [][][]int32{{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4}, {5}, {6}, {7}}}, [][][]int32{
+			{{0, 1, 2, 11, 4, 5, 6, 7}}, {{8, 9, 2, 3, 4, 5, 6, 7}},
+			{{8, 1, 10, 3, 4, 5, 6, 7}}, {{0, 9, 10, 11, 4, 5, 6, 7}}}},
+	}
+	for _, c := range cases {
+		got, err := SGLangStaticTable(c.cands, 4, 3, 4, SGLangStaticPlain, SGLangInitByMapping)
+		require.NoError(t, err)
+		assert.Equal(t, c.want, got, c.name)
 	}
 }
 
