@@ -50,6 +50,11 @@ const (
 	// when that narrows the candidates (some, not all, copies on its
 	// node).
 	DispatchSGLangStaticNarrow
+	// DispatchSGLangStaticGPUOnly is the newest tree's table when it does
+	// not prefer the node (elastic EP scaled up: ep_join_mode "scale"): a
+	// single copy serves every rank, else a rank uses its own GPU's copy,
+	// else the deal.
+	DispatchSGLangStaticGPUOnly
 	// DispatchSGLangDynamic is SGLang's dynamic ("random") dispatch in the
 	// newest tree, in expectation: a rank uses its nearest copy (own GPU,
 	// else a same-node copy that narrows the candidates) and otherwise
@@ -61,7 +66,7 @@ const (
 	DispatchVLLM
 )
 
-var dispatchNames = []string{"even", "local", "static-mean", "sglang-static", "sglang-static-node", "sglang-static-narrow", "sglang-dynamic", "vllm"}
+var dispatchNames = []string{"even", "local", "static-mean", "sglang-static", "sglang-static-node", "sglang-static-node-narrow", "sglang-static-gpu-only", "sglang-dynamic", "vllm"}
 
 // String returns the model's name as ParseDispatch reads it.
 func (d Dispatch) String() string {
@@ -84,7 +89,11 @@ func (d Dispatch) PerSource() bool {
 // Dealt reports whether d is SGLang's static table, whose deal depends on
 // the whole plan (the random stream runs through every layer and expert).
 func (d Dispatch) Dealt() bool {
-	return d == DispatchSGLangStatic || d == DispatchSGLangStaticNode || d == DispatchSGLangStaticNarrow
+	switch d {
+	case DispatchSGLangStatic, DispatchSGLangStaticNode, DispatchSGLangStaticNarrow, DispatchSGLangStaticGPUOnly:
+		return true
+	}
+	return false
 }
 
 // Closed is the plan-independent model a search that splits one expert
@@ -94,7 +103,7 @@ func (d Dispatch) Dealt() bool {
 // vLLM). Evaluate always scores d itself.
 func (d Dispatch) Closed() Dispatch {
 	switch d {
-	case DispatchSGLangStatic:
+	case DispatchSGLangStatic, DispatchSGLangStaticGPUOnly:
 		return DispatchStaticMean
 	case DispatchSGLangStaticNode, DispatchSGLangStaticNarrow, DispatchSGLangDynamic:
 		return DispatchLocal
