@@ -8,7 +8,8 @@ import (
 
 // TestImportDirection keeps data flowing one way: internal/torchpt (the
 // torch.save reader and writer) imports nothing of ours, routing only
-// internal/torchpt, placement those two, baseline and costmodel those two, mip
+// internal/torchpt, placement those two, baseline those two, costmodel those
+// two and internal/stackdispatch, mip
 // nothing, mip/highs only mip, the solver's methods (solver/internal/...)
 // routing, placement, costmodel and mip, the solver facade all of those
 // plus baseline and mip/highs (its default backend), replay neither solver
@@ -17,25 +18,30 @@ import (
 // import it), the rebalancer the solver and what it uses, internal/assign
 // (the Hungarian method the solver's methods and the rebalancer share)
 // nothing of ours, internal/sharedfiles (tests' lookup of the data beside
-// the repository) nothing of ours, and only mip/highs imports HiGHS.
+// the repository) nothing of ours, internal/pyrand (CPython's random)
+// nothing of ours, internal/stackdispatch (the stacks' dispatch rules, which
+// costmodel scores by) only internal/pyrand, and only mip/highs imports
+// HiGHS.
 func TestImportDirection(t *testing.T) {
 	allowed := map[string][]string{
-		"internal/torchpt":     {},
-		"routing":              {"internal/torchpt"},
-		"placement":            {"routing", "internal/torchpt"},
-		"baseline":             {"routing", "placement"},
-		"costmodel":            {"routing", "placement"},
-		"mip":                  {},
-		"mip/highs":            {"mip"},
-		"solver":               {"routing", "placement", "baseline", "costmodel", "mip", "mip/highs", "solver/internal/"},
-		"solver/internal/...":  {"routing", "placement", "costmodel", "mip", "solver/internal/", "internal/assign"},
-		"replay":               {"routing", "placement", "costmodel"},
-		"solvertest":           {"routing", "placement", "costmodel", "solver"},
-		"report":               {"routing", "placement", "costmodel", "replay"},
-		"rebalance":            {"routing", "placement", "costmodel", "baseline", "solver", "internal/assign"},
-		"internal/series":      {"routing", "placement"},
-		"internal/assign":      {},
-		"internal/sharedfiles": {},
+		"internal/torchpt":       {},
+		"routing":                {"internal/torchpt"},
+		"placement":              {"routing", "internal/torchpt"},
+		"baseline":               {"routing", "placement"},
+		"costmodel":              {"routing", "placement", "internal/stackdispatch"},
+		"mip":                    {},
+		"mip/highs":              {"mip"},
+		"solver":                 {"routing", "placement", "baseline", "costmodel", "mip", "mip/highs", "solver/internal/"},
+		"solver/internal/...":    {"routing", "placement", "costmodel", "mip", "solver/internal/", "internal/assign"},
+		"replay":                 {"routing", "placement", "costmodel"},
+		"solvertest":             {"routing", "placement", "costmodel", "solver"},
+		"report":                 {"routing", "placement", "costmodel", "replay"},
+		"rebalance":              {"routing", "placement", "costmodel", "baseline", "solver", "internal/assign"},
+		"internal/series":        {"routing", "placement"},
+		"internal/assign":        {},
+		"internal/pyrand":        {},
+		"internal/stackdispatch": {"internal/pyrand"},
+		"internal/sharedfiles":   {},
 	}
 	const mod = "github.com/moetuner/moetuner/"
 	for pkg, ok := range allowed {

@@ -26,8 +26,10 @@ type engine struct {
 	nvLat, nicLat    float64 // seconds
 	usePatterns      bool
 	// perSource: the split over an expert's copies depends on the source
-	// GPU (local or static dispatch).
+	// GPU (every dispatch but even and vLLM's).
 	perSource bool
+	// split is the dispatch model, bound to the plan of planShares.
+	split Splitter
 	srcFrac   [][]float64 // per source: [L][G×E] share of Load[l][e] sourced on GPU h; nil = uniform
 
 	// scratch
@@ -107,14 +109,11 @@ func newEngine(stats *routing.Stats, c Cluster, m Model, opts Options) (*engine,
 	if opts.Mode != Sequential && opts.Mode != Overlapped {
 		return nil, fmt.Errorf("costmodel: unknown mode %v", opts.Mode)
 	}
-	switch opts.Dispatch {
-	case placement.DispatchEven:
-	case placement.DispatchLocal, placement.DispatchStaticMean:
-		if opts.Flow != FlowHome {
-			return nil, fmt.Errorf("costmodel: %s dispatch is modeled for the home flow only (in chain flow a token has no single source GPU); use flow home or dispatch even", opts.Dispatch)
-		}
-	default:
+	if !opts.Dispatch.Valid() {
 		return nil, fmt.Errorf("costmodel: unknown dispatch %v", opts.Dispatch)
+	}
+	if opts.Dispatch.PerSource() && opts.Flow != FlowHome {
+		return nil, fmt.Errorf("costmodel: %s dispatch is modeled for the home flow only (in chain flow a token has no single source GPU); use flow home or dispatch even", opts.Dispatch)
 	}
 	if opts.Chunks < 0 {
 		return nil, fmt.Errorf("costmodel: chunks must be ≥ 0, have %d", opts.Chunks)
@@ -246,9 +245,20 @@ func (ev *engine) planShares(plan *placement.Plan) ([]shares, error) {
 	if len(plan.Layers) != ev.l {
 		return nil, fmt.Errorf("costmodel: plan has %d layers, stats have %d", len(plan.Layers), ev.l)
 	}
+	split, err := NewSplitter(ev.opts.Dispatch, plan, ev.g, ev.p)
+	if err != nil {
+		return nil, err
+	}
+	ev.split = split
+	return ev.bindShares(plan, split)
+}
+
+// bindShares builds every layer's shares of plan (checked by planShares)
+// under split, bound to plan.
+func (ev *engine) bindShares(plan *placement.Plan, split Splitter) ([]shares, error) {
 	sh := make([]shares, ev.l)
 	for l := range sh {
-		if err := sh[l].build(plan.Layers[l], ev.e, ev.g, ev.p, ev.opts.Dispatch); err != nil {
+		if _, err := sh[l].build(l, plan.Layers[l], ev.e, ev.g, ev.p, ev.opts.Dispatch, split); err != nil {
 			return nil, fmt.Errorf("costmodel: plan layer %d: %w", l, err)
 		}
 	}

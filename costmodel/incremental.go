@@ -92,6 +92,16 @@ type Evaluator struct {
 		times   [2]layerTimes
 		layers  int // 1, or 2 when layer l+1 changed too (chain flow)
 		experts []int
+		// global: the move moves a dispatch's random stream (a copy count
+		// changed under SGLang's deal), so every later layer's split may
+		// change: the trial is the whole plan's, rebound (all).
+		global bool
+		all    struct {
+			split Splitter
+			sh    []shares
+			st    []layerState
+			times []layerTimes
+		}
 	}
 	stamp []uint32
 	gen   uint32
@@ -316,6 +326,12 @@ func (ev *Evaluator) Delta(m Move) (float64, error) {
 	}
 	t := &ev.trial
 	d := 0.0
+	if t.global {
+		for i, lt := range t.all.times {
+			d += lt.time - ev.times[i].time
+		}
+		return d, nil
+	}
 	for i := 0; i < t.layers; i++ {
 		d += t.times[i].time - ev.times[m.Layer+i].time
 	}
@@ -332,6 +348,13 @@ func (ev *Evaluator) Apply(m Move) error {
 	lp := &ev.plan.Layers[l]
 	lp.SlotExpert = append(lp.SlotExpert[:0], t.lp.SlotExpert...)
 	lp.SlotGPU = append(lp.SlotGPU[:0], t.lp.SlotGPU...)
+	if t.global {
+		ev.eng.split, ev.sh = t.all.split, t.all.sh
+		ev.st, t.all.st = t.all.st, ev.st
+		ev.times, t.all.times = t.all.times, ev.times
+		t.all.sh, t.valid = nil, false
+		return nil
+	}
 	ev.sh[l], t.sh = t.sh, ev.sh[l]
 	for i := 0; i < t.layers; i++ {
 		ev.st[l+i], t.st[i] = t.st[i], ev.st[l+i]
@@ -350,7 +373,13 @@ func (ev *Evaluator) try(m Move) error {
 	if err := ev.prepare(m); err != nil {
 		return err
 	}
-	ev.trialStates(m.Layer)
+	if t.global {
+		if err := ev.globalTrial(m.Layer); err != nil {
+			return err
+		}
+	} else {
+		ev.trialStates(m.Layer)
+	}
 	t.m, t.valid = m, true
 	return nil
 }
@@ -362,13 +391,19 @@ func (ev *Evaluator) try(m Move) error {
 // until its next Delta, TrialTokens, Apply or SetLayer.
 func (ev *Evaluator) TrialTokens(m Move) ([]float64, error) {
 	t := &ev.trial
-	if t.valid && t.m == m {
+	if t.valid && t.m == m && !t.global {
 		return t.st[0].tokens, nil
 	}
 	if err := ev.prepare(m); err != nil {
 		return nil, err
 	}
 	l := m.Layer
+	if t.global {
+		if err := ev.try(m); err != nil {
+			return nil, err
+		}
+		return t.all.st[l].tokens, nil
+	}
 	ev.tokBuf = append(ev.tokBuf[:0], ev.st[l].tokens...)
 	for _, e := range t.experts {
 		ev.eng.addTokens(l, e, &ev.sh[l], -1, ev.tokBuf)
@@ -452,8 +487,44 @@ func (ev *Evaluator) prepare(m Move) error {
 	default:
 		return fmt.Errorf("costmodel: unknown move kind %v", m.Kind)
 	}
-	if err := t.sh.build(t.lp, eng.e, eng.g, eng.p, eng.opts.Dispatch); err != nil {
+	exact, err := t.sh.build(l, t.lp, eng.e, eng.g, eng.p, eng.opts.Dispatch, eng.split)
+	if err != nil {
 		return fmt.Errorf("costmodel: move on layer %d: %w", l, err)
+	}
+	t.global = !exact
+	return nil
+}
+
+// globalTrial costs the plan with layer l's trial slots in full, rebinding
+// the dispatch to it (trial.global).
+func (ev *Evaluator) globalTrial(l int) error {
+	eng, t := ev.eng, &ev.trial
+	plan := ev.plan.Clone()
+	plan.Layers[l] = placement.LayerPlan{SlotExpert: slices.Clone(t.lp.SlotExpert), SlotGPU: slices.Clone(t.lp.SlotGPU)}
+	split, err := NewSplitter(eng.opts.Dispatch, plan, eng.g, eng.p)
+	if err != nil {
+		return fmt.Errorf("costmodel: move on layer %d: %w", l, err)
+	}
+	sh, err := eng.bindShares(plan, split)
+	if err != nil {
+		return fmt.Errorf("costmodel: move on layer %d: %w", l, err)
+	}
+	a := &t.all
+	a.split, a.sh = split, sh
+	if len(a.st) != eng.l {
+		a.st = make([]layerState, eng.l)
+		for i := range a.st {
+			a.st[i].init(eng.g, eng.n)
+		}
+		a.times = make([]layerTimes, eng.l)
+	}
+	for i := range a.st {
+		var prev *shares
+		if i > 0 {
+			prev = &sh[i-1]
+		}
+		eng.layerMasses(i, &sh[i], prev, &a.st[i])
+		a.times[i] = eng.finish(i, &sh[i], &a.st[i], nil)
 	}
 	return nil
 }
@@ -606,12 +677,23 @@ func (ev *Evaluator) SetLayer(l int, lp placement.LayerPlan) error {
 		return fmt.Errorf("costmodel: layer %d carries slot shares; evaluate such plans with Evaluate", l)
 	}
 	var sh shares
-	if err := sh.build(lp, eng.e, eng.g, eng.p, eng.opts.Dispatch); err != nil {
+	exact, err := sh.build(l, lp, eng.e, eng.g, eng.p, eng.opts.Dispatch, eng.split)
+	if err != nil {
 		return fmt.Errorf("costmodel: layer %d: %w", l, err)
 	}
 	dst := &ev.plan.Layers[l]
 	dst.SlotExpert = append(dst.SlotExpert[:0], lp.SlotExpert...)
 	dst.SlotGPU = append(dst.SlotGPU[:0], lp.SlotGPU...)
+	if !exact {
+		// The dispatch's stream moved: rebind it to the new plan.
+		all, err := eng.planShares(ev.plan)
+		if err != nil {
+			return fmt.Errorf("costmodel: layer %d: %w", l, err)
+		}
+		ev.sh = all
+		ev.Resync()
+		return nil
+	}
 	ev.sh[l] = sh
 	for i := l; i <= l+1 && i < eng.l; i++ {
 		if i > l && eng.opts.Flow != FlowChain {

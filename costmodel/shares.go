@@ -15,6 +15,7 @@ type shares struct {
 	cs, ns []int32
 	cg, nb []int32
 	cw, nw []float64
+	cm     []int32 // slots behind each cg entry
 	cnt    []int32
 	tmp    []int32
 	slots  []float64
@@ -28,7 +29,57 @@ type shares struct {
 	unit bool
 }
 
-func (s *shares) build(lp placement.LayerPlan, E, G, P int, d placement.Dispatch) error {
+// build fills s for layer l's plan lp (E experts, G GPUs in nodes of P)
+// under dispatch d, splitting per source by sp (bound to the plan lp is a
+// layer of). It reports whether every split is exact (Splitter.Split).
+func (s *shares) build(l int, lp placement.LayerPlan, E, G, P int, d placement.Dispatch, sp Splitter) (exact bool, err error) {
+	exact = true
+	if len(lp.SlotExpert) != len(lp.SlotGPU) {
+		return false, fmt.Errorf("%d slot experts but %d slot GPUs", len(lp.SlotExpert), len(lp.SlotGPU))
+	}
+	if err := s.bucket(lp, E, G, P); err != nil {
+		return false, err
+	}
+	s.perSource = d.PerSource()
+	s.unit = !s.perSource && len(s.cg) == E
+	for i := 0; s.unit && i < len(s.cg); i++ {
+		s.unit = s.cw[i] == 1 && s.nw[i] == 1
+	}
+	if !s.perSource {
+		return true, nil
+	}
+	if lp.SlotShare != nil {
+		return false, fmt.Errorf("the plan carries slot shares (a chosen split), but %s dispatch decides the split itself; use dispatch even, or a plan without slot_share", d)
+	}
+	s.hw = resizeF(s.hw, G*len(s.cg))
+	s.hnw = resizeF(s.hnw, G*len(s.nb))
+	for e := 0; e < E; e++ {
+		a, b := int(s.cs[e]), int(s.cs[e+1])
+		n := b - a
+		frac := s.hw[a*G : b*G]
+		if !sp.Split(l, e, s.cg[a:b], s.cm[a:b], frac) {
+			exact = false
+		}
+		na, nb := int(s.ns[e]), int(s.ns[e+1])
+		nn := nb - na
+		nf := s.hnw[na*G : nb*G]
+		for i := 0; i < n; i++ {
+			node := s.cg[a+i] / int32(P)
+			j := 0
+			for s.nb[na+j] != node {
+				j++
+			}
+			for h := 0; h < G; h++ {
+				nf[h*nn+j] += frac[h*n+i]
+			}
+		}
+	}
+	return exact, nil
+}
+
+// bucket fills the even-split weights of lp: every expert's distinct GPUs
+// (ascending) and nodes with their shares of its slots.
+func (s *shares) bucket(lp placement.LayerPlan, E, G, P int) error {
 	if len(lp.SlotExpert) != len(lp.SlotGPU) {
 		return fmt.Errorf("%d slot experts but %d slot GPUs", len(lp.SlotExpert), len(lp.SlotGPU))
 	}
@@ -62,7 +113,7 @@ func (s *shares) build(lp placement.LayerPlan, E, G, P int, d placement.Dispatch
 		s.cnt[e]++
 	}
 	s.cs, s.ns = resize(s.cs, E+1), resize(s.ns, E+1)
-	s.cg, s.cw = s.cg[:0], s.cw[:0]
+	s.cg, s.cw, s.cm = s.cg[:0], s.cw[:0], s.cm[:0]
 	s.nb, s.nw = s.nb[:0], s.nw[:0]
 	lo := int32(0)
 	for e := 0; e < E; e++ {
@@ -85,9 +136,11 @@ func (s *shares) build(lp placement.LayerPlan, E, G, P int, d placement.Dispatch
 			}
 			if i > 0 && g == gpu(i-1) {
 				s.cw[len(s.cw)-1] += w
+				s.cm[len(s.cm)-1]++
 			} else {
 				s.cg = append(s.cg, g)
 				s.cw = append(s.cw, w)
+				s.cm = append(s.cm, 1)
 			}
 			b := g / int32(P)
 			if len(s.nb) > int(s.ns[e]) && s.nb[len(s.nb)-1] == b {
@@ -101,38 +154,6 @@ func (s *shares) build(lp placement.LayerPlan, E, G, P int, d placement.Dispatch
 	}
 	s.cs[E] = int32(len(s.cg))
 	s.ns[E] = int32(len(s.nb))
-	s.perSource = d.PerSource()
-	s.unit = !s.perSource && len(s.cg) == E
-	for i := 0; s.unit && i < len(s.cg); i++ {
-		s.unit = s.cw[i] == 1 && s.nw[i] == 1
-	}
-	if !s.perSource {
-		return nil
-	}
-	if lp.SlotShare != nil {
-		return fmt.Errorf("the plan carries slot shares (a chosen split), but %s dispatch decides the split itself; use dispatch even, or a plan without slot_share", d)
-	}
-	s.hw = resizeF(s.hw, G*len(s.cg))
-	s.hnw = resizeF(s.hnw, G*len(s.nb))
-	for e := 0; e < E; e++ {
-		a, b := int(s.cs[e]), int(s.cs[e+1])
-		n := b - a
-		frac := s.hw[a*G : b*G]
-		d.Split(s.cg[a:b], G, P, frac)
-		na, nb := int(s.ns[e]), int(s.ns[e+1])
-		nn := nb - na
-		nf := s.hnw[na*G : nb*G]
-		for i := 0; i < n; i++ {
-			node := s.cg[a+i] / int32(P)
-			j := 0
-			for s.nb[na+j] != node {
-				j++
-			}
-			for h := 0; h < G; h++ {
-				nf[h*nn+j] += frac[h*n+i]
-			}
-		}
-	}
 	return nil
 }
 

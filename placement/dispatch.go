@@ -70,11 +70,14 @@ var dispatchNames = []string{"even", "local", "static-mean", "sglang-static", "s
 
 // String returns the model's name as ParseDispatch reads it.
 func (d Dispatch) String() string {
-	if d >= 0 && int(d) < len(dispatchNames) {
+	if d.Valid() {
 		return dispatchNames[d]
 	}
 	return fmt.Sprintf("Dispatch(%d)", int(d))
 }
+
+// Valid reports whether d names a model.
+func (d Dispatch) Valid() bool { return d >= 0 && int(d) < len(dispatchNames) }
 
 // PerSource reports whether a source's split over an expert's copies
 // depends on where the source is.

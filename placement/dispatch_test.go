@@ -12,13 +12,17 @@ import (
 )
 
 func TestParseDispatch(t *testing.T) {
-	for _, d := range []Dispatch{DispatchEven, DispatchLocal, DispatchStaticMean} {
+	for d := Dispatch(0); d.Valid(); d++ {
 		got, err := ParseDispatch(d.String())
 		require.NoError(t, err)
 		assert.Equal(t, d, got)
 	}
-	_, err := ParseDispatch("nearest")
-	assert.ErrorContains(t, err, "want even, local or static")
+	got, err := ParseDispatch("static")
+	require.NoError(t, err)
+	assert.Equal(t, DispatchSGLangStatic, got, "static is SGLang's table, not its expectation")
+	_, err = ParseDispatch("nearest")
+	assert.ErrorContains(t, err, "want even, local, static-mean, sglang-static")
+	assert.False(t, Dispatch(-1).Valid())
 }
 
 // StaticSplit: own copy wins, every other source splits evenly. The
