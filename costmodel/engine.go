@@ -29,8 +29,8 @@ type engine struct {
 	// GPU (every dispatch but even and vLLM's).
 	perSource bool
 	// split is the dispatch model, bound to the plan of planShares.
-	split Splitter
-	srcFrac   [][]float64 // per source: [L][G×E] share of Load[l][e] sourced on GPU h; nil = uniform
+	split   Splitter
+	srcFrac [][]float64 // per source: [L][G×E] share of Load[l][e] sourced on GPU h; nil = uniform
 
 	// scratch
 	pa, pb  probBuf
