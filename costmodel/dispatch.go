@@ -15,7 +15,7 @@ import (
 // (NewSplitter), so that a stack's rule is written once.
 type Splitter interface {
 	// Split fills frac (len G·len(gpus)) for expert e of layer l whose
-	// slots sit on the distinct ascending GPUs gpus, slots[i] of them on
+	// slots sit on the distinct GPUs gpus (in any order), slots[i] of them on
 	// gpus[i]: frac[h·len(gpus)+i] is the share of e's tokens sourced on
 	// GPU h that gpus[i] computes; every source's shares add up to 1. It
 	// reports whether the split is exact for a plan that has these copies
@@ -119,7 +119,7 @@ func (d dynamicSplit) Split(l, e int, gpus, slots []int32, frac []float64) bool 
 }
 
 // physicalIDs numbers an expert's slots as SGLang would if every GPU held
-// S = max(slots) slots: slot j of gpus[i] is gpus[i]·S + j, ascending. Which
+// S = max(slots) slots: slot j of gpus[i] is gpus[i]·S + j, sorted. Which
 // physical id a copy has within its GPU never changes which GPU computes a
 // token, so any S at least the largest count gives the same loads.
 func physicalIDs(gpus, slots []int32) ([]int32, int) {
@@ -133,6 +133,7 @@ func physicalIDs(gpus, slots []int32) ([]int32, int) {
 			ids = append(ids, g*S+j)
 		}
 	}
+	slices.Sort(ids)
 	return ids, int(S)
 }
 

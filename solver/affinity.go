@@ -155,7 +155,10 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	// The bound on remote-node copies first, within its share: the home
 	// flow's for any plan with these slots, the chain flow's for any plan
 	// with one copy of every expert (its bound knows no copies).
-	if p.Flow == costmodel.FlowHome || !p.replicated() {
+	// No bound is known for the dispatches that are not closed forms
+	// (SGLang's tables and dynamic dispatch): a particular deal may send
+	// fewer copies across nodes than any closed form predicts.
+	if (p.Flow == costmodel.FlowHome || !p.replicated()) && (p.Dispatch.Closed() == p.Dispatch || p.Dispatch == placement.DispatchVLLM) {
 		bctx, cancel := ctx, func() {}
 		if W == 0 {
 			// Its share from now: the start's packing and checks before it

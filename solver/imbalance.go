@@ -88,7 +88,7 @@ func countsFloor(p Problem, l int, copies, perGPU []int, speed []float64) (float
 	var least []slotMin
 	for e, c := range copies {
 		v := 0.0
-		if c == 1 || p.Dispatch == placement.DispatchEven {
+		if c == 1 || !p.Dispatch.PerSource() {
 			v = load[e] / float64(max(c, 1))
 		}
 		for range c {
@@ -100,7 +100,7 @@ func countsFloor(p Problem, l int, copies, perGPU []int, speed []float64) (float
 	floor, who := 1.0, -1
 	for e, v := range load {
 		c := copies[e]
-		if c == 0 || (c > 1 && p.Dispatch != placement.DispatchEven) {
+		if c == 0 || (c > 1 && p.Dispatch.PerSource()) {
 			continue // static and local dispatch may send a copy less than its share
 		}
 		t := v / float64(c)

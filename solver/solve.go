@@ -279,17 +279,16 @@ func (p Problem) check() error {
 			return fmt.Errorf("solver: Problem.Current: %w", err)
 		}
 	}
-	switch p.Dispatch {
-	case placement.DispatchEven:
-	case placement.DispatchLocal, placement.DispatchStaticMean:
+	if !p.Dispatch.Valid() {
+		return fmt.Errorf("solver: unknown dispatch %v", p.Dispatch)
+	}
+	if p.Dispatch.PerSource() {
 		if p.Flow != costmodel.FlowHome {
 			return fmt.Errorf("solver: %s dispatch is modeled for the home flow only; use flow home or dispatch even", p.Dispatch)
 		}
 		if p.Split == SplitOptimal {
 			return fmt.Errorf("solver: split optimal (SGLang's dispatch LP) and %s dispatch are two different dispatch policies; choose one", p.Dispatch)
 		}
-	default:
-		return fmt.Errorf("solver: unknown dispatch %v", p.Dispatch)
 	}
 	return nil
 }

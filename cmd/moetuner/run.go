@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/moetuner/moetuner/placement"
 )
 
 // DefaultTrace is the bundled Mixtral-8x7B data `plan` uses without --trace.
@@ -186,6 +188,15 @@ func (c choice) Set(s string) error {
 }
 
 // choiceVar defines a choice flag with default def.
+// dispatchChoices is every dispatch model's name, and "static".
+func dispatchChoices() []string {
+	out := []string{"static"}
+	for d := placement.Dispatch(0); d.Valid(); d++ {
+		out = append(out, d.String())
+	}
+	return out
+}
+
 func choiceVar(fs *flag.FlagSet, p *string, name, def string, allowed []string, usage string) {
 	*p = def
 	fs.Var(choice{val: p, allowed: allowed}, name, usage)

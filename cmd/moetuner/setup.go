@@ -95,7 +95,11 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 	fs.Float64Var(&c.pathError, "path-error", routing.DefaultPathError, "per-token traces: target relative standard error of the per-token means estimated from the sample of token paths kept for long traces (0: keep every path)")
 	fs.BoolVar(&c.quiet, "quiet", false, "print only errors (no notes on what the statistics left out, no progress)")
 	c.stderr = fs.Output()
-	choiceVar(fs, &c.dispatch, "dispatch", "even", []string{"even", "static", "local"}, "how tokens pick among an expert's copies: even (every source splits evenly: vLLM, DeepEP, SGLang random dispatch, EPLB's model), static (SGLang's default with EPLB or --init-expert-location: a rank's own-GPU copy if any, else the copies shared fairly among the ranks; home flow only) or local (own GPU's copy, else own node's, else fairly: node-local replicas as in SGLang PR #19772; home flow only)")
+	choiceVar(fs, &c.dispatch, "dispatch", "even", dispatchChoices(), "how a rank's tokens pick among an expert's copies, as the serving stack does it: "+
+		"sglang-static (SGLang's --ep-dispatch-algorithm static table, dealt exactly as SGLang deals it with random.Random(42): a rank's own-GPU copy, else one copy dealt to it; trees before the same-node rule; 'static' is this), "+
+		"sglang-static-node (the trees that prefer the first same-node copy), sglang-static-node-narrow (the newest tree: a same-node copy only when the node holds some but not all copies), sglang-static-gpu-only (the newest tree under elastic EP scale-up), "+
+		"sglang-dynamic (SGLang's dynamic dispatch: nearest copy, else a random copy per token), vllm (vLLM's hashed replica per token, by its expectation), "+
+		"even (every rank splits evenly: EPLB's own model), local (own GPU, else own node, else water-filled: node-local replicas as in SGLang PR #19772) or static-mean (the expectation of SGLang's table over its deal, which no GPU sees); every one but even and vllm is home flow only")
 	if solve {
 		c.timeLimit = 60 * time.Second
 		fs.Var(setDuration{&c.timeLimit, &c.timeLimitSet}, "time-limit", "time limit of the whole command, reading the traces included: the solves get what reading left (compare shares it among the strategies that search), and the command ends within it plus 10%; with --effort only a safety limit, off unless given")

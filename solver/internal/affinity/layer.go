@@ -15,6 +15,11 @@ type shape struct {
 	speed         []float64 // per GPU
 	slots         []int     // per GPU
 	dispatch      placement.Dispatch
+	// split is the dispatch model bound to the start plan: exact for the
+	// moves that keep a dealt table's random stream where it was (every
+	// swap of copies between GPUs), its closed form otherwise.
+	split costmodel.Splitter
+	ones  []int32 // one slot per copy
 
 	// terms are the cost model's coefficients and formulas (compute,
 	// layer time); perTok is terms.PerTokenSec.
@@ -218,7 +223,7 @@ func (s *state) fill(e int, cs *copyset) {
 		s.frac = make([]float64, G*n)
 	}
 	frac := s.frac[:G*n]
-	sh.dispatch.Split(cs.gpus, G, P, frac)
+	sh.split.Split(s.ly.l, e, cs.gpus, sh.ones[:n], frac)
 	if sh.nv {
 		for i, q := range frac {
 			switch {

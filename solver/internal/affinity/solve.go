@@ -104,6 +104,19 @@ func newShape(p Problem) (*shape, error) {
 		terms:   p.Scenario.Terms(),
 	}
 	sh.perTok, sh.speed = sh.terms.PerTokenSec, sh.terms.Speed
+	split, err := costmodel.NewSplitter(p.Dispatch, p.Start, G, c.GPUsPerNode)
+	if err != nil {
+		// No start to deal for (or one SGLang could not number): plan
+		// with the closed form; the result is scored exactly all the same.
+		if split, err = costmodel.NewSplitter(p.Dispatch.Closed(), nil, G, c.GPUsPerNode); err != nil {
+			return nil, err
+		}
+	}
+	sh.split = split
+	sh.ones = make([]int32, G)
+	for i := range sh.ones {
+		sh.ones[i] = 1
+	}
 	if p.MaxImbalance > 0 {
 		sh.cap, sh.capW = costmodel.Cap{Max: p.MaxImbalance}, capWeight*float64(G)
 	}

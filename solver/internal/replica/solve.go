@@ -237,7 +237,7 @@ func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*
 	}
 	// On one node local dispatch splits as static does (a source's own
 	// GPU, else its node's copies evenly: all of them).
-	if (p.Dispatch == placement.DispatchStaticMean || (p.Dispatch == placement.DispatchLocal && p.Cluster.Nodes == 1)) && len(p.Workloads) == 0 {
+	if (p.Dispatch.Closed() == placement.DispatchStaticMean || (p.Dispatch.Closed() == placement.DispatchLocal && p.Cluster.Nodes == 1)) && len(p.Workloads) == 0 {
 		lay.src = costmodel.SourceShares(s, G)
 	}
 	deadline := opts.Deadline
@@ -337,7 +337,7 @@ func balanceReport(p Problem, bal []LayerBalance, copies [][][]placement.GPU, sp
 			}
 		}
 	}
-	if p.Dispatch == placement.DispatchLocal && p.Stats.Patterns == nil {
+	if p.Dispatch.Closed() == placement.DispatchLocal && p.Stats.Patterns == nil {
 		t, tb := 0.0, 0.0
 		for _, b := range bal {
 			t += b.Traffic
@@ -449,7 +449,7 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 		// Local dispatch: at most one copy per node keeps every copy's
 		// share exact and each node's tokens local, when the cap does not
 		// raise the largest replica above the balance bound.
-		if N := p.Cluster.Nodes; p.Dispatch == placement.DispatchLocal && N > 1 && N < G {
+		if N := p.Cluster.Nodes; p.Dispatch.Closed() == placement.DispatchLocal && N > 1 && N < G {
 			if capped, err := apportion(agg, experts, lay.total, N); err == nil {
 				mean := 0.0
 				for _, v := range agg {
@@ -488,14 +488,14 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 		// copy on a source's GPU all that source's tokens.
 		cp, _ = staticSwap(p.Stats.Load[l], cp, speed, src, staticNode, -1, 0, m)
 	}
-	if p.Dispatch == placement.DispatchLocal && groups == 0 && p.Current == nil {
+	if p.Dispatch.Closed() == placement.DispatchLocal && groups == 0 && p.Current == nil {
 		spread := task.Limit{Deadline: lim.Deadline.Add(opts.SpreadGrace), Work: lim.Work}
 		cp = spreadNodes(p, p.Stats.Load[l], cp, lay, speed, spread.Meter(ctx))
 	}
 	b := layerBalance(p.Stats.Load[l], cp, speed, lay, G, p.localP(), src)
 	// One or two slots per GPU of equal speed: the exact pair method
 	// proves a stronger bound and often packs to it.
-	if backend != nil && groups == 0 && p.Current == nil && len(w) == 1 && p.Dispatch == placement.DispatchEven && b.Gap() > 1e-6 {
+	if backend != nil && groups == 0 && p.Current == nil && len(w) == 1 && p.Dispatch.Closed() == placement.DispatchEven && b.Gap() > 1e-6 {
 		if single, double, ok := pairLayout(lay, speed); ok {
 			s0 := speed[0]
 			load := make([]float64, E)
@@ -514,7 +514,7 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 	// Few experts and slots: every copy count vector and packing can be
 	// searched (exactPack gives up at once where they are too many). A
 	// complete search proves the busiest load optimal.
-	if groups == 0 && p.Current == nil && len(w) == 1 && p.Dispatch == placement.DispatchEven && b.Gap() > 1e-6 {
+	if groups == 0 && p.Current == nil && len(w) == 1 && p.Dispatch.Closed() == placement.DispatchEven && b.Gap() > 1e-6 {
 		better, _, complete := exactPack(p.Stats.Load[l], speed, lay.slots, b.Busiest, lim.Meter(ctx))
 		if better != nil {
 			if nb := layerBalance(p.Stats.Load[l], better, speed, lay, G, 0, nil); nb.Busiest < b.Busiest {
@@ -530,7 +530,7 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 	// plan is taken only where the statistics have no token paths: with
 	// them, which groups share a node sets the traffic packGroups traded
 	// for, and the search only certifies.
-	if groups > 0 && p.Current == nil && len(w) == 1 && p.Dispatch == placement.DispatchEven && b.Gap() > 1e-6 {
+	if groups > 0 && p.Current == nil && len(w) == 1 && p.Dispatch.Closed() == placement.DispatchEven && b.Gap() > 1e-6 {
 		better, busiest, bound := exactGroups(p.Stats.Load[l], speed, lay.slots, groups, p.Cluster.GPUsPerNode, b.Busiest, lim.Meter(ctx))
 		if better != nil && p.Stats.Patterns == nil {
 			if nb := layerBalance(p.Stats.Load[l], better, speed, lay, G, 0, nil); nb.Busiest < b.Busiest && math.Abs(nb.Busiest-busiest) <= 1e-9*busiest {

@@ -51,7 +51,7 @@ func gpuLoads(load []float64, copies [][]placement.GPU, speed []float64, P int) 
 
 // localP returns the GPUs per node when p dispatches locally, else 0.
 func (p Problem) localP() int {
-	if p.Dispatch == placement.DispatchLocal {
+	if p.Dispatch.Closed() == placement.DispatchLocal {
 		return p.Cluster.GPUsPerNode
 	}
 	return 0

@@ -257,8 +257,10 @@ func HomeRemote(ctx context.Context, stats *routing.Stats, layer int, c Shape, d
 	}
 	switch d {
 	case placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal:
+	case placement.DispatchVLLM:
+		d = placement.DispatchEven // its expectation
 	default:
-		return Bound{}, fmt.Errorf("trafficbound: unknown dispatch %v", d)
+		return Bound{}, fmt.Errorf("trafficbound: no bound for %v dispatch (bounds are for the closed-form dispatches: even, local, static-mean, vllm)", d)
 	}
 	if m := opts.MaxNodeLoad; m != 0 && !(m >= 1 && !math.IsInf(m, 1)) {
 		return Bound{}, fmt.Errorf("trafficbound: Options.MaxNodeLoad is %v; a node's share of the load can be capped at 1 (perfect balance) or more, or 0 for no cap", m)
