@@ -471,6 +471,13 @@ func (s *Stats) AssumeTopK(k int) {
 	}
 }
 
+// HasSources reports whether some pattern records its source rank (the
+// EP rank the token started on).
+func (s *Stats) HasSources() bool {
+	_, r := s.MaxSource()
+	return r >= 0
+}
+
 // MaxSource returns the index and source rank of the pattern with the
 // highest source rank, or -1, -1 when no pattern has a source.
 func (s *Stats) MaxSource() (pattern, rank int) {

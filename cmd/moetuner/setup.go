@@ -264,6 +264,17 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if p.Dispatch, err = placement.ParseDispatch(c.dispatch); err != nil {
 		return p, nil, err
 	}
+	var notes []string
+	if !c.given("dispatch") && flow == costmodel.FlowHome && fromSGLang(sources) {
+		p.Dispatch = placement.DispatchSGLangStaticNarrow
+		notes = append(notes, fmt.Sprintf("dispatch %s: SGLang's static table of its newest tree, the default for an SGLang trace (--ep-dispatch-algorithm static); --dispatch names another", p.Dispatch))
+	}
+	if p.Dispatch.PerSource() && !stats.HasSources() {
+		notes = append(notes, fmt.Sprintf("%s dispatch splits each rank's tokens by where they come from, but the trace has no source ranks: every rank is taken to send an equal share of each expert's tokens", p.Dispatch))
+	}
+	if !c.quiet {
+		printNotes(c.stderr, notes)
+	}
 	c.layout, c.modelName = planLayout(stats, model, cluster), model.Name
 	c.decoderFromTrace = stats.ModelLayers != 0
 	if c.from != "" {
@@ -275,6 +286,17 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		}
 	}
 	return p, sources, nil
+}
+
+// fromSGLang reports whether every trace was recorded by SGLang (its
+// expert-distribution recorder or its routed-experts responses).
+func fromSGLang(sources []*routing.Source) bool {
+	for _, src := range sources {
+		if src.Format != routing.FormatSGLangPT && src.Format != routing.FormatSGLangRoutedExperts {
+			return false
+		}
+	}
+	return len(sources) > 0
 }
 
 // given reports whether the flag name was on the command line.
