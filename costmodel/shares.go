@@ -174,11 +174,15 @@ func LayerSourceShares(st *routing.Stats, G, l int) []float64 {
 	return layerShares(st, G, l, make([]float64, st.Experts))
 }
 
-// sharesDefined reports whether st has per-token patterns with a source,
-// every source below G.
+// sharesDefined reports whether st has exact per-source loads for at
+// most G sources, or per-token patterns with a source, every source below
+// G.
 func sharesDefined(st *routing.Stats, G int) bool {
 	if st == nil || G <= 0 {
 		return false
+	}
+	if exactSources(st, G) {
+		return true
 	}
 	any := false
 	for i := range st.Patterns {
@@ -208,10 +212,40 @@ func sourceFractions(st *routing.Stats, G int) [][]float64 {
 	return out
 }
 
-// layerShares is sourceFractions' layer l, with tot (len E) as scratch.
+// exactSources reports whether st's SourceLoad (exact counts per source
+// rank, every token counted) fits G GPUs.
+func exactSources(st *routing.Stats, G int) bool {
+	return len(st.SourceLoad) > 0 && len(st.SourceLoad) <= G && len(st.Load) == st.Layers
+}
+
+// layerShares is sourceFractions' layer l, with tot (len E) as scratch:
+// from the exact per-source loads when st has them (a token without a
+// source counting 1/G for every GPU), else from the patterns (a sample of
+// the paths on long traces).
 func layerShares(st *routing.Stats, G, l int, tot []float64) []float64 {
 	E, k := st.Experts, st.TopK
 	f := make([]float64, G*E)
+	if exactSources(st, G) {
+		for e := 0; e < E; e++ {
+			load := st.Load[l][e]
+			if load <= 0 {
+				for h := 0; h < G; h++ {
+					f[h*E+e] = 1 / float64(G)
+				}
+				continue
+			}
+			known := 0.0
+			for h, sl := range st.SourceLoad {
+				f[h*E+e] = sl[l][e]
+				known += sl[l][e]
+			}
+			rest := max(0, load-known) / float64(G)
+			for h := 0; h < G; h++ {
+				f[h*E+e] = (f[h*E+e] + rest) / load
+			}
+		}
+		return f
+	}
 	clear(tot)
 	for i := range st.Patterns {
 		pt := &st.Patterns[i]

@@ -56,7 +56,13 @@ func TestSourceShares(t *testing.T) {
 	}
 	assert.Nil(t, LayerSourceShares(st, G, L), "layer out of range")
 	assert.Nil(t, SourceShares(st, G-1), "a source past the GPUs")
-	none := *st
-	none.Patterns = nil
-	assert.Nil(t, SourceShares(&none, G), "no patterns")
+	counts := *st
+	counts.Patterns = nil
+	assert.Equal(t, sh, SourceShares(&counts, G), "the exact per-source loads alone give the same shares")
+	paths := *st
+	paths.SourceLoad = nil
+	assert.InDeltaSlice(t, sh[0], SourceShares(&paths, G)[0], 1e-12, "the paths alone (every token kept) give the same shares")
+	none := counts
+	none.SourceLoad = nil
+	assert.Nil(t, SourceShares(&none, G), "neither patterns nor per-source loads")
 }
