@@ -137,6 +137,11 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fmt.Fprintf(stdout, "%d layers × %d experts (top-%d), %.0f tokens; %s: %d nodes × %d GPUs; model %s; flow %s, mode %s\n",
 		p.Stats.Layers, p.Stats.Experts, p.Stats.TopK, p.Stats.Tokens, p.Cluster.Name, p.Cluster.Nodes, p.Cluster.GPUsPerNode, p.Model.Name, p.Flow, p.Mode)
 	printCompare(stdout, p, results)
+	if c.held != nil {
+		if err := printHeldOut(stdout, p, c.held.stats, c.held.cut, c.held.tokens, results); err != nil {
+			return err
+		}
+	}
 	if *reportOut != "" {
 		if err := compareReport(*reportOut, p, sources, results); err != nil {
 			return err

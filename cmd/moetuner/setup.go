@@ -53,6 +53,9 @@ type common struct {
 
 	pathError float64
 	quiet     bool
+	// holdout is --holdout's fraction; held what setup kept back for it.
+	holdout float64
+	held    *heldOut
 
 	// needTrace keeps the per-token traces (replay measures them); other
 	// commands read only their statistics, in bounded memory.
@@ -95,6 +98,9 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 	fs.Float64Var(&c.pathError, "path-error", routing.DefaultPathError, "per-token traces: target relative standard error of the per-token means estimated from the sample of token paths kept for long traces (0: keep every path)")
 	fs.BoolVar(&c.quiet, "quiet", false, "print only errors (no notes on what the statistics left out, no progress)")
 	c.stderr = fs.Output()
+	if solve {
+		fs.Float64Var(&c.holdout, "holdout", 0, "plan on the first part of one per-token trace and also score every plan on its last fraction F (whole steps when the trace records them): what a plan does on traffic it has not seen (compare prints both; 0: off)")
+	}
 	choiceVar(fs, &c.dispatch, "dispatch", "even", dispatchChoices(), "how a rank's tokens pick among an expert's copies, as the serving stack does it: "+
 		"sglang-static (SGLang's --ep-dispatch-algorithm static table, dealt exactly as SGLang deals it with random.Random(42): a rank's own-GPU copy, else one copy dealt to it; trees before the same-node rule; 'static' is this), "+
 		"sglang-static-node (the trees that prefer the first same-node copy), sglang-static-node-narrow (the newest tree: a same-node copy only when the node holds some but not all copies), sglang-static-gpu-only (the newest tree under elastic EP scale-up), "+
@@ -136,7 +142,10 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if c.pathError < 0 {
 		return p, nil, usagef("--path-error %v: want 0 (every path) or a positive relative error such as 0.01", c.pathError)
 	}
-	lo := routing.LoadOptions{Format: routing.Format(c.format), TopK: c.topK, StatsOnly: !c.needTrace, PathError: libPathError(c.pathError)}
+	if !(c.holdout >= 0 && c.holdout < 1) {
+		return p, nil, usagef("--holdout %v: want a fraction of the trace's tokens in [0, 1), such as 0.5", c.holdout)
+	}
+	lo := routing.LoadOptions{Format: routing.Format(c.format), TopK: c.topK, StatsOnly: !c.needTrace && c.holdout == 0, PathError: libPathError(c.pathError)}
 	switch c.transitions {
 	case "all-pairs":
 	case "top1":
@@ -156,6 +165,14 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if !c.quiet {
 		printNotes(c.stderr, stats.Notes)
 	}
+	if c.holdout > 0 {
+		train, test, cut, err := holdoutSplit(sources, c.holdout, routing.StatsOptions{Transitions: lo.Transitions, PathError: lo.PathError})
+		if err != nil {
+			return p, nil, err
+		}
+		c.held = &heldOut{stats: test, cut: cut, tokens: sources[0].Trace.Tokens}
+		sources[0].Stats, stats = train, train
+	}
 	model, err := c.loadModel(stats)
 	if err != nil {
 		return p, nil, err
@@ -163,6 +180,9 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	// Count formats such as logical_count do not say their top-k; the
 	// model does.
 	stats.AssumeTopK(model.TopK)
+	if c.held != nil {
+		c.held.stats.AssumeTopK(model.TopK)
+	}
 	cluster, err := costmodel.LoadCluster(c.cluster)
 	if err != nil {
 		return p, nil, err
