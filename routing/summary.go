@@ -16,6 +16,10 @@ type SummaryReport struct {
 	// HasTransitions says whether the per-layer transition fields are set.
 	HasTransitions bool
 	PerLayer       []LayerSummary
+	// GroupsTouched is the mean number of expert groups a token touches
+	// per layer (GroupsTouched), filled by the caller that knows the
+	// model's groups; nil otherwise.
+	GroupsTouched []float64 `json:"groups_touched,omitempty"`
 }
 
 // LayerSummary describes the load and, when known, the transitions of one
@@ -110,4 +114,44 @@ func Summary(s *Stats) SummaryReport {
 		r.PerLayer = append(r.PerLayer, ls)
 	}
 	return r
+}
+
+// GroupsTouched returns, for group-limited routing with groups expert
+// groups (group g holds experts [g·E/groups, (g+1)·E/groups), as
+// DeepSeek-V3's gate numbers them), the mean number of groups a token's
+// experts touch in each layer and the most any token touches in any
+// layer, from the per-token paths (a weighted sample of them on long
+// traces). ok is false without paths or when groups does not divide the
+// experts.
+func GroupsTouched(s *Stats, groups int) (perLayer []float64, most int, ok bool) {
+	if s == nil || len(s.Patterns) == 0 || groups < 1 || s.Experts%groups != 0 || s.TopK < 1 {
+		return nil, 0, false
+	}
+	size := s.Experts / groups
+	perLayer = make([]float64, s.Layers)
+	seen := make([]int, groups)
+	stamp := 0
+	tot := 0.0
+	for _, pt := range s.Patterns {
+		tot += pt.Count
+		for l := range s.Layers {
+			stamp++
+			n := 0
+			for _, e := range pt.Experts[l*s.TopK : (l+1)*s.TopK] {
+				if g := int(e) / size; seen[g] != stamp {
+					seen[g] = stamp
+					n++
+				}
+			}
+			perLayer[l] += pt.Count * float64(n)
+			most = max(most, n)
+		}
+	}
+	if tot <= 0 {
+		return nil, 0, false
+	}
+	for l := range perLayer {
+		perLayer[l] /= tot
+	}
+	return perLayer, most, true
 }

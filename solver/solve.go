@@ -349,14 +349,19 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			res.Note = "E/G experts per cluster"
 		}
 	case StrategyJoint:
+		q := p
+		q.Stats = planningStats(p)
 		if p.Current != nil && !movesBudgeted(p, opts) && currentFits(p) {
 			// Free moves: the running plan bounds nothing, so the
 			// layers are planned afresh (a local search from it ends
 			// where its moves stop), and it is kept only if faster.
-			res, err = solveFresh(ctx, p, opts, b, start)
-			break
+			res, err = solveFresh(ctx, q, opts, b, start)
+		} else {
+			res, err = solveJointPath(ctx, q, opts, b, start)
 		}
-		res, err = solveJointPath(ctx, p, opts, b, start)
+		if res != nil && q.Stats != p.Stats {
+			res.report = nil // scored on the statistics as recorded below
+		}
 	default:
 		return nil, fmt.Errorf("solver: unknown strategy %q", st)
 	}

@@ -92,6 +92,16 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 			optPct(sum.HasTransitions && int(l.Layer) < sum.Layers-1, l.TopPairShare), optPct(sum.HasTransitions && int(l.Layer) < sum.Layers-1, l.RowMaxShare))
 	}
 	tw.Flush()
+	if m, err := (&common{model: *model}).loadModel(stats); err == nil && m.ExpertGroups > 0 {
+		if per, most, ok := routing.GroupsTouched(stats, m.ExpertGroups); ok {
+			lo, hi, mean := per[0], per[0], 0.0
+			for _, v := range per {
+				lo, hi, mean = min(lo, v), max(hi, v), mean+v/float64(len(per))
+			}
+			fmt.Fprintf(stdout, "groups touched per token and layer (%d groups of %d experts, model %s): mean %.2f (layers %.2f–%.2f), most %d\n", m.ExpertGroups, stats.Experts/m.ExpertGroups, m.Name, mean, lo, hi, most)
+			sum.GroupsTouched = per
+		}
+	}
 	if *out != "" {
 		w := stats
 		if outFormat == "logical-count" {
