@@ -34,7 +34,7 @@ type Splitter interface {
 // experts GPU by GPU).
 func NewSplitter(d placement.Dispatch, plan *placement.Plan, G, gpusPerNode int) (Splitter, error) {
 	switch d {
-	case placement.DispatchEven, placement.DispatchVLLM:
+	case placement.DispatchEven, placement.DispatchVLLM, placement.DispatchTRTLLM:
 		return evenSplit{}, nil
 	case placement.DispatchLocal, placement.DispatchStaticMean:
 		return closedSplit{d: d, G: G, P: gpusPerNode}, nil

@@ -64,9 +64,15 @@ const (
 	// index ((index × 2654435769) mod 2^32 mod copies), modeled by its
 	// expectation, the even split.
 	DispatchVLLM
+	// DispatchTRTLLM is TensorRT-LLM's load balancer's replica choice
+	// (moeComputeRouteKernel): a round robin over an expert's copies
+	// within every block of 1024 routed entries, offset by the block and,
+	// with attention DP, by the rank; modeled by its expectation, the even
+	// split.
+	DispatchTRTLLM
 )
 
-var dispatchNames = []string{"even", "local", "static-mean", "sglang-static", "sglang-static-node", "sglang-static-node-narrow", "sglang-static-gpu-only", "sglang-dynamic", "vllm"}
+var dispatchNames = []string{"even", "local", "static-mean", "sglang-static", "sglang-static-node", "sglang-static-node-narrow", "sglang-static-gpu-only", "sglang-dynamic", "vllm", "trtllm"}
 
 // String returns the model's name as ParseDispatch reads it.
 func (d Dispatch) String() string {
@@ -83,7 +89,7 @@ func (d Dispatch) Valid() bool { return d >= 0 && int(d) < len(dispatchNames) }
 // depends on where the source is.
 func (d Dispatch) PerSource() bool {
 	switch d {
-	case DispatchEven, DispatchVLLM:
+	case DispatchEven, DispatchVLLM, DispatchTRTLLM:
 		return false
 	}
 	return true
@@ -110,7 +116,7 @@ func (d Dispatch) Closed() Dispatch {
 		return DispatchStaticMean
 	case DispatchSGLangStaticNode, DispatchSGLangStaticNarrow, DispatchSGLangDynamic:
 		return DispatchLocal
-	case DispatchVLLM:
+	case DispatchVLLM, DispatchTRTLLM:
 		return DispatchEven
 	}
 	return d

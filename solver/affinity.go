@@ -158,7 +158,7 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	// No bound is known for the dispatches that are not closed forms
 	// (SGLang's tables and dynamic dispatch): a particular deal may send
 	// fewer copies across nodes than any closed form predicts.
-	if (p.Flow == costmodel.FlowHome || !p.replicated()) && (p.Dispatch.Closed() == p.Dispatch || p.Dispatch == placement.DispatchVLLM) {
+	if (p.Flow == costmodel.FlowHome || !p.replicated()) && (p.Dispatch.Closed() == p.Dispatch || !p.Dispatch.PerSource()) {
 		bctx, cancel := ctx, func() {}
 		if W == 0 {
 			// Its share from now: the start's packing and checks before it

@@ -104,8 +104,8 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 	choiceVar(fs, &c.dispatch, "dispatch", "even", dispatchChoices(), "how a rank's tokens pick among an expert's copies, as the serving stack does it: "+
 		"sglang-static (SGLang's --ep-dispatch-algorithm static table, dealt exactly as SGLang deals it with random.Random(42): a rank's own-GPU copy, else one copy dealt to it; trees before the same-node rule; 'static' is this), "+
 		"sglang-static-node (the trees that prefer the first same-node copy), sglang-static-node-narrow (the newest tree: a same-node copy only when the node holds some but not all copies), sglang-static-gpu-only (the newest tree under elastic EP scale-up), "+
-		"sglang-dynamic (SGLang's dynamic dispatch: nearest copy, else a random copy per token), vllm (vLLM's hashed replica per token, by its expectation), "+
-		"even (every rank splits evenly: EPLB's own model), local (own GPU, else own node, else water-filled: node-local replicas as in SGLang PR #19772) or static-mean (the expectation of SGLang's table over its deal, which no GPU sees); every one but even and vllm is home flow only")
+		"sglang-dynamic (SGLang's dynamic dispatch: nearest copy, else a random copy per token), vllm (vLLM's hashed replica per token, by its expectation), trtllm (TensorRT-LLM's round robin per block of routed tokens, by its expectation), "+
+		"even (every rank splits evenly: EPLB's own model), local (own GPU, else own node, else water-filled: node-local replicas as in SGLang PR #19772) or static-mean (the expectation of SGLang's table over its deal, which no GPU sees); every one but even, vllm and trtllm is home flow only")
 	if solve {
 		c.timeLimit = 60 * time.Second
 		fs.Var(setDuration{&c.timeLimit, &c.timeLimitSet}, "time-limit", "time limit of the whole command, reading the traces included: the solves get what reading left (compare shares it among the strategies that search), and the command ends within it plus 10%; with --effort only a safety limit, off unless given")

@@ -257,8 +257,8 @@ func HomeRemote(ctx context.Context, stats *routing.Stats, layer int, c Shape, d
 	}
 	switch d {
 	case placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal:
-	case placement.DispatchVLLM:
-		d = placement.DispatchEven // its expectation
+	case placement.DispatchVLLM, placement.DispatchTRTLLM:
+		d = placement.DispatchEven // their expectation
 	default:
 		return Bound{}, fmt.Errorf("trafficbound: no bound for %v dispatch (bounds are for the closed-form dispatches: even, local, static-mean, vllm)", d)
 	}
