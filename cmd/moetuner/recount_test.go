@@ -198,3 +198,14 @@ func checkSGLangRecount(t *testing.T, decoderLayers int) {
 func TestSGLangPlanRecount(t *testing.T) {
 	checkSGLangRecount(t, 3)
 }
+
+// TestSGLangPlanRecountDenseRows is TestSGLangPlanRecount for a model with
+// dense decoder layers before its MoE layers (DeepSeek-V3 has three): the
+// written map has SGLang's trivial rows for them, and SGLang deals those
+// rows too (ModelConfigForExpertLocation.num_layers is num_hidden_layers;
+// compute_logical_to_rank_dispatch_physical_map walks every row with one
+// random.Random(42)), so the deals of the dense rows move the stream the
+// MoE rows are dealt from.
+func TestSGLangPlanRecountDenseRows(t *testing.T) {
+	checkSGLangRecount(t, 5)
+}
