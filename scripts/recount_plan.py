@@ -2,6 +2,8 @@
 """Score an SGLang placement on a per-token trace with no moetuner code.
 
     python3 scripts/recount_plan.py TRACE.npy PLAN.sglang.json --gpus 32 --gpus-per-node 8
+    python3 scripts/recount_plan.py TRACE.npy PLAN.sglang.json --gpus 32 --gpus-per-node 8 \
+        --dispatch sglang-static-node-narrow [--json]
 
 TRACE.npy is an integer array [tokens][MoE layers][top-k] of expert ids
 (NumPy format, little-endian, C order); its sibling TRACE.source.npy, an
@@ -19,7 +21,25 @@ Prints, as means over the MoE layers:
   remote nodes per token (static): the expected number of nodes other than
       the token's own that receive at least one of its copies, per token and
       layer (each expert's copy drawn independently as above);
-and the worst layer's busiest/mean. Standard library only.
+and the worst layer's busiest/mean.
+
+--dispatch sglang-static, sglang-static-node, sglang-static-node-narrow or
+sglang-static-gpu-only instead counts every token as SGLang's static
+dispatch sends it: the table ([rank][decoder layer][expert] -> physical id)
+is built by sglang_dispatch.py (same directory; Python's own random,
+seeded with 42, init_by_mapping) from EVERY row of the map, dense rows
+included, since SGLang deals every decoder layer's row
+(ModelConfigForExpertLocation.num_layers is num_hidden_layers) and those
+deals draw from the one stream before the MoE layers'. Each token of
+source rank h and expert e then goes, whole, to the GPU of table[h][row][e].
+A trace without sources has every rank send an equal share of every token.
+It prints the busiest GPU's tokens over the mean per layer, averaged over
+the MoE layers, and the worst layer; --json prints them as
+{"dispatch", "mean_balance", "max_balance", "layers": [busiest/mean],
+"busiest_tokens": [the busiest GPU's tokens]} instead.
+
+--moe-rows R0,R1,... names the map rows of the trace's MoE layers when they
+are not the last ones. Standard library only.
 """
 import argparse
 import array
@@ -28,6 +48,8 @@ import json
 import os
 import struct
 import sys
+
+import sglang_dispatch  # same directory: sys.path[0] is this script's
 
 
 def read_npy(path):
@@ -51,21 +73,73 @@ def read_npy(path):
         return a, tuple(header["shape"])
 
 
+def dealt(ids, shape, src, full, moe_rows, G, P, variant):
+    """Per MoE layer, (busiest/mean, busiest GPU's tokens) with every token
+    sent as SGLang's table says."""
+    T, L, K = shape
+    experts = max(max(r) for r in full) + 1
+    cands = sglang_dispatch.candidates_of(full, experts)
+    per = len(full[0]) // G
+    tab = sglang_dispatch.table(cands, G, per, P, variant, "init_by_mapping")
+    out = []
+    for l, row in enumerate(moe_rows):
+        load = [0.0] * G
+        gpu = [[tab[h][row][e] // per for e in range(experts)] for h in range(G)]
+        for t in range(T):
+            base = (t * L + l) * K
+            if src is None:
+                for h in range(G):
+                    for e in ids[base:base + K]:
+                        load[gpu[h][e]] += 1.0 / G
+                continue
+            mine = gpu[src[t]]
+            for e in ids[base:base + K]:
+                load[mine[e]] += 1
+        out.append((max(load) / (T * K / G), max(load)))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
     ap.add_argument("plan")
     ap.add_argument("--gpus", type=int, required=True)
     ap.add_argument("--gpus-per-node", type=int, required=True)
+    ap.add_argument("--dispatch", choices=sglang_dispatch.VARIANTS)
+    ap.add_argument("--moe-rows")
+    ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     ids, shape = read_npy(a.trace)
     T, L, K = shape
     src_path = a.trace[:-4] + ".source.npy"
     src = read_npy(src_path)[0] if os.path.exists(src_path) else None
+    if src is not None and len(src) != T:
+        sys.exit(f"{src_path}: {len(src)} sources for {T} tokens")
     with open(a.plan) as f:
-        rows = json.load(f)["physical_to_logical_map"]
-    rows = rows[len(rows) - L:]
+        full = json.load(f)["physical_to_logical_map"]
     G, P = a.gpus, a.gpus_per_node
+    if len(full[0]) % G:
+        sys.exit(f"{a.plan}: {len(full[0])} slots do not divide over {G} GPUs")
+    if src is not None and any(h < 0 or h >= G for h in src):
+        sys.exit(f"{src_path}: a source rank is outside [0,{G})")
+    if a.moe_rows:
+        moe_rows = [int(x) for x in a.moe_rows.split(",")]
+    else:
+        moe_rows = list(range(len(full) - L, len(full)))
+    if len(moe_rows) != L or min(moe_rows) < 0 or max(moe_rows) >= len(full):
+        sys.exit(f"{a.plan}: {len(full)} map rows cannot hold the trace's {L} MoE layers at rows {moe_rows}")
+    if a.dispatch:
+        per_layer = dealt(ids, shape, src, full, moe_rows, G, P, a.dispatch)
+        bal = [b for b, _ in per_layer]
+        mean, worst = sum(bal) / L, max(bal)
+        if a.json:
+            print(json.dumps({"dispatch": a.dispatch, "mean_balance": mean, "max_balance": worst,
+                              "layers": bal, "busiest_tokens": [m for _, m in per_layer]}))
+        else:
+            print(f"layers {L}, tokens {T}, top-{K}, {G} GPUs ({G // P} nodes)")
+            print(f"busiest/mean ({a.dispatch}, as dealt): mean {mean:.4f}, worst layer {worst:.4f}")
+        return
+    rows = [full[r] for r in moe_rows]
     even_sum = static_sum = worst = remote = 0.0
     for l in range(L):
         row = rows[l]

@@ -1,0 +1,215 @@
+package costmodel_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/baseline"
+	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/internal/sharedfiles"
+	"github.com/moetuner/moetuner/internal/stackdispatch"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
+)
+
+// recount32k is the shared DeepSeek-V3-shaped trace (32,768 tokens with
+// their source ranks, 1,024 per rank, interleaved; 58 MoE layers, top-8 of
+// 256) with EPLB's plan for 4 nodes × 8 GPUs and 32 redundant slots, and
+// the busiest/mean costmodel models for it under vLLM's dispatch.
+type recount32k struct {
+	tr       *routing.Trace
+	G, S     int
+	replicas [][][]int32 // [layer][expert]: slots, ascending
+	model    *costmodel.Report
+}
+
+var (
+	recount32kOnce sync.Once
+	recount32kData *recount32k
+	recount32kErr  error
+)
+
+// loadRecount32k reads the shared trace once for the tests of this file,
+// or skips when it is absent (or with -short: it reads 30 MB).
+func loadRecount32k(t *testing.T) *recount32k {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("reads the 30 MB shared trace")
+	}
+	path := sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
+	if path == "" {
+		t.Skip("the shared synthetic trace is absent")
+	}
+	recount32kOnce.Do(func() { recount32kData, recount32kErr = newRecount32k(path) })
+	require.NoError(t, recount32kErr)
+	return recount32kData
+}
+
+func newRecount32k(path string) (*recount32k, error) {
+	src, err := routing.Load(path, routing.LoadOptions{})
+	if err != nil {
+		return nil, err
+	}
+	c, err := costmodel.ClusterPreset("4xh100x8")
+	if err != nil {
+		return nil, err
+	}
+	m, err := costmodel.ModelPreset("deepseek-v3")
+	if err != nil {
+		return nil, err
+	}
+	G := c.GPUs()
+	plan, err := baseline.EPLB(src.Stats, G, baseline.EPLBOptions{RedundantSlots: 32, Nodes: c.Nodes, FixDuplicates: true})
+	if err != nil {
+		return nil, err
+	}
+	maps, err := plan.EPLBMaps()
+	if err != nil {
+		return nil, err
+	}
+	rep, err := costmodel.Scenario{Stats: src.Stats, Cluster: c, Model: m, Dispatch: placement.DispatchVLLM}.Evaluate(plan)
+	if err != nil {
+		return nil, err
+	}
+	d := &recount32k{tr: src.Trace, G: G, S: len(maps.Phy2Log[0]) / G, model: rep, replicas: make([][][]int32, len(maps.Log2Phy))}
+	for l := range d.replicas {
+		d.replicas[l] = make([][]int32, plan.Experts)
+		for e, row := range maps.Log2Phy[l] {
+			for _, p := range row[:maps.LogCnt[l][e]] {
+				d.replicas[l][e] = append(d.replicas[l][e], int32(p))
+			}
+		}
+	}
+	return d, nil
+}
+
+// hashGap is a recount's busiest/mean, averaged over layers and in the
+// worst layer, and its relative gap to the model's.
+type hashGap struct {
+	mean, worst       float64
+	meanGap, worstGap float64 // recount / model − 1
+	layerGapMax       float64 // max over layers of |recount/model − 1|
+}
+
+// measure recounts every layer with count (layer l's routed tokens in
+// trace order -> tokens per GPU) and compares with the model.
+func (d *recount32k) measure(t *testing.T, count func(l int, rt stackdispatch.Routing) ([]int64, error)) hashGap {
+	t.Helper()
+	tr := d.tr
+	require.NotNil(t, tr)
+	require.NotNil(t, tr.Source, "the trace's sources (ds3-prefill4096-32k.source.npy)")
+	L, K := tr.Layers, tr.TopK
+	require.Len(t, d.model.Layers, L)
+	var r hashGap
+	for l := range L {
+		rt := stackdispatch.Routing{TopK: K, Source: tr.Source, Experts: make([]int32, 0, tr.Tokens*K)}
+		for tok := range tr.Tokens {
+			for j := range K {
+				rt.Experts = append(rt.Experts, int32(tr.At(tok, l, j)))
+			}
+		}
+		load, err := count(l, rt)
+		require.NoError(t, err)
+		total, busiest := int64(0), int64(0)
+		for _, x := range load {
+			total += x
+			busiest = max(busiest, x)
+		}
+		require.Equal(t, int64(tr.Tokens*K), total, "layer %d: every routed pair counted once", l)
+		bal := float64(busiest) / (float64(total) / float64(d.G))
+		r.mean += bal / float64(L)
+		r.worst = max(r.worst, bal)
+		r.layerGapMax = max(r.layerGapMax, math.Abs(bal/d.model.Layers[l].Balance-1))
+	}
+	r.meanGap, r.worstGap = r.mean/d.model.MeanBalance-1, r.worst/d.model.MaxBalance-1
+	return r
+}
+
+func (d *recount32k) log(t *testing.T, name string, r hashGap) {
+	t.Helper()
+	t.Logf("%-34s recount busiest/mean %.5f (%+.3f%% vs model %.5f), worst layer %.5f (%+.3f%% vs %.5f), largest layer gap %.3f%%",
+		name, r.mean, 100*r.meanGap, d.model.MeanBalance, r.worst, 100*r.worstGap, d.model.MaxBalance, 100*r.layerGapMax)
+}
+
+// TestVLLMHashRecount32k is target 4 of the dispatch issue: under vLLM's
+// hash dispatch, the busiest/mean costmodel models (DispatchVLLM, the
+// hash's expectation: the even split) equals a token-by-token recount
+// (stackdispatch.VLLMPicker: each rank's tokens in trace order, cut into
+// forward passes of B tokens per rank) within 0.5 % averaged over layers,
+// and within 1 % in the worst layer. The trace is 4096-token prefill steps
+// on 32 ranks, so B = 4096/32 = 128 tokens per rank and pass is the main
+// reading; B = 4096 (each rank a 4096-token prefill of its own, so each
+// rank's 1,024 tokens are one pass) the other.
+//
+// The 1 % for the worst layer: it is one layer's busiest GPU, a maximum, and
+// any per-token choice scatters each copy's tokens around its share, which
+// lifts the maximum above the maximum of the shares. Drawing each token's
+// copy uniformly at random (what the even model is the exact expectation
+// of) lifts it by 0.8 % on this plan, logged here as the floor a model exact
+// in expectation cannot beat; a model that counts the hash itself would
+// match to 0.
+//
+// Measured 2026-12-07 it FAILS: the recount is 1.24 % (B = 128) and 0.65 %
+// (B = 4096) above the model averaged over layers, and the uniform draw
+// 0.70 %: the even expectation cannot reach 0.5 % on this trace; the
+// per-token trace holds each token's rank and order, so counting the hash
+// exactly (given B) would.
+func TestVLLMHashRecount32k(t *testing.T) {
+	d := loadRecount32k(t)
+	uniform := d.measure(t, func(l int, rt stackdispatch.Routing) ([]int64, error) {
+		rng := rand.New(rand.NewPCG(uint64(l), 99))
+		return stackdispatch.CountTokens(rt, d.S, d.G, func(_ int32, _ int64, _ int, e int32) int32 {
+			return d.replicas[l][e][rng.IntN(len(d.replicas[l][e]))]
+		})
+	})
+	d.log(t, "uniform random copy per token", uniform)
+	for _, B := range []int{128, 4096} {
+		r := d.measure(t, func(l int, rt stackdispatch.Routing) ([]int64, error) {
+			return stackdispatch.CountTokens(rt, d.S, d.G, stackdispatch.VLLMPicker(d.replicas[l], B))
+		})
+		d.log(t, "vllm hash, B="+strconv.Itoa(B)+" tokens/rank/pass", r)
+		assert.InDelta(t, 0, r.meanGap, 0.005, "B=%d: mean busiest/mean, recount vs model (target 4: 0.5 %%)", B)
+		assert.InDelta(t, 0, r.worstGap, 0.01, "B=%d: worst layer busiest/mean, recount vs model", B)
+	}
+}
+
+// TestTRTLLMRecount32k: TensorRT-LLM's routing kernel
+// (stackdispatch.CountTRTLLM) recounted on the same trace and plan, against
+// the even model (its expectation). With attention DP (the kernel offsets
+// each rank's round robin by its rank) every copy gets its share to within
+// an entry per block, and the model agrees within 0.5 % in the mean and in
+// the worst layer (measured 2026-12-07: +0.05 % and +0.04 %, B = 128). Without
+// attention DP every rank starts its round robin at copy 0, so the first
+// copies of odd counts pile up: measured +2.2 % mean, +3.1 % worst (logged,
+// not asserted: it is the stack's behaviour, not the model's error to fix
+// here).
+func TestTRTLLMRecount32k(t *testing.T) {
+	d := loadRecount32k(t)
+	for _, tc := range []struct {
+		B  int
+		dp bool
+	}{{128, true}, {4096, true}, {128, false}} {
+		r := d.measure(t, func(l int, rt stackdispatch.Routing) ([]int64, error) {
+			return stackdispatch.CountTRTLLM(rt, d.replicas[l], d.S, d.G, tc.B, tc.dp)
+		})
+		name := "trtllm, B=" + strconv.Itoa(tc.B)
+		if tc.dp {
+			name += ", attention DP"
+		} else {
+			name += ", no attention DP"
+		}
+		d.log(t, name, r)
+		if tc.dp {
+			assert.InDelta(t, 0, r.meanGap, 0.005, "%s: mean busiest/mean, recount vs model", name)
+			assert.InDelta(t, 0, r.worstGap, 0.005, "%s: worst layer busiest/mean, recount vs model", name)
+		} else {
+			assert.Greater(t, r.meanGap, 0.005, "%s: every rank starting at copy 0 overloads the first copies", name)
+		}
+	}
+}
