@@ -28,11 +28,16 @@ type Splitter interface {
 }
 
 // NewSplitter binds dispatch d to plan for a cluster of G GPUs in nodes of
-// gpusPerNode. Models that do not depend on the plan ignore it (plan may be
-// nil); SGLang's tables (d.Dealt()) compute the whole table of plan, which
-// needs the same number of slots on every GPU (SGLang numbers physical
-// experts GPU by GPU).
-func NewSplitter(d placement.Dispatch, plan *placement.Plan, G, gpusPerNode int) (Splitter, error) {
+// gpusPerNode, the plan's layers sitting among the model's decoder layers
+// as layout says (Scenario.Layout). Models that do not depend on the plan
+// ignore plan and layout (plan may be nil); SGLang's tables (d.Dealt())
+// deal the whole map SGLang loads for plan, the rows of dense decoder
+// layers included (placement.SGLangRows: they draw from the same random
+// stream before the MoE rows that follow them), which needs the same
+// number of slots on every GPU (SGLang numbers physical experts GPU by
+// GPU). With a layout that does not know the decoder layers the map is the
+// plan's layers alone.
+func NewSplitter(d placement.Dispatch, plan *placement.Plan, G, gpusPerNode int, layout placement.Layout) (Splitter, error) {
 	switch d {
 	case placement.DispatchEven, placement.DispatchVLLM, placement.DispatchTRTLLM:
 		return evenSplit{}, nil
@@ -45,7 +50,7 @@ func NewSplitter(d placement.Dispatch, plan *placement.Plan, G, gpusPerNode int)
 	if !ok {
 		return nil, fmt.Errorf("costmodel: unknown dispatch %v", d)
 	}
-	return newDealSplit(v, plan, G, gpusPerNode)
+	return newDealSplit(v, plan, G, gpusPerNode, layout)
 }
 
 // sglangVariant is the tree of SGLang's static table that d names.
@@ -154,28 +159,31 @@ type dealSplit struct {
 	pos     [][]int32 // [l·E+e]: the position dealt to each of dealt
 }
 
-func newDealSplit(v stackdispatch.SGLangVariant, plan *placement.Plan, G, P int) (*dealSplit, error) {
+func newDealSplit(v stackdispatch.SGLangVariant, plan *placement.Plan, G, P int, layout placement.Layout) (*dealSplit, error) {
 	if plan == nil {
 		return nil, fmt.Errorf("costmodel: %s dispatch needs the plan it deals for", v)
 	}
-	q := plan.GPUMajor()
-	S := -1
-	for l := range q.Layers {
-		for g, c := range q.SlotsPerGPU(l) {
-			if S < 0 {
-				S = c
-			}
-			if c != S {
-				return nil, fmt.Errorf("costmodel: %s dispatch: layer %d: GPU %d holds %d slots, GPU 0 holds %d; SGLang numbers physical experts GPU by GPU and needs the same count on every GPU", v, l, g, c, S)
+	for l := range plan.Layers {
+		for g, c := range plan.SlotsPerGPU(l) {
+			if c0 := plan.SlotsPerGPU(0)[0]; c != c0 {
+				return nil, fmt.Errorf("costmodel: %s dispatch: layer %d: GPU %d holds %d slots, GPU 0 holds %d; SGLang numbers physical experts GPU by GPU and needs the same count on every GPU", v, l, g, c, c0)
 			}
 		}
 	}
-	E, L := plan.Experts, len(q.Layers)
-	phy := make([][]int32, L)
-	for l, lp := range q.Layers {
-		phy[l] = make([]int32, len(lp.SlotExpert))
-		for i, e := range lp.SlotExpert {
-			phy[l][i] = int32(e)
+	if layout.ModelLayers > 0 && len(layout.LayerIDs) == 0 && layout.ModelLayers != len(plan.Layers) {
+		layout.ModelLayers = 0 // where the MoE layers sit is unknown
+	}
+	rows, moeRows, err := placement.SGLangRows(plan, layout)
+	if err != nil {
+		return nil, fmt.Errorf("costmodel: %s dispatch: %w", v, err)
+	}
+	E, L := plan.Experts, len(plan.Layers)
+	S := len(rows[0]) / G
+	phy := make([][]int32, len(rows))
+	for r, row := range rows {
+		phy[r] = make([]int32, len(row))
+		for i, e := range row {
+			phy[r][i] = int32(e)
 		}
 	}
 	cands, err := stackdispatch.CandidatesFromPhy2Log(phy, E)
@@ -189,14 +197,15 @@ func newDealSplit(v stackdispatch.SGLangVariant, plan *placement.Plan, G, P int)
 	d := &dealSplit{v: v, G: G, P: P, E: E, perRank: v != stackdispatch.SGLangStaticPlain,
 		n: make([]int32, L*E), dealt: make([][]int32, L*E), pos: make([][]int32, L*E)}
 	for l := range L {
+		row := moeRows[l]
 		for e := range E {
-			c := cands[l][e]
+			c := cands[row][e]
 			i := l*E + e
 			d.n[i] = int32(len(c))
 			d.dealt[i] = stackdispatch.SGLangDealtRanks(c, G, S, P, v, nil)
 			d.pos[i] = make([]int32, len(d.dealt[i]))
 			for j, r := range d.dealt[i] {
-				d.pos[i][j] = int32(slices.Index(c, table[r][l][e]))
+				d.pos[i][j] = int32(slices.Index(c, table[r][row][e]))
 			}
 		}
 	}

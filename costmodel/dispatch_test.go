@@ -168,6 +168,6 @@ func TestEvaluatorDealtMoves(t *testing.T) {
 // GPU, so a plan with different slot counts per GPU cannot be dealt.
 func TestDealSplitRefusesUnequalSlots(t *testing.T) {
 	plan := &placement.Plan{GPUs: 2, Experts: 3, Layers: []placement.LayerPlan{{SlotExpert: []routing.Expert{0, 1, 2}, SlotGPU: []placement.GPU{0, 0, 1}}}}
-	_, err := NewSplitter(placement.DispatchSGLangStatic, plan, 2, 2)
+	_, err := NewSplitter(placement.DispatchSGLangStatic, plan, 2, 2, placement.Layout{})
 	assert.ErrorContains(t, err, "same count on every GPU")
 }

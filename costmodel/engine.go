@@ -29,7 +29,10 @@ type engine struct {
 	// GPU (every dispatch but even and vLLM's).
 	perSource bool
 	// split is the dispatch model, bound to the plan of planShares.
-	split   Splitter
+	split Splitter
+	// layout says where the layers sit among the decoder layers (for
+	// dispatches dealt over every decoder layer).
+	layout  placement.Layout
 	srcFrac [][]float64 // per source: [L][G×E] share of Load[l][e] sourced on GPU h; nil = uniform
 
 	// scratch
@@ -140,6 +143,7 @@ func newEngine(stats *routing.Stats, c Cluster, m Model, opts Options) (*engine,
 		nicLat: c.NICLatency.Seconds(),
 		terms:  NewTerms(c, m, opts.Mode, opts.Chunks),
 	}
+	ev.layout = Scenario{Stats: stats, Cluster: c, Model: m}.Layout()
 	ev.usePatterns = stats.Patterns != nil
 	ev.perSource = opts.Dispatch.PerSource()
 	if ev.perSource && ev.usePatterns {
@@ -245,7 +249,7 @@ func (ev *engine) planShares(plan *placement.Plan) ([]shares, error) {
 	if len(plan.Layers) != ev.l {
 		return nil, fmt.Errorf("costmodel: plan has %d layers, stats have %d", len(plan.Layers), ev.l)
 	}
-	split, err := NewSplitter(ev.opts.Dispatch, plan, ev.g, ev.p)
+	split, err := NewSplitter(ev.opts.Dispatch, plan, ev.g, ev.p, ev.layout)
 	if err != nil {
 		return nil, err
 	}

@@ -78,7 +78,7 @@ func expectedShares(d placement.Dispatch, slots []int32, h, G, S, P int, remoteF
 	}
 	own := slices.Contains(distinct, h)
 	switch d {
-	case placement.DispatchEven, placement.DispatchVLLM:
+	case placement.DispatchEven, placement.DispatchVLLM, placement.DispatchTRTLLM:
 		// Every slot takes 1/n of every token (vLLM: the hash's
 		// expectation over its rows).
 		perSlot()
@@ -209,7 +209,7 @@ func TestEveryDispatchLoadsMatchRecount(t *testing.T) {
 	for d := placement.Dispatch(0); d.Valid(); d++ {
 		all = append(all, d)
 	}
-	require.Len(t, all, 9, "a new dispatch model: give it a recount here")
+	require.Len(t, all, 10, "a new dispatch model: give it a recount here")
 	checked := 0
 	for it := range 30 {
 		nodes, gpn, S := 1+it%3, 2+(it/3)%3, 1+it%3

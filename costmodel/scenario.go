@@ -1,6 +1,8 @@
 package costmodel
 
 import (
+	"slices"
+
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
@@ -21,6 +23,42 @@ type Scenario struct {
 	// Chunks is the number of pipeline chunks in overlapped mode; 0 means
 	// DefaultChunks.
 	Chunks int
+}
+
+// Layout returns where s's layers sit among the model's decoder layers, as
+// far as s knows: the statistics' own layer ids and decoder count, else the
+// model's (when it has the statistics' layers), for files indexed by
+// decoder layer and for dispatches dealt over every decoder layer (SGLang's
+// table). Fields it cannot tell are zero.
+func (s Scenario) Layout() placement.Layout {
+	st, m := s.Stats, s.Model
+	if st == nil {
+		return placement.Layout{}
+	}
+	l := placement.Layout{GPUs: s.Cluster.GPUs(), Experts: st.Experts, Layers: st.Layers}
+	ids, total := st.LayerNames, st.ModelLayers
+	if ids == nil && !(total > 0 && total == st.Layers) {
+		// The statistics say nothing about their layers (or only the
+		// decoder count); a model of their shape may.
+		if pre := m.MoELayers(); pre != nil && m.Layers == st.Layers && (total == 0 || total == m.DecoderLayers) {
+			ids, total = pre, m.DecoderLayers
+		}
+	}
+	if total == 0 && m.DecoderLayers > 0 {
+		top := st.Layers - 1
+		if ids != nil {
+			top = slices.Max(ids)
+		}
+		if m.DecoderLayers > top {
+			total = m.DecoderLayers
+		}
+	}
+	known := l
+	known.LayerIDs, known.ModelLayers = ids, total
+	if placement.CheckLayout(placement.FormatJSON, known) != nil {
+		return l // the layer ids do not fit together: unknown
+	}
+	return known
 }
 
 // Options returns the flow, mode, chunks and dispatch of s.

@@ -56,6 +56,31 @@ func sglangRows(p *Plan, l Layout, format string) ([][]int, error) {
 	return rows, nil
 }
 
+// SGLangRows returns the physical_to_logical_map FormatSGLang writes for
+// p under layout l: one row per decoder layer ([l.ModelLayers][P], row
+// l.LayerIDs[i] holding plan layer i's slots GPU by GPU, every dense
+// layer's row SGLang's trivial map arange(P) % Experts), and the row of
+// every plan layer. Without the decoder layers in l (ModelLayers 0) the
+// rows are the plan's layers alone. It fails as the writer does on a plan
+// SGLang cannot number (different slot counts per GPU).
+func SGLangRows(p *Plan, l Layout) (rows [][]int, moeRows []int, err error) {
+	if l.ModelLayers == 0 {
+		rows, err = rankMajor(p, "sglang", "SGLang")
+		if err != nil {
+			return nil, nil, err
+		}
+		moeRows = make([]int, len(rows))
+		for i := range moeRows {
+			moeRows[i] = i
+		}
+		return rows, moeRows, nil
+	}
+	if rows, err = sglangRows(p, l, "sglang"); err != nil {
+		return nil, nil, err
+	}
+	return rows, append([]int(nil), l.decoderIDs()...), nil
+}
+
 func encodeSGLang(p *Plan, l Layout) ([]byte, error) {
 	rows, err := sglangRows(p, l, "sglang")
 	if err != nil {

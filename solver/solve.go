@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"slices"
 	"time"
 
 	"github.com/moetuner/moetuner/baseline"
@@ -118,31 +117,7 @@ func (p Problem) withDefaults() (Problem, error) {
 // the formats that need it then fail with placement.ErrNeedLayers. The
 // command line uses the same.
 func (p Problem) Layout() placement.Layout {
-	s, m := p.Stats, p.Model
-	l := placement.Layout{GPUs: p.Cluster.GPUs(), Experts: s.Experts, Layers: s.Layers}
-	ids, total := s.LayerNames, s.ModelLayers
-	if ids == nil && !(total > 0 && total == s.Layers) {
-		// The statistics say nothing about their layers (or only the
-		// decoder count); a model of their shape may.
-		if pre := m.MoELayers(); pre != nil && m.Layers == s.Layers && (total == 0 || total == m.DecoderLayers) {
-			ids, total = pre, m.DecoderLayers
-		}
-	}
-	if total == 0 && m.DecoderLayers > 0 {
-		top := s.Layers - 1
-		if ids != nil {
-			top = slices.Max(ids)
-		}
-		if m.DecoderLayers > top {
-			total = m.DecoderLayers
-		}
-	}
-	known := l
-	known.LayerIDs, known.ModelLayers = ids, total
-	if placement.CheckLayout(placement.FormatJSON, known) != nil {
-		return l // the layer ids do not fit together: unknown
-	}
-	return known
+	return p.Scenario().Layout()
 }
 
 // replicated reports whether p needs the replicated (slot-based) solver.

@@ -104,11 +104,11 @@ func newShape(p Problem) (*shape, error) {
 		terms:   p.Scenario.Terms(),
 	}
 	sh.perTok, sh.speed = sh.terms.PerTokenSec, sh.terms.Speed
-	split, err := costmodel.NewSplitter(p.Dispatch, p.Start, G, c.GPUsPerNode)
+	split, err := costmodel.NewSplitter(p.Dispatch, p.Start, G, c.GPUsPerNode, p.Scenario.Layout())
 	if err != nil {
 		// No start to deal for (or one SGLang could not number): plan
 		// with the closed form; the result is scored exactly all the same.
-		if split, err = costmodel.NewSplitter(p.Dispatch.Closed(), nil, G, c.GPUsPerNode); err != nil {
+		if split, err = costmodel.NewSplitter(p.Dispatch.Closed(), nil, G, c.GPUsPerNode, placement.Layout{}); err != nil {
 			return nil, err
 		}
 	}
