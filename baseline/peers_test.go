@@ -2,12 +2,18 @@ package baseline
 
 import (
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
 )
 
 // The golden files are written by scripts/peers_oracle.py (rerun it to
@@ -79,5 +85,151 @@ func TestFlashLBGolden(t *testing.T) {
 			assert.Equal(t, c.Pieces, pieces)
 			assert.Equal(t, c.Simulated, sim)
 		})
+	}
+}
+
+// flashLBExample is the example of vllm-project/vllm-ascend#3042 (the
+// FlashLB pull request's description): 8 logical experts with these
+// loads, 2 slots on each of 8 devices. EPLB's busiest device carries 232
+// (peak/average 1.28), FlashLB's 205.
+var flashLBExample = []float64{600, 560, 120, 120, 20, 10, 10, 10}
+
+func deviceLoads(load []float64, dep [][]int, copies []int) []float64 {
+	out := make([]float64, len(dep))
+	for d, row := range dep {
+		for _, e := range row {
+			out[d] += load[e] / float64(copies[e])
+		}
+	}
+	return out
+}
+
+func TestFlashLBPublishedExample(t *testing.T) {
+	dep, pieces, sim, err := FlashLBLayer([][]float64{flashLBExample}, 16, 8)
+	require.NoError(t, err)
+	assert.False(t, sim, "the grouped search, not the first plan, gives 205")
+	loads := deviceLoads(flashLBExample, dep, pieces)
+	assert.InDelta(t, 205, slices.Max(loads), 1e-9, "busiest device %v", loads)
+	assert.InDelta(t, 1.131, slices.Max(loads)/(1450.0/8), 1e-3)
+
+	// The same instance under EPLB: 232, as the pull request says. A
+	// FlashLB replaced by EPLB fails the check above.
+	m, err := RebalanceExperts([][]float64{flashLBExample}, 16, 1, 1, 8)
+	require.NoError(t, err)
+	var eplb [][]int
+	for g := range 8 {
+		eplb = append(eplb, m.Phy2Log[0][2*g:2*g+2])
+	}
+	assert.InDelta(t, 232, slices.Max(deviceLoads(flashLBExample, eplb, m.LogCnt[0])), 1e-9)
+
+	// Through the plan: the same slots on the same GPUs.
+	p, err := FlashLB(routing.StatsFromLoad([][]float64{flashLBExample}, 0), 8, FlashLBOptions{RedundantSlots: 8})
+	require.NoError(t, err)
+	for g, row := range dep {
+		for k, e := range row {
+			assert.Equal(t, routing.Expert(e), p.Layers[0].SlotExpert[2*g+k])
+			assert.Equal(t, placement.GPU(g), p.Layers[0].SlotGPU[2*g+k])
+		}
+	}
+	assert.Equal(t, "1 (aggregate)", p.Meta["steps"])
+}
+
+// TestDeepSeekVecIsNotEPLB: on one step deepseek_vec still differs from
+// DeepSeek's EPLB (its tie offsets, its per-step max and its snake), so
+// the golden tables would catch a DeepSeekVec that called EPLB; here the
+// README example shows it on the plan.
+func TestDeepSeekVecIsNotEPLB(t *testing.T) {
+	vec, err := RebalanceExpertsVec([][][]float64{readmeWeight}, 16, 2, 4, 2, false)
+	require.NoError(t, err)
+	eplb, err := RebalanceExperts(readmeWeight, 16, 1, 1, 8)
+	require.NoError(t, err)
+	assert.NotEqual(t, eplb.Phy2Log, vec.Phy2Log)
+}
+
+func gpuLoads(load []float64, lp placement.LayerPlan, gpus int) []float64 {
+	copies := make(map[routing.Expert]int)
+	for _, e := range lp.SlotExpert {
+		copies[e]++
+	}
+	out := make([]float64, gpus)
+	for s, e := range lp.SlotExpert {
+		out[lp.SlotGPU[s]] += load[e] / float64(copies[e])
+	}
+	return out
+}
+
+// TestPeerPlanProperties: every port returns a plan that validates with
+// E+R slots per layer and the same slots on every GPU, and on skewed
+// random loads its busiest GPU is on average lighter than contiguous's.
+func TestPeerPlanProperties(t *testing.T) {
+	r := rand.New(rand.NewPCG(36, 4))
+	type shape struct{ steps, layers, experts, redundant, gpus, groups, nodes int }
+	shapes := []shape{
+		{1, 3, 16, 8, 8, 4, 2},
+		{4, 2, 32, 16, 8, 8, 4},
+		{6, 2, 24, 8, 4, 4, 2},
+		{3, 2, 64, 32, 16, 8, 4},
+		{2, 2, 16, 0, 4, 4, 2},
+	}
+	ports := []struct {
+		name string
+		run  func(*routing.Stats, shape) (*placement.Plan, error)
+	}{
+		{"deepseek-vec", func(s *routing.Stats, c shape) (*placement.Plan, error) {
+			return DeepSeekVec(s, c.gpus, DeepSeekVecOptions{RedundantSlots: c.redundant, FixDuplicates: true})
+		}},
+		{"deepseek-vec-hierarchical", func(s *routing.Stats, c shape) (*placement.Plan, error) {
+			return DeepSeekVec(s, c.gpus, DeepSeekVecOptions{RedundantSlots: c.redundant, Hierarchical: true, Groups: c.groups, Nodes: c.nodes, FixDuplicates: true})
+		}},
+		{"flashlb", func(s *routing.Stats, c shape) (*placement.Plan, error) {
+			return FlashLB(s, c.gpus, FlashLBOptions{RedundantSlots: c.redundant})
+		}},
+	}
+	for _, port := range ports {
+		var sumPort, sumContig float64
+		ran, skipped := 0, 0
+		for _, c := range shapes {
+			for trial := range 6 {
+				name := fmt.Sprintf("%s %+v trial %d", port.name, c, trial)
+				st := &routing.Stats{Layers: c.layers, Experts: c.experts, Load: make([][]float64, c.layers)}
+				for l := range c.layers {
+					st.Load[l] = make([]float64, c.experts)
+				}
+				for range c.steps {
+					m := randomWeight(r, c.layers, c.experts, trial%3)
+					st.StepLoad = append(st.StepLoad, m)
+					for l := range m {
+						for e, x := range m[l] {
+							st.Load[l][e] += x
+						}
+					}
+				}
+				p, err := port.run(st, c)
+				if err != nil {
+					// Only an expert with more copies than the GPUs it may
+					// use cannot be separated (as for EPLB).
+					require.ErrorContains(t, err, "so no swap within GPUs", name)
+					skipped++
+					continue
+				}
+				ran++
+				P := c.experts + c.redundant
+				require.NoError(t, p.Validate(placement.ValidateOptions{EqualSlots: true, Layers: c.layers, Experts: c.experts}), name)
+				cont, err := Contiguous(c.layers, c.experts, c.gpus)
+				require.NoError(t, err)
+				for l := range c.layers {
+					require.Equal(t, P, p.Slots(l), name)
+					for _, n := range p.SlotsPerGPU(l) {
+						require.Equal(t, P/c.gpus, n, name)
+					}
+					sumPort += slices.Max(gpuLoads(st.Load[l], p.Layers[l], c.gpus))
+					sumContig += slices.Max(gpuLoads(st.Load[l], cont.Layers[l], c.gpus))
+				}
+				assert.Equal(t, fmt.Sprint(c.steps), p.Meta["steps"], name)
+			}
+		}
+		assert.Greater(t, ran, skipped, port.name)
+		assert.Less(t, sumPort, sumContig, "%s: Σ busiest GPU %.0f, contiguous %.0f", port.name, sumPort, sumContig)
+		t.Logf("%s: %d plans (%d unrepairable), Σ busiest GPU %.0f vs contiguous %.0f", port.name, ran, skipped, sumPort, sumContig)
 	}
 }
