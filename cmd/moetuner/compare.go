@@ -128,7 +128,9 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			// Shown by default, so a shape the stack's algorithm cannot
 			// place (its own asserts, or copies no swap can separate)
 			// drops the row, not the comparison.
-			fmt.Fprintf(stderr, "moetuner: compare: skipping the %s strategy: %v\n", st, err)
+			if !c.quiet {
+				fmt.Fprintf(stderr, "moetuner: compare: skipping the %s strategy: %v\n", st, err)
+			}
 			continue
 		}
 		if !searches(st) {
