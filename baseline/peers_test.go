@@ -3,6 +3,7 @@ package baseline
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -232,4 +233,123 @@ func TestPeerPlanProperties(t *testing.T) {
 		assert.Less(t, sumPort, sumContig, "%s: Σ busiest GPU %.0f, contiguous %.0f", port.name, sumPort, sumContig)
 		t.Logf("%s: %d plans (%d unrepairable), Σ busiest GPU %.0f vs contiguous %.0f", port.name, ran, skipped, sumPort, sumContig)
 	}
+}
+
+func TestPeerErrors(t *testing.T) {
+	one := [][][]float64{{{1, 2, 3, 4}}}
+	cases := []struct {
+		name string
+		run  func() error
+		want string
+	}{
+		{"vec no steps", func() error { _, err := RebalanceExpertsVec(nil, 4, 1, 1, 1, false); return err },
+			"baseline: deepseek-vec: no steps; pass at least one [layer][expert] load matrix"},
+		{"vec slots below experts", func() error { _, err := RebalanceExpertsVec(one, 3, 1, 1, 1, false); return err },
+			"baseline: deepseek-vec: 3 physical slots per layer for 4 experts; need [4,"},
+		{"vec per GPU", func() error { _, err := RebalanceExpertsVec(one, 6, 4, 1, 1, false); return err },
+			"baseline: deepseek-vec: 4 slots per GPU do not divide the 6 physical slots"},
+		{"vec ragged steps", func() error {
+			_, err := RebalanceExpertsVec([][][]float64{{{1, 2, 3, 4}}, {{1, 2, 3, 4}, {1, 2, 3, 4}}}, 4, 1, 1, 1, false)
+			return err
+		}, "baseline: deepseek-vec: tokens[1] has 2 layers but tokens[0] has 1; give every step the same layers"},
+		{"vec negative", func() error {
+			_, err := RebalanceExpertsVec([][][]float64{{{1, -2, 3, 4}}}, 4, 1, 1, 1, false)
+			return err
+		},
+			"baseline: deepseek-vec: tokens[0][0][1] is -2; loads must be non-negative and finite in float32, where deepseek_vec works"},
+		{"vec GPUs not nodes", func() error {
+			_, err := RebalanceExpertsVec([][][]float64{{{1, 2, 3, 4, 5, 6}}}, 6, 2, 2, 2, true)
+			return err
+		}, "baseline: deepseek-vec: 3 GPUs do not split evenly over 2 nodes; use a node count that divides 3"},
+		{"vec groups not multiple", func() error { _, err := RebalanceExpertsVec(one, 4, 1, 2, 3, true); return err },
+			"baseline: deepseek-vec: 2 expert groups are not a multiple of the 3 nodes, which the hierarchical policy needs; use the global policy"},
+		{"vec plan slots", func() error {
+			_, err := DeepSeekVec(routing.StatsFromLoad([][]float64{{1, 2, 3, 4}}, 0), 3, DeepSeekVecOptions{RedundantSlots: 1})
+			return err
+		}, "baseline: deepseek-vec: 5 physical slots do not split evenly over 3 GPUs; use a slot count that is a multiple of 3 (redundant slots 1 more or 2 fewer)"},
+		{"vec duplicate", func() error {
+			_, err := DeepSeekVec(routing.StatsFromLoad([][]float64{{100, 1, 1, 1}}, 0), 2, DeepSeekVecOptions{RedundantSlots: 4})
+			return err
+		}, "baseline: deepseek-vec: layer 0: two copies of expert 0 on GPU"},
+		{"vec unrepairable", func() error {
+			_, err := DeepSeekVec(routing.StatsFromLoad([][]float64{{100, 1, 1, 1}}, 0), 2, DeepSeekVecOptions{RedundantSlots: 4, FixDuplicates: true})
+			return err
+		}, "baseline: deepseek-vec: layer 0: expert 0 has 5 copies on GPUs 0-1, more than their 2 GPUs"},
+		{"flashlb empty", func() error { _, _, _, err := FlashLBLayer(nil, 4, 2); return err },
+			"baseline: flashlb: no hotness; pass at least one stage of expert loads"},
+		{"flashlb slots", func() error { _, _, _, err := FlashLBLayer([][]float64{{1, 2, 3}}, 4, 3); return err },
+			"baseline: flashlb: 4 slots for 3 experts on 3 devices; need at least one slot per expert and the same number on every device"},
+		{"flashlb NaN", func() error { _, _, _, err := FlashLBLayer([][]float64{{1, math.NaN()}}, 2, 2); return err },
+			"baseline: flashlb: hotness[0][1] is NaN; loads must be non-negative and finite in float32, where FlashLB works"},
+		{"flashlb options", func() error {
+			_, err := FlashLB(routing.StatsFromLoad([][]float64{{1, 2}}, 0), 2, FlashLBOptions{MaxStages: -1})
+			return err
+		}, "baseline: flashlb: FlashLBOptions.MaxStages is -1; need 0 (16) or more"},
+		{"flashlb nil", func() error { _, err := FlashLB(nil, 2, FlashLBOptions{}); return err }, "baseline: flashlb: nil stats"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.run()
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), c.want)
+		})
+	}
+}
+
+// TestFlashLBStages: more steps than MaxStages are average-pooled as
+// compress_by_avg_pooling_fast_nd pools them (row i to i*m/n), and a
+// plan on the pooled rows is the plan on the steps.
+func TestFlashLBStages(t *testing.T) {
+	rows := [][]float64{{1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}}
+	assert.Equal(t, [][]float64{{2, 3}, {6, 7}, {9, 10}}, avgPool(rows, 3))
+	r := rand.New(rand.NewPCG(3, 6))
+	st := &routing.Stats{Layers: 1, Experts: 16, Load: [][]float64{make([]float64, 16)}}
+	for range 7 {
+		m := randomWeight(r, 1, 16, 2)
+		st.StepLoad = append(st.StepLoad, m)
+		for e, x := range m[0] {
+			st.Load[0][e] += x
+		}
+	}
+	p, err := FlashLB(st, 4, FlashLBOptions{RedundantSlots: 8, MaxStages: 3})
+	require.NoError(t, err)
+	assert.Equal(t, "3", p.Meta["stages"])
+	assert.Equal(t, "7", p.Meta["steps"])
+	var steps [][]float64
+	for _, m := range st.StepLoad {
+		steps = append(steps, m[0])
+	}
+	dep, _, _, err := FlashLBLayer(avgPool(steps, 3), 24, 4)
+	require.NoError(t, err)
+	for g, row := range dep {
+		for k, e := range row {
+			assert.Equal(t, routing.Expert(e), p.Layers[0].SlotExpert[g*6+k])
+		}
+	}
+}
+
+// TestTorchSum32: PyTorch's cascade sum differs from a plain float32 sum
+// once more than 16 rows are summed; below that it is the plain sum.
+func TestTorchSum32(t *testing.T) {
+	xs := make([]float32, 40)
+	for i := range xs {
+		xs[i] = 1 + float32(i)*1e-7
+	}
+	var plain float32
+	for _, x := range xs[:16] {
+		plain += x
+	}
+	assert.Equal(t, plain, torchSum32(xs[:16]))
+	xs[0] = 1 << 24
+	for i := 1; i < len(xs); i++ {
+		xs[i] = 1
+	}
+	plain = 0
+	for _, x := range xs {
+		plain += x
+	}
+	// 2^24 + 1 rounds back to 2^24 in float32 every time, but the cascade
+	// sums the 1s of later blocks before adding them to the total.
+	assert.Equal(t, float32(1<<24), plain)
+	assert.Equal(t, float32(1<<24+24), torchSum32(xs))
 }

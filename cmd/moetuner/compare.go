@@ -316,9 +316,13 @@ func stepsNote(p solver.Problem, names []solver.Strategy) string {
 
 // stackDefault is the EPLB strategy SGLang and vLLM run by default for
 // p's model: the hierarchical policy when the model has expert groups and
-// they are a multiple of the nodes (SGLang's --eplb-algorithm auto picks
-// deepseek_hierarchical then; vLLM passes the model's num_expert_group),
-// else the global one.
+// they are a multiple of the nodes, else the global one. SGLang's
+// --eplb-algorithm auto picks deepseek_hierarchical exactly then
+// (compute_algorithm, python/sglang/srt/eplb/eplb_algorithms/__init__.py
+// at sgl-project/sglang@046f88cb); vLLM passes the model's
+// num_expert_groups and node count to DeepSeek's rebalance_experts
+// (vllm/distributed/eplb/eplb_state.py at vllm-project/vllm@50feac95),
+// which is hierarchical on the same condition.
 func stackDefault(p solver.Problem) solver.Strategy {
 	if g := p.Model.ExpertGroups; g > 0 && g%p.Cluster.Nodes == 0 {
 		return solver.StrategyEPLBHierarchical
