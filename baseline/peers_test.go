@@ -1,11 +1,13 @@
 package baseline
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -352,4 +354,45 @@ func TestTorchSum32(t *testing.T) {
 	// sums the 1s of later blocks before adding them to the total.
 	assert.Equal(t, float32(1<<24), plain)
 	assert.Equal(t, float32(1<<24+24), torchSum32(xs))
+}
+
+// oraclePython returns a Python interpreter that imports the modules, or
+// "" when none does.
+func oraclePython(modules string) string {
+	for _, py := range []string{"python3", "/usr/bin/python3"} {
+		if exec.Command(py, "-c", "import "+modules).Run() == nil {
+			return py
+		}
+	}
+	return ""
+}
+
+// TestPeerOracleFresh reruns scripts/peers_oracle.py and checks that the
+// committed golden tables are what it writes today; with
+// MOETUNER_ORACLE_NUMBA=1 and numba present it also checks FlashLB
+// compiled by numba against the plain transcription (20 s more). It
+// skips without a Python that has numpy and torch, and in -short mode.
+func TestPeerOracleFresh(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Python for about ten seconds")
+	}
+	py := oraclePython("numpy, torch")
+	if py == "" {
+		t.Skip("no python3 with numpy and torch")
+	}
+	dir := t.TempDir()
+	args := []string{filepath.Join("..", "scripts", "peers_oracle.py"), "--out", dir}
+	if os.Getenv("MOETUNER_ORACLE_NUMBA") == "1" && exec.Command(py, "-c", "import numba").Run() == nil {
+		args = append(args, "--check-numba")
+	}
+	out, err := exec.Command(py, args...).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	t.Logf("%s", out)
+	for _, name := range []string{"deepseek_vec.json", "flashlb.json"} {
+		want, err := os.ReadFile(filepath.Join("..", "testdata", "peers", name))
+		require.NoError(t, err)
+		got, err := os.ReadFile(filepath.Join(dir, name))
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(want, got), "%s differs from what scripts/peers_oracle.py writes; rerun it", name)
+	}
 }
