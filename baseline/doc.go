@@ -35,8 +35,10 @@
 // expert on one GPU, which DeepSeekVecOptions.FixDuplicates repairs.
 //
 // FlashLB and FlashLBLayer port vllm-ascend's FlashLB (the version of
-// vllm-project/vllm-ascend#3042 with multi-stage hotness): per-step loads
-// as stages (pooled to FlashLBOptions.MaxStages), replica counts from
+// vllm-project/vllm-ascend#3042 with multi-stage hotness): the summed
+// load as one stage by default, as upstream's max_stage_window of 1 has
+// it, or per-step loads as stages (pooled to FlashLBOptions.MaxStages),
+// replica counts from
 // stage-weighted marginal gains, a grouped binary search over how many
 // of each group's slots are extra copies, and placement by
 // max(load + copy, stage max) / mean, in numba's types and with numba's

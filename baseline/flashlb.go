@@ -37,10 +37,12 @@ type FlashLBOptions struct {
 	// per expert; Experts+RedundantSlots must be a multiple of the GPU
 	// count. 0 means no replication.
 	RedundantSlots int
-	// MaxStages caps the number of stages (rows of hotness) FlashLB sees:
-	// more steps are average-pooled into MaxStages rows as upstream's
-	// compress_by_avg_pooling_fast_nd does for a window longer than
-	// max_stage_window. 0 means 16.
+	// MaxStages is upstream's max_stage_window: how many stages (rows of
+	// hotness) FlashLB sees. With 1 the one stage is the load summed over
+	// the trace, the hotness of one window; with more, the steps are the
+	// stages, average-pooled into MaxStages rows as upstream's
+	// compress_by_avg_pooling_fast_nd pools a longer window. 0 means 1,
+	// upstream's default (policy_flashlb.py's FlashLB.__init__).
 	MaxStages int
 }
 
@@ -556,7 +558,8 @@ func avgPool(rows [][]float64, m int) [][]float64 {
 }
 
 // FlashLB places the experts of every layer with vllm-ascend's FlashLB
-// (FlashLBLayer) on stats' per-step loads as stages (StepLoad, pooled to
+// (FlashLBLayer) on stats' loads: by default (MaxStages 1) their sum as
+// the one stage, else the per-step loads (StepLoad, pooled to
 // opts.MaxStages rows; without steps the aggregate Load is the one stage
 // and Meta["steps"] says "1 (aggregate)"): Experts+opts.RedundantSlots
 // slots per layer on gpus GPUs, device j's slots GPU j's. Strategy is
@@ -580,7 +583,7 @@ func FlashLB(stats *routing.Stats, gpus int, opts FlashLBOptions) (*placement.Pl
 	case opts.RedundantSlots < 0:
 		return nil, fmt.Errorf("baseline: flashlb: FlashLBOptions.RedundantSlots is %d; need 0 or more", opts.RedundantSlots)
 	case opts.MaxStages < 0:
-		return nil, fmt.Errorf("baseline: flashlb: FlashLBOptions.MaxStages is %d; need 0 (16) or more", opts.MaxStages)
+		return nil, fmt.Errorf("baseline: flashlb: FlashLBOptions.MaxStages is %d; need 0 (1) or more", opts.MaxStages)
 	case stats.Layers < 1:
 		return nil, errors.New("baseline: flashlb: no layers")
 	case E < 1 || E > placement.MaxExperts:
@@ -593,10 +596,7 @@ func FlashLB(stats *routing.Stats, gpus int, opts FlashLBOptions) (*placement.Pl
 	case P > placement.MaxExperts*8:
 		return nil, fmt.Errorf("baseline: flashlb: %d physical slots; need at most %d", P, placement.MaxExperts*8)
 	}
-	maxStages := opts.MaxStages
-	if maxStages == 0 {
-		maxStages = 16
-	}
+	maxStages := max(opts.MaxStages, 1)
 	steps, real := stepLoads(stats)
 	for st, m := range steps {
 		name := "stats.Load"
@@ -619,7 +619,10 @@ func FlashLB(stats *routing.Stats, gpus int, opts FlashLBOptions) (*placement.Pl
 			rows[st] = steps[st][l]
 		}
 		h := rows
-		if len(rows) > stages {
+		switch {
+		case stages == 1:
+			h = [][]float64{stats.Load[l]}
+		case len(rows) > stages:
 			h = avgPool(rows, stages)
 		}
 		X := newMat(len(h), E)

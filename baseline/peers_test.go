@@ -286,7 +286,7 @@ func TestPeerErrors(t *testing.T) {
 		{"flashlb options", func() error {
 			_, err := FlashLB(routing.StatsFromLoad([][]float64{{1, 2}}, 0), 2, FlashLBOptions{MaxStages: -1})
 			return err
-		}, "baseline: flashlb: FlashLBOptions.MaxStages is -1; need 0 (16) or more"},
+		}, "baseline: flashlb: FlashLBOptions.MaxStages is -1; need 0 (1) or more"},
 		{"flashlb nil", func() error { _, err := FlashLB(nil, 2, FlashLBOptions{}); return err }, "baseline: flashlb: nil stats"},
 	}
 	for _, c := range cases {
@@ -298,9 +298,10 @@ func TestPeerErrors(t *testing.T) {
 	}
 }
 
-// TestFlashLBStages: more steps than MaxStages are average-pooled as
-// compress_by_avg_pooling_fast_nd pools them (row i to i*m/n), and a
-// plan on the pooled rows is the plan on the steps.
+// TestFlashLBStages: by default FlashLB sees the summed load as one
+// stage; with MaxStages, more steps than that are average-pooled as
+// compress_by_avg_pooling_fast_nd pools them (row i to i*m/n), and a plan
+// on the pooled rows is the plan on the steps.
 func TestFlashLBStages(t *testing.T) {
 	rows := [][]float64{{1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}}
 	assert.Equal(t, [][]float64{{2, 3}, {6, 7}, {9, 10}}, avgPool(rows, 3))
@@ -313,7 +314,18 @@ func TestFlashLBStages(t *testing.T) {
 			st.Load[0][e] += x
 		}
 	}
-	p, err := FlashLB(st, 4, FlashLBOptions{RedundantSlots: 8, MaxStages: 3})
+	// By default (max_stage_window 1) the one stage is the summed load.
+	p, err := FlashLB(st, 4, FlashLBOptions{RedundantSlots: 8})
+	require.NoError(t, err)
+	assert.Equal(t, "1", p.Meta["stages"])
+	dep, _, _, err := FlashLBLayer([][]float64{st.Load[0]}, 24, 4)
+	require.NoError(t, err)
+	for g, row := range dep {
+		for k, e := range row {
+			assert.Equal(t, routing.Expert(e), p.Layers[0].SlotExpert[g*6+k])
+		}
+	}
+	p, err = FlashLB(st, 4, FlashLBOptions{RedundantSlots: 8, MaxStages: 3})
 	require.NoError(t, err)
 	assert.Equal(t, "3", p.Meta["stages"])
 	assert.Equal(t, "7", p.Meta["steps"])
@@ -321,7 +333,7 @@ func TestFlashLBStages(t *testing.T) {
 	for _, m := range st.StepLoad {
 		steps = append(steps, m[0])
 	}
-	dep, _, _, err := FlashLBLayer(avgPool(steps, 3), 24, 4)
+	dep, _, _, err = FlashLBLayer(avgPool(steps, 3), 24, 4)
 	require.NoError(t, err)
 	for g, row := range dep {
 		for k, e := range row {

@@ -286,32 +286,39 @@ func solvePeer(p solver.Problem, st solver.Strategy) (*solver.Result, error) {
 }
 
 // stepsNote says what the step-aware algorithms among names
-// (deepseek-vec, flashlb) see of the trace: its steps, or its one
-// aggregate when it records none; "" when names has none of them.
+// (deepseek-vec, flashlb) see of the trace: its steps, their sum as
+// FlashLB's one stage, or the total when it records no steps; "" when
+// names has none of them.
 func stepsNote(p solver.Problem, names []solver.Strategy) string {
 	var peers []string
-	flash := false
 	for _, st := range names {
 		if isPeer(st) && !slices.Contains(peers, string(st)) {
 			peers = append(peers, string(st))
-			flash = flash || st == stratFlashLB
 		}
 	}
 	if len(peers) == 0 {
 		return ""
 	}
-	who, verb := strings.Join(peers, ", "), "see"
-	if len(peers) == 1 {
-		verb = "sees"
-	}
 	n := len(p.Stats.StepLoad)
-	switch {
-	case n == 0:
-		return fmt.Sprintf("%s %s the trace's total load as one step: the trace records no steps", who, verb)
-	case n > 16 && flash:
-		return fmt.Sprintf("%s %s the trace's %d steps; flashlb pools them into 16 stages, as vllm-ascend pools a longer window", who, verb, n)
+	if n == 0 {
+		verb := "see"
+		if len(peers) == 1 {
+			verb = "sees"
+		}
+		return fmt.Sprintf("%s %s the trace's total load as one step: the trace records no steps", strings.Join(peers, ", "), verb)
 	}
-	return fmt.Sprintf("%s %s the trace's %d steps", who, verb, n)
+	var parts []string
+	if vec := slices.DeleteFunc(slices.Clone(peers), func(s string) bool { return s == string(stratFlashLB) }); len(vec) > 0 {
+		verb := "see"
+		if len(vec) == 1 {
+			verb = "sees"
+		}
+		parts = append(parts, fmt.Sprintf("%s %s the trace's %d steps", strings.Join(vec, ", "), verb, n))
+	}
+	if slices.Contains(peers, string(stratFlashLB)) {
+		parts = append(parts, fmt.Sprintf("flashlb sees the sum of the trace's %d steps as one stage, as vllm-ascend's FlashLB does by default (max_stage_window 1)", n))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // stackDefault is the EPLB strategy SGLang and vLLM run by default for

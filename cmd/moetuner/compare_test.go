@@ -100,7 +100,11 @@ func TestPlanPeerStrategiesUseSteps(t *testing.T) {
 		code, stdout, stderr := runCLI(t, args...)
 		require.Equal(t, 0, code, "%s: %s", name, stderr)
 		assert.Contains(t, stdout, "wrote "+out, name)
-		assert.Contains(t, stderr, "moetuner plan: "+name+" sees the trace's 3 steps", name)
+		note := name + " sees the trace's 3 steps"
+		if name == "flashlb" {
+			note = "flashlb sees the sum of the trace's 3 steps as one stage, as vllm-ascend's FlashLB does by default (max_stage_window 1)"
+		}
+		assert.Contains(t, stderr, "moetuner plan: "+note, name)
 		got, err := placement.ReadFile(out)
 		require.NoError(t, err, name)
 		exp, err := want[name]()
@@ -111,14 +115,15 @@ func TestPlanPeerStrategiesUseSteps(t *testing.T) {
 		plans = append(plans, got)
 	}
 
-	// On the summed load alone both place differently: the plans above
-	// used the steps.
+	// On the summed load alone deepseek-vec places differently: the plan
+	// above used the steps. FlashLB, as vllm-ascend by default, sees their
+	// sum as one stage.
 	sum, err := baseline.DeepSeekVec(routing.StatsFromLoad(st.Load, 0), 4, baseline.DeepSeekVecOptions{RedundantSlots: 4, FixDuplicates: true})
 	require.NoError(t, err)
 	assert.NotEqual(t, sum.Layers[0].SlotExpert, plans[0].Layers[0].SlotExpert)
 	sum, err = baseline.FlashLB(routing.StatsFromLoad(st.Load, 0), 4, baseline.FlashLBOptions{RedundantSlots: 4})
 	require.NoError(t, err)
-	assert.NotEqual(t, sum.Layers[0].SlotExpert, plans[2].Layers[0].SlotExpert)
+	assert.Equal(t, sum.Layers[0].SlotExpert, plans[2].Layers[0].SlotExpert)
 }
 
 // TestCompareStackDefaultHierarchical: for DeepSeek-V3 on 4 nodes the
