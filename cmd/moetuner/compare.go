@@ -548,6 +548,7 @@ func remotePer(p solver.Problem, rep *costmodel.Report) (remote, busiest float64
 
 type jsonResult struct {
 	Strategy        string   `json:"strategy"`
+	StackDefault    bool     `json:"stack_default,omitempty"`
 	Status          string   `json:"status"`
 	TimeSec         float64  `json:"layer_time_sec"`
 	MaxTokensSum    float64  `json:"token_tail"`
@@ -597,7 +598,7 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 		out = append(out, jsonResult{
 			RemotePerToken: rt, BusiestNIC: bn, RemoteBound: rb, RemoteBoundOf: r.RemoteBoundLayers, RemoteBoundCap: r.RemoteBoundCap,
 			TrafficGap: tg, CostBound: clean(r.CostBound), CostGap: clean(r.CostGap),
-			Strategy: string(r.Strategy), Status: status, TimeSec: r.Objective,
+			Strategy: string(r.Strategy), StackDefault: r.Strategy == stackDefault(p), Status: status, TimeSec: r.Objective,
 			MaxTokensSum: r.Report.MaxTokensSum, MeanImbalance: r.Report.MeanImbalance, MaxImbalance: r.Report.MaxImbalance,
 			CommSec: r.Report.CommTime.Seconds(), CrossNodeBytes: r.Report.CrossNodeBytes,
 			ModelObjective: clean(r.ModelObjective), Bound: clean(r.Bound), Gap: clean(r.Gap),

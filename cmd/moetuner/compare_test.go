@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -42,8 +43,25 @@ func tableRows(stdout string) []string {
 // the model has no expert groups) and says that the trace has no steps.
 func TestComparePeerRowsByDefault(t *testing.T) {
 	chdirRoot(t)
-	code, stdout, stderr := runCLI(t, "compare", "--trace", "testdata/flame-moe-290m/trace.jsonl", "--redundant-slots", "8", "--time-limit", "3s")
+	js := filepath.Join(t.TempDir(), "c.json")
+	code, stdout, stderr := runCLI(t, "compare", "--trace", "testdata/flame-moe-290m/trace.jsonl", "--redundant-slots", "8", "--time-limit", "3s", "--json", js)
 	require.Equal(t, 0, code, stderr)
+	data, err := os.ReadFile(js)
+	require.NoError(t, err)
+	var v struct {
+		Results []struct {
+			Strategy     string `json:"strategy"`
+			StackDefault bool   `json:"stack_default"`
+		}
+	}
+	require.NoError(t, json.Unmarshal(data, &v))
+	var defaults []string
+	for _, r := range v.Results {
+		if r.StackDefault {
+			defaults = append(defaults, r.Strategy)
+		}
+	}
+	assert.Equal(t, []string{"eplb"}, defaults)
 	assert.Equal(t, []string{"contiguous", "round-robin", "greedy", "eplb (stack default)", "deepseek-vec", "flashlb", "joint"}, tableRows(stdout), stdout)
 	assert.Contains(t, stderr, "moetuner: compare: deepseek-vec, flashlb see the trace's total load as one step: the trace records no steps")
 	assert.Contains(t, stdout, "stack default: what SGLang and vLLM run with EPLB on unless told otherwise (SGLang --eplb-algorithm auto picks deepseek (global EPLB)")
