@@ -129,13 +129,19 @@ func RebalanceExperts(weight [][]float64, numReplicas, numGroups, numNodes, numG
 }
 
 func checkLoads(name string, load [][]float64, experts int) error {
+	return checkLoadsOf("eplb", "EPLB", name, load, experts)
+}
+
+// checkLoadsOf checks a [layer][expert] load matrix for the algorithm
+// named algo in errors (what in prose) that works in float32.
+func checkLoadsOf(algo, what, name string, load [][]float64, experts int) error {
 	for l, row := range load {
 		if len(row) != experts {
-			return fmt.Errorf("baseline: eplb: %s[%d] has %d experts but %s[0] has %d; give every layer the same experts", name, l, len(row), name, experts)
+			return fmt.Errorf("baseline: %s: %s[%d] has %d experts but %s[0] has %d; give every layer the same experts", algo, name, l, len(row), name, experts)
 		}
 		for e, x := range row {
 			if x < 0 || math.IsNaN(x) || x > math.MaxFloat32 {
-				return fmt.Errorf("baseline: eplb: %s[%d][%d] is %v; loads must be non-negative and finite in float32, where EPLB works", name, l, e, x)
+				return fmt.Errorf("baseline: %s: %s[%d][%d] is %v; loads must be non-negative and finite in float32, where %s works", algo, name, l, e, x, what)
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/solver"
@@ -21,7 +22,7 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var c common
 	c.register(fs, true)
 	reportOut := fs.String("report", "", "also write the comparison with its plots as one self-contained HTML page to this file")
-	strategies := fs.String("strategies", "", "comma-separated strategies to compare (default: contiguous, round-robin, greedy, eplb, eplb-hierarchical when the model has expert groups, moetuner when it fits, joint)")
+	strategies := fs.String("strategies", "", "comma-separated strategies to compare (default: contiguous, round-robin, greedy, eplb, eplb-hierarchical when the model has expert groups, deepseek-vec, flashlb, moetuner when it fits, joint; also deepseek-vec-hierarchical)")
 	var planFiles multiFlag
 	fs.Var(&planFiles, "plan", "placement file to add as a row, scored like the strategies: the placement you run today, in any format moetuner writes (repeatable)")
 	if err := parse(fs, args); err != nil {
@@ -69,6 +70,8 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if p.ExpertGroups > 0 || (p.Model.ExpertGroups > 0 && p.Model.ExpertGroups%p.Cluster.Nodes == 0) {
 			list += ",eplb-hierarchical"
 		}
+		// The other algorithms the stacks ship, with the same slots.
+		list += "," + string(stratDeepSeekVec) + "," + string(stratFlashLB)
 		switch {
 		case p.RedundantSlots > 0 || len(p.Workloads) > 0 || p.Current != nil:
 			if !c.quiet {
@@ -86,11 +89,14 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var results []*solver.Result
 	var names []solver.Strategy
 	for _, name := range strings.Split(list, ",") {
-		st, err := solver.ParseStrategy(strings.TrimSpace(name))
+		st, err := parseStrategy(strings.TrimSpace(name))
 		if err != nil {
 			return err
 		}
 		names = append(names, st)
+	}
+	if note := stepsNote(p, names); note != "" && !c.quiet {
+		fmt.Fprintln(stderr, "moetuner: compare: "+note)
 	}
 	// The strategies that search share what is left of --time-limit, each
 	// getting an even share of what the ones before it left; the scoring
@@ -109,9 +115,24 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		opts.Strategy = st
 		t0 := time.Now()
 		sp := pr.solving(st)
-		res, err := solver.Solve(ctx, p, sp.options(opts))
-		res, err = solved(res, err)
+		var res *solver.Result
+		var err error
+		if isPeer(st) {
+			res, err = solvePeer(p, st)
+		} else {
+			res, err = solver.Solve(ctx, p, sp.options(opts))
+			res, err = solved(res, err)
+		}
 		sp.end(res, err)
+		if err != nil && isPeer(st) && *strategies == "" {
+			// Shown by default, so a shape the stack's algorithm cannot
+			// place (its own asserts, or copies no swap can separate)
+			// drops the row, not the comparison.
+			if !c.quiet {
+				fmt.Fprintf(stderr, "moetuner: compare: skipping the %s strategy: %v\n", st, err)
+			}
+			continue
+		}
 		if !searches(st) {
 			evalTime = max(evalTime, time.Since(t0))
 		}
@@ -168,15 +189,157 @@ func (c *common) scoreFile(p solver.Problem, path string) (*solver.Result, error
 // scorePlan scores plan, read from the file at path, on p as Solve scores
 // a strategy's plan.
 func scorePlan(p solver.Problem, plan *placement.Plan, path string) (*solver.Result, error) {
-	rep, err := p.Scenario().Evaluate(plan)
+	res, err := scoreAs(p, plan, solver.Strategy(filePrefix+path))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	return res, nil
+}
+
+// scoreAs scores plan on p's scenario, the evaluation solver.Solve ends
+// every strategy with, as a heuristic result named st.
+func scoreAs(p solver.Problem, plan *placement.Plan, st solver.Strategy) (*solver.Result, error) {
+	rep, err := p.Scenario().Evaluate(plan)
+	if err != nil {
+		return nil, err
+	}
 	obj := rep.TimeSec
 	nan := math.NaN()
-	return &solver.Result{Strategy: solver.Strategy(filePrefix + path), Plan: plan, Status: solver.StatusHeuristic,
+	return &solver.Result{Strategy: st, Plan: plan, Status: solver.StatusHeuristic,
 		Objective: obj, Report: rep, ModelObjective: nan, Bound: nan, Gap: nan, Stage1Objective: nan, Stage2Objective: nan,
 		CostBound: nan, CostGap: nan, RemoteBound: nan}, nil
+}
+
+// The serving stacks' own placement algorithms beyond DeepSeek's EPLB,
+// ported in baseline. The solver does not know them: plan and compare
+// build their plans here and score them as Solve scores a baseline's.
+const (
+	// stratDeepSeekVec is SGLang's --eplb-algorithm deepseek_vec.
+	stratDeepSeekVec solver.Strategy = "deepseek-vec"
+	// stratDeepSeekVecHier is SGLang's deepseek_vec_hierarchical.
+	stratDeepSeekVecHier solver.Strategy = "deepseek-vec-hierarchical"
+	// stratFlashLB is vllm-ascend's FlashLB policy.
+	stratFlashLB solver.Strategy = "flashlb"
+)
+
+var peerStrategies = []solver.Strategy{stratDeepSeekVec, stratDeepSeekVecHier, stratFlashLB}
+
+// isPeer reports whether st is one of the stacks' algorithms built here.
+func isPeer(st solver.Strategy) bool { return slices.Contains(peerStrategies, st) }
+
+// parseStrategy is solver.ParseStrategy with the stacks' algorithms
+// built here.
+func parseStrategy(name string) (solver.Strategy, error) {
+	if st := solver.Strategy(name); isPeer(st) {
+		return st, nil
+	}
+	st, err := solver.ParseStrategy(name)
+	if err != nil {
+		return "", usagef("unknown strategy %q (want joint, moetuner, greedy, eplb, eplb-hierarchical, deepseek-vec, deepseek-vec-hierarchical, flashlb, contiguous or round-robin)", name)
+	}
+	return st, nil
+}
+
+// peerGroups is the expert-group count the hierarchical policies use:
+// --expert-groups, else the model's (as for eplb-hierarchical).
+func peerGroups(p solver.Problem) int {
+	if p.ExpertGroups > 0 {
+		return p.ExpertGroups
+	}
+	return p.Model.ExpertGroups
+}
+
+// peerPlan builds st's plan for p with --redundant-slots redundant slots.
+func peerPlan(p solver.Problem, st solver.Strategy) (*placement.Plan, error) {
+	if p.SlotsPerGPU != nil {
+		return nil, fmt.Errorf("%s gives every GPU the same slots; drop --slots-per-gpu", st)
+	}
+	gpus := p.Cluster.GPUs()
+	switch st {
+	case stratDeepSeekVec:
+		return baseline.DeepSeekVec(p.Stats, gpus, baseline.DeepSeekVecOptions{RedundantSlots: p.RedundantSlots, FixDuplicates: true})
+	case stratDeepSeekVecHier:
+		g := peerGroups(p)
+		if g == 0 || g%p.Cluster.Nodes != 0 {
+			return nil, fmt.Errorf("%s needs expert groups that are a multiple of the %d nodes (model %q has %d); pass --expert-groups", st, p.Cluster.Nodes, p.Model.Name, g)
+		}
+		return baseline.DeepSeekVec(p.Stats, gpus, baseline.DeepSeekVecOptions{RedundantSlots: p.RedundantSlots, Hierarchical: true, Groups: g, Nodes: p.Cluster.Nodes, FixDuplicates: true})
+	case stratFlashLB:
+		return baseline.FlashLB(p.Stats, gpus, baseline.FlashLBOptions{RedundantSlots: p.RedundantSlots})
+	}
+	return nil, fmt.Errorf("%q is not one of the stacks' algorithms", st)
+}
+
+// solvePeer builds st's plan and scores it as Solve scores EPLB's: the
+// plan validated, then one evaluation on p's scenario.
+func solvePeer(p solver.Problem, st solver.Strategy) (*solver.Result, error) {
+	t0 := time.Now()
+	plan, err := peerPlan(p, st)
+	if err != nil {
+		return nil, err
+	}
+	plan.Strategy = string(st)
+	if err := plan.Validate(placement.ValidateOptions{Experts: p.Stats.Experts, Layers: p.Stats.Layers}); err != nil {
+		return nil, fmt.Errorf("%s produced an invalid plan: %w", st, err)
+	}
+	res, err := scoreAs(p, plan, st)
+	if err != nil {
+		return nil, err
+	}
+	res.SolveTime = time.Since(t0)
+	return res, nil
+}
+
+// stepsNote says what the step-aware algorithms among names
+// (deepseek-vec, flashlb) see of the trace: its steps, their sum as
+// FlashLB's one stage, or the total when it records no steps; "" when
+// names has none of them.
+func stepsNote(p solver.Problem, names []solver.Strategy) string {
+	var peers []string
+	for _, st := range names {
+		if isPeer(st) && !slices.Contains(peers, string(st)) {
+			peers = append(peers, string(st))
+		}
+	}
+	if len(peers) == 0 {
+		return ""
+	}
+	n := len(p.Stats.StepLoad)
+	if n == 0 {
+		verb := "see"
+		if len(peers) == 1 {
+			verb = "sees"
+		}
+		return fmt.Sprintf("%s %s the trace's total load as one step: the trace records no steps", strings.Join(peers, ", "), verb)
+	}
+	var parts []string
+	if vec := slices.DeleteFunc(slices.Clone(peers), func(s string) bool { return s == string(stratFlashLB) }); len(vec) > 0 {
+		verb := "see"
+		if len(vec) == 1 {
+			verb = "sees"
+		}
+		parts = append(parts, fmt.Sprintf("%s %s the trace's %d steps", strings.Join(vec, ", "), verb, n))
+	}
+	if slices.Contains(peers, string(stratFlashLB)) {
+		parts = append(parts, fmt.Sprintf("flashlb sees the sum of the trace's %d steps as one stage, as vllm-ascend's FlashLB does by default (max_stage_window 1)", n))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// stackDefault is the EPLB strategy SGLang and vLLM run by default for
+// p's model: the hierarchical policy when the model has expert groups and
+// they are a multiple of the nodes, else the global one. SGLang's
+// --eplb-algorithm auto picks deepseek_hierarchical exactly then
+// (compute_algorithm, python/sglang/srt/eplb/eplb_algorithms/__init__.py
+// at sgl-project/sglang@046f88cb); vLLM passes the model's
+// num_expert_groups and node count to DeepSeek's rebalance_experts
+// (vllm/distributed/eplb/eplb_state.py at vllm-project/vllm@50feac95),
+// which is hierarchical on the same condition.
+func stackDefault(p solver.Problem) solver.Strategy {
+	if g := p.Model.ExpertGroups; g > 0 && g%p.Cluster.Nodes == 0 {
+		return solver.StrategyEPLBHierarchical
+	}
+	return solver.StrategyEPLB
 }
 
 // fromFile reports whether r is a compare --plan file's row.
@@ -287,6 +450,9 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 			gap = fmt.Sprintf("%.2f%%", 100*r.Gap)
 		}
 		name := string(r.Strategy)
+		if r.Strategy == stackDefault(p) {
+			name += " (stack default)"
+		}
 		if r.Note != "" {
 			name += "*"
 		}
@@ -352,6 +518,16 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 		fmt.Fprintln(w, "remote/token: token copies sent to other nodes per token and layer in the dispatch (home flow: remote nodes reached; chain flow: cross-node transitions);")
 		fmt.Fprintln(w, "busiest NIC: the copies through the busiest NIC port, per token of one GPU's share and layer (1 would be one copy for every token the GPU hosts);")
 	}
+	for _, r := range results {
+		if r.Strategy == stackDefault(p) {
+			how := "--eplb-algorithm auto picks deepseek (global EPLB): the model has no expert groups, or they are not a multiple of the nodes"
+			if r.Strategy == solver.StrategyEPLBHierarchical {
+				how = fmt.Sprintf("--eplb-algorithm auto picks deepseek_hierarchical: the model's %d expert groups are a multiple of the %d nodes", p.Model.ExpertGroups, p.Cluster.Nodes)
+			}
+			fmt.Fprintf(w, "stack default: what SGLang and vLLM run with EPLB on unless told otherwise (SGLang %s);\n", how)
+			break
+		}
+	}
 	fmt.Fprintln(w, "\"exact\": the gap to the best lower bound on the exact cost model itself that any strategy certified (one node, home flow, per-token traces).")
 	for _, r := range results {
 		if fromFile(r) {
@@ -377,6 +553,7 @@ func remotePer(p solver.Problem, rep *costmodel.Report) (remote, busiest float64
 
 type jsonResult struct {
 	Strategy        string   `json:"strategy"`
+	StackDefault    bool     `json:"stack_default,omitempty"`
 	Status          string   `json:"status"`
 	TimeSec         float64  `json:"layer_time_sec"`
 	MaxTokensSum    float64  `json:"token_tail"`
@@ -426,7 +603,7 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 		out = append(out, jsonResult{
 			RemotePerToken: rt, BusiestNIC: bn, RemoteBound: rb, RemoteBoundOf: r.RemoteBoundLayers, RemoteBoundCap: r.RemoteBoundCap,
 			TrafficGap: tg, CostBound: clean(r.CostBound), CostGap: clean(r.CostGap),
-			Strategy: string(r.Strategy), Status: status, TimeSec: r.Objective,
+			Strategy: string(r.Strategy), StackDefault: r.Strategy == stackDefault(p), Status: status, TimeSec: r.Objective,
 			MaxTokensSum: r.Report.MaxTokensSum, MeanBalance: r.Report.MeanBalance, MaxBalance: r.Report.MaxBalance,
 			CommSec: r.Report.CommTime.Seconds(), CrossNodeBytes: r.Report.CrossNodeBytes,
 			ModelObjective: clean(r.ModelObjective), Bound: clean(r.Bound), Gap: clean(r.Gap),

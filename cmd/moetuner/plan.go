@@ -23,7 +23,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var c common
 	c.register(fs, true)
 	var strategy, format string
-	choiceVar(fs, &strategy, "strategy", "joint", strategyNames(), "joint, moetuner, greedy, eplb, eplb-hierarchical, contiguous or round-robin")
+	choiceVar(fs, &strategy, "strategy", "joint", strategyNames(), "joint, moetuner, greedy, eplb, eplb-hierarchical, contiguous, round-robin, or a stack's own algorithm: deepseek-vec, deepseek-vec-hierarchical (SGLang's --eplb-algorithm deepseek_vec[_hierarchical]) or flashlb (vllm-ascend's FlashLB policy)")
 	out := fs.String("out", "placement.json", "placement file to write (atomically)")
 	choiceVar(fs, &format, "format", "", formatNames(), "placement format: moetuner (JSON), yaml, sglang (--init-expert-location), sglang-pt (the same as a torch.save .pt), eplb, vllm (expert_to_ep_rank), vllm-map (initial_expert_map_path), vllm-mapping (offline-EPLB JSONL), vllm-ascend, trtllm (moe_load_balancer YAML) (default: from --out's extension: .yaml, .sglang.json, .pt, .eplb.json, .vllm.json, .vllm-map.json, .vllm-mapping.jsonl, .vllm-ascend.json, .trtllm.yaml, else moetuner JSON)")
 	writeLP := fs.String("write-model", "", "also write the joint ILP(s) for debugging to PREFIX<i>.lp (CPLEX LP, written in Go) or, with a .mps suffix (PREFIX.mps), PREFIX<i>.mps via HiGHS")
@@ -40,7 +40,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *dispatchMap != "" && c.dispatch != "local" {
 		return usagef("--dispatch-map writes the tables of local dispatch; add --dispatch local")
 	}
-	st, err := solver.ParseStrategy(strategy)
+	st, err := parseStrategy(strategy)
 	if err != nil {
 		return err
 	}
@@ -107,8 +107,16 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	opts := c.optionsShare(1, reserve)
 	opts.Strategy = st
 	sp := pr.solving(st)
-	res, err := solver.Solve(ctx, p, sp.options(opts))
-	res, err = solved(res, err)
+	var res *solver.Result
+	if isPeer(st) {
+		if note := stepsNote(p, []solver.Strategy{st}); note != "" && !*quiet {
+			fmt.Fprintln(stderr, "moetuner plan: "+note)
+		}
+		res, err = solvePeer(p, st)
+	} else {
+		res, err = solver.Solve(ctx, p, sp.options(opts))
+		res, err = solved(res, err)
+	}
 	sp.end(res, err)
 	if err != nil && (res == nil || res.Plan == nil || ctx.Err() == nil) {
 		return err
@@ -189,6 +197,9 @@ func formatNames() []string {
 func strategyNames() []string {
 	var out []string
 	for _, st := range solver.Strategies {
+		out = append(out, string(st))
+	}
+	for _, st := range peerStrategies {
 		out = append(out, string(st))
 	}
 	return append(out, "roundrobin")
