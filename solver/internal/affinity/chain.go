@@ -1018,7 +1018,7 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 // exact move) buys. Unlike the home flow's proxy (proxyPerUnit), a chain
 // proxy move walks the layer's GPUs for its balance and ports, and an
 // accepted one the vertices of three layers. Timed inside 20 s solves on
-// the 32k-token DeepSeek-V3-shaped trace (TestExperimentChain): a proxy
+// the 32k-token DeepSeek-V3-shaped trace (experiments chain): a proxy
 // move took 1.41 µs on 4 × 8 GPUs and 3.32 µs on 8 × 8, one core; an
 // exact move, as its annealing counts them (those a layer's cap rejects
 // before its tokens are walked included), 44 µs and 109 µs of CPU. The
