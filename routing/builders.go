@@ -55,7 +55,7 @@ func (b *tokenBuilder) close() {
 func (b *tokenBuilder) send(force bool) {
 	L, K := len(b.names), b.topK
 	n := b.tokens - b.sent
-	if !b.stream || n == 0 || (!force && n < chunkTokens(L, K)) {
+	if !b.stream || n == 0 || (!force && n < b.opts.chunkTokens(L, K)) {
 		return
 	}
 	if b.sb == nil {

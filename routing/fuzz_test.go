@@ -41,10 +41,8 @@ func checkRead(t *testing.T, data []byte, name string, opts LoadOptions) {
 	src, err := Read(bytes.NewReader(data), name, opts)
 	streamOpts := opts
 	streamOpts.StatsOnly = true
-	saved := chunkIDs
-	chunkIDs = 16
+	streamOpts.chunkIDs = 16
 	streamed, serr := Read(bytes.NewReader(data), name, streamOpts)
-	chunkIDs = saved
 	if err != nil {
 		var pe *ParseError
 		require.ErrorAs(t, err, &pe)

@@ -208,7 +208,7 @@ func (jr *jsonlReader) record(rec *jsonlLine, lineNo int) error {
 			return perr(file, lineNo, "layers", "%d layers but the header lists %d layer_names: make them agree", t.Layers, len(t.LayerNames))
 		}
 		if !jr.keep {
-			jr.per = chunkTokens(t.Layers, t.TopK)
+			jr.per = jr.opts.statsOptions().chunkTokens(t.Layers, t.TopK)
 			jr.b = newStatsBuilder(t.Layers, t.TopK, jr.experts(), 0, 0, jr.opts.statsOptions())
 		}
 	}

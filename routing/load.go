@@ -85,11 +85,15 @@ type LoadOptions struct {
 	// JSONL), and once with Done set when each file is read. It is called
 	// from the goroutine that called Load; nil means no reports.
 	Progress func(ReadProgress)
+
+	// chunkIDs is StatsOptions.chunkIDs for the readers that count in
+	// chunks (tests lower it); 0 means defaultChunkIDs.
+	chunkIDs int
 }
 
 // statsOptions are the StatsOptions that o implies.
 func (o LoadOptions) statsOptions() StatsOptions {
-	return StatsOptions{Transitions: o.Transitions, NoPatterns: o.NoPatterns, PathError: o.PathError}
+	return StatsOptions{Transitions: o.Transitions, NoPatterns: o.NoPatterns, PathError: o.PathError, chunkIDs: o.chunkIDs}
 }
 
 // Source is what Load read from one path.

@@ -33,9 +33,9 @@ const (
 )
 
 // maxFilePatternIDs caps the pattern ids WriteStats writes; past it the
-// patterns are thinned to a weighted sample that fits (see thinPatterns). A
-// variable so that tests can lower it.
-var maxFilePatternIDs = 1 << 26
+// patterns are thinned to a weighted sample that fits (see thinPatterns).
+// Tests lower it through writeStatsCapped.
+const maxFilePatternIDs = 1 << 26
 
 // countsBesidesPatterns is the number of counts s's file holds apart from
 // the pattern ids.
@@ -47,10 +47,10 @@ func countsBesidesPatterns(s *Stats) int {
 func patternIDs(s *Stats) int { return len(s.Patterns) * s.Layers * s.TopK }
 
 // fitFile returns s, or a copy whose patterns are thinned so that the file
-// holds at most maxFilePatternIDs pattern ids and maxCountEntries numbers
-// in all (PathSample and Notes then say so).
-func fitFile(s *Stats) *Stats {
-	budget := min(maxFilePatternIDs, maxCountEntries-countsBesidesPatterns(s))
+// holds at most maxPatternIDs pattern ids and maxCountEntries numbers in
+// all (PathSample and Notes then say so).
+func fitFile(s *Stats, maxPatternIDs int) *Stats {
+	budget := min(maxPatternIDs, maxCountEntries-countsBesidesPatterns(s))
 	if s.Patterns == nil || patternIDs(s) <= budget {
 		return s
 	}
@@ -72,6 +72,12 @@ func fitFile(s *Stats) *Stats {
 // stats of more than 2^26 other counts, which it could not read back. It returns s.Validate's error for invalid stats and an error for
 // an unknown format.
 func WriteStats(w io.Writer, s *Stats, f StatsFormat) error {
+	return writeStatsCapped(w, s, f, maxFilePatternIDs)
+}
+
+// writeStatsCapped is WriteStats with maxPatternIDs in place of
+// maxFilePatternIDs (tests lower it).
+func writeStatsCapped(w io.Writer, s *Stats, f StatsFormat, maxPatternIDs int) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
@@ -79,7 +85,7 @@ func WriteStats(w io.Writer, s *Stats, f StatsFormat) error {
 		if n := countsBesidesPatterns(s); n > maxCountEntries {
 			return fmt.Errorf("routing: %d counts are too many for a moetuner.stats file (at most %d): drop StepLoad or split the trace", n, maxCountEntries)
 		}
-		s = fitFile(s)
+		s = fitFile(s, maxPatternIDs)
 	}
 	bw := bufio.NewWriter(w)
 	var err error

@@ -203,13 +203,15 @@ func TestStatsFileLimits(t *testing.T) {
 	s := handTrace().Stats(StatsOptions{})
 	require.NotNil(t, s.Patterns)
 	ids := len(s.Patterns) * s.Layers * s.TopK
-	defer func(v int) { maxFilePatternIDs = v }(maxFilePatternIDs)
-	maxFilePatternIDs = ids
-	back, err := Read(bytes.NewReader(writeStats(t, s, StatsMoetuner)), "s.json", LoadOptions{})
+	capped := func(maxPatternIDs int) []byte {
+		var buf bytes.Buffer
+		require.NoError(t, writeStatsCapped(&buf, s, StatsMoetuner, maxPatternIDs))
+		return buf.Bytes()
+	}
+	back, err := Read(bytes.NewReader(capped(ids)), "s.json", LoadOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, s.Patterns, back.Stats.Patterns, "at the limit the patterns are kept")
-	maxFilePatternIDs = ids - 1
-	back, err = Read(bytes.NewReader(writeStats(t, s, StatsMoetuner)), "s.json", LoadOptions{})
+	back, err = Read(bytes.NewReader(capped(ids-1)), "s.json", LoadOptions{})
 	require.NoError(t, err)
 	// Past it, one path of ids-1 fits: it carries every token's weight.
 	require.Len(t, back.Stats.Patterns, 1, "past it they are thinned")

@@ -262,7 +262,7 @@ func readNPYTrace(in, side *npyInput, opts LoadOptions, keep bool) (*Trace, *Sta
 	if opts.Experts > 0 {
 		limit = int64(opts.Experts)
 	}
-	per := chunkTokens(L, K)
+	per := opts.statsOptions().chunkTokens(L, K)
 	// The token count sizes the path sample only when the file's size
 	// vouches for it: a stream's header could claim 2^40 tokens.
 	known := int64(0)

@@ -45,8 +45,6 @@ func writeTraceFiles(t *testing.T, tr *Trace) (npyPath, jsonlPath string) {
 // workers, and a streamed reader that keeps the trace anyway.
 func TestStreamedStatsMatchWholeTrace(t *testing.T) {
 	rng := rand.New(rand.NewPCG(41, 42))
-	defer func(v int) { chunkIDs = v }(chunkIDs)
-	chunkIDs = 64 // many chunks even for small traces
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
 	for _, sh := range []struct {
 		T, L, K, E int
@@ -55,7 +53,8 @@ func TestStreamedStatsMatchWholeTrace(t *testing.T) {
 		tr := randomTrace(rng, sh.T, sh.L, sh.K, sh.E, sh.src, false)
 		tr.Experts = int(maxOf(tr.IDs)) + 1
 		npyPath, jsonlPath := writeTraceFiles(t, tr)
-		opts := LoadOptions{PathError: 0.2} // n₀ = (k−1)²/0.16: sampled
+		// n₀ = (k−1)²/0.16: sampled; many chunks even for small traces.
+		opts := LoadOptions{PathError: 0.2, chunkIDs: 64}
 		want := tr.Stats(opts.statsOptions())
 		want.Sources = nil
 		for _, procs := range []int{1, 4} {
@@ -103,14 +102,12 @@ func maxOf(ids []int16) int16 {
 // It catches a hook never called, called without Done, or with counts
 // that go backwards.
 func TestProgress(t *testing.T) {
-	defer func(v int) { chunkIDs = v }(chunkIDs)
-	chunkIDs = 64
 	tr := randomTrace(rand.New(rand.NewPCG(51, 52)), 500, 2, 2, 9, true, false)
 	npyPath, jsonlPath := writeTraceFiles(t, tr)
 	for _, path := range []string{npyPath, jsonlPath, testdataPath(t, "mixtral-8x7b", "fiddler", "expert_popularity_machine_learning.json")} {
 		t.Run(filepath.Base(path), func(t *testing.T) {
 			var calls []ReadProgress
-			_, err := Load(path, LoadOptions{StatsOnly: true, Progress: func(p ReadProgress) { calls = append(calls, p) }})
+			_, err := Load(path, LoadOptions{StatsOnly: true, chunkIDs: 64, Progress: func(p ReadProgress) { calls = append(calls, p) }})
 			require.NoError(t, err)
 			require.NotEmpty(t, calls)
 			fi, err := os.Stat(path)
@@ -231,8 +228,6 @@ func TestHostileHeaders(t *testing.T) {
 // into the counters. It catches a streamed builder that drops the last
 // chunk, shifts sources or steps between chunks, or keeps the trace.
 func TestStatsOnlyServingStacks(t *testing.T) {
-	defer func(v int) { chunkIDs = v }(chunkIDs)
-	chunkIDs = 100
 	stacks := testdataPath(t, "serving-stacks")
 	for _, tc := range []struct {
 		name     string
@@ -249,10 +244,12 @@ func TestStatsOnlyServingStacks(t *testing.T) {
 		{"vllm", filepath.Join(stacks, "vllm_eplb_load_stats.jsonl"), LoadOptions{}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			whole, err := Load(tc.path, tc.opts)
+			opts := tc.opts
+			opts.chunkIDs = 100
+			whole, err := Load(tc.path, opts)
 			require.NoError(t, err)
 			assert.Equal(t, tc.perToken, whole.Trace != nil)
-			o := tc.opts
+			o := opts
 			o.StatsOnly = true
 			streamed, err := Load(tc.path, o)
 			require.NoError(t, err)

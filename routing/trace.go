@@ -145,6 +145,11 @@ type StatsOptions struct {
 	// path (exact, but as large as the trace, and dropped past MaxPatterns
 	// distinct paths).
 	PathError float64
+
+	// chunkIDs is the size of a counting chunk in ids; 0 means
+	// defaultChunkIDs. Tests lower it to count in many chunks; the result
+	// does not depend on it.
+	chunkIDs int
 }
 
 // Stats aggregates t. It assumes t is valid (see Validate); ids out of range
@@ -158,7 +163,7 @@ type StatsOptions struct {
 // GOMAXPROCS.
 func (t *Trace) Stats(opts StatsOptions) *Stats {
 	L, K := t.Layers, t.TopK
-	per := chunkTokens(L, K)
+	per := opts.chunkTokens(L, K)
 	b := newStatsBuilder(L, K, t.Experts, int64(t.Tokens), (t.Tokens+per-1)/per, opts)
 	LK := L * K
 	for tok := 0; tok < t.Tokens; tok += per {
@@ -195,16 +200,20 @@ func sampleCapacity(tokens int64, L, K int, opts StatsOptions) int {
 	return int(max(min(n0, limit), 1))
 }
 
-// chunkTokens is the number of tokens counted at a time: about chunkIDs
-// ids, so that each layer's E×E matrices, visited once per chunk, take
-// many counts per visit.
-func chunkTokens(L, K int) int {
-	return max(1, chunkIDs/(L*K))
+// chunkTokens is the number of tokens counted at a time: about
+// defaultChunkIDs ids (o.chunkIDs when set), so that each layer's E×E
+// matrices, visited once per chunk, take many counts per visit.
+func (o StatsOptions) chunkTokens(L, K int) int {
+	ids := o.chunkIDs
+	if ids <= 0 {
+		ids = defaultChunkIDs
+	}
+	return max(1, ids/(L*K))
 }
 
-// chunkIDs is the size of a counting chunk in ids; a variable for the
-// benchmark that chose it.
-var chunkIDs = 1 << 24
+// defaultChunkIDs is the size of a counting chunk in ids, chosen by
+// benchmark.
+const defaultChunkIDs = 1 << 24
 
 // patternKey encodes a pattern so that byte order equals the order by
 // (Source, Experts...) with numeric comparison.

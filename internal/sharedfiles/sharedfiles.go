@@ -1,6 +1,7 @@
 // Package sharedfiles finds data kept beside the repository rather than in
 // it (the shared traces that state no license), for tests and benchmarks
-// that skip when it is absent. Nothing outside tests imports it.
+// that skip when it is absent, and for the experiments harness
+// (solver/internal/experiments). Nothing else imports it.
 package sharedfiles
 
 import (

@@ -934,7 +934,7 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		perTok, _ := c.Coefficients(p.Model)
 		lim := opts.Limit
 		if !lim.ByWork() {
-			lim.Deadline = time.Now().Add(time.Duration(proxyShare * float64(time.Until(lim.Deadline))))
+			lim.Deadline = time.Now().Add(time.Duration(opts.Chain.proxy() * float64(time.Until(lim.Deadline))))
 		} else {
 			// Past annealSweeps sweeps of its neighbourhood (every copy to
 			// every GPU in every layer) the proxy's annealing has seen
@@ -1018,7 +1018,7 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 // exact move) buys. Unlike the home flow's proxy (proxyPerUnit), a chain
 // proxy move walks the layer's GPUs for its balance and ports, and an
 // accepted one the vertices of three layers. Timed inside 20 s solves on
-// the 32k-token DeepSeek-V3-shaped trace (TestExperimentChain): a proxy
+// the 32k-token DeepSeek-V3-shaped trace (experiments chain): a proxy
 // move took 1.41 µs on 4 × 8 GPUs and 3.32 µs on 8 × 8, one core; an
 // exact move, as its annealing counts them (those a layer's cap rejects
 // before its tokens are walked included), 44 µs and 109 µs of CPU. The
@@ -1050,22 +1050,17 @@ const polishMoveUnits = 24
 // within the noise of none.
 const relabelsMax = 16
 
-// proxyShare and exactShare are the shares of a timed chain solve's limit
-// that the proxy's annealing and the exact counters' get; the exact
-// polish on the full cost model gets the rest.
-var proxyShare, exactShare = 0.6, 0.3
-
 // exactChain anneals res on the exact chain counters (chainExact) where
 // they apply, no layer's compute tail above the start's (or, where the
 // search could not bring it back, above where it is now). By time it
-// gets exactShare/(1 − proxyShare) of what is left less one evaluation
+// gets Exact/(1 − Proxy) of what is left less one evaluation (opts.Chain)
 // (the polish after it gets the rest); by work, half of spare, and it
 // returns the rest. The best plan it visits replaces res.
 func exactChain(ctx context.Context, p Problem, opts Options, spare int64, res *Result, start *costmodel.Report, evalTime time.Duration) int64 {
 	lim := task.Limit{Work: spare / 2}
 	if !opts.Limit.ByWork() {
 		left := time.Until(opts.Limit.Deadline) - evalTime
-		share := exactShare / (1 - proxyShare)
+		share := opts.Chain.exact() / (1 - opts.Chain.proxy())
 		if left <= 0 {
 			return spare
 		}

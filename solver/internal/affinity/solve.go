@@ -71,6 +71,12 @@ type Options struct {
 	MinLayer time.Duration
 	// Shares split each layer's limit among the phases.
 	Shares Shares
+	// Chain splits a timed SolveChain's limit among its phases; the zero
+	// value means the defaults (see ChainShares).
+	Chain ChainShares
+	// Logf, when set, receives a line per layer of Solve on what each
+	// phase did (the experiments harness prints it); nil means none.
+	Logf func(format string, args ...any)
 }
 
 // Result is the improved plan's copies per layer and what the search did.
@@ -227,9 +233,6 @@ func nvlinkRatios(rep *costmodel.Report, c costmodel.Cluster) []float64 {
 	return out
 }
 
-// debugf, when set, receives a line per layer (tests).
-var debugf func(format string, args ...any)
-
 // Solve improves p.Start layer by layer (the home flow's layers are
 // independent), in parallel, within opts.Limit.
 func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
@@ -275,7 +278,7 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			// instead of 422.6 ms).
 			shares = Shares{GPUs: shares.GPUs}
 		}
-		s, tries[l] = improve(ctx, s, lim, shares, uint64(l))
+		s, tries[l] = improve(ctx, s, lim, shares, uint64(l), opts.Logf)
 		res.Remote[l] = s.remote()
 		out := make([][]placement.GPU, sh.E)
 		for e, gs := range s.copies() {
@@ -317,8 +320,9 @@ const annealSweeps = 64
 const proxyPerUnit = 128
 
 // improve runs the phases on s within lim and returns the better of s's
-// start and its result by the surrogate, with the moves tried.
-func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint64) (*state, int64) {
+// start and its result by the surrogate, with the moves tried; logf, when
+// set, receives a line on what the phases did.
+func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint64, logf func(format string, args ...any)) (*state, int64) {
 	ly := s.ly
 	start := s.copies()
 	t0 := time.Now()
@@ -395,8 +399,8 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	s.tie = false
 	s.resync()
 	tries += se.tries
-	if debugf != nil {
-		debugf("layer %d: %v: remote start %.0f proxy %.0f nodes %.0f (imb %.4f) gpus %.0f (imb %.4f) end %.0f (imb %.4f); cost %.4g → %.4g (after gpus %.4g, port imb %.4f)", ly.l, time.Since(t0), newState(ly, start).remote(), r0, r1, i1, r2, i2, s.remote(), s.imbalance(levelGPU), startCost, s.costNow(levelGPU), c2, s.portImbalance())
+	if logf != nil {
+		logf("layer %d: %v: remote start %.0f proxy %.0f nodes %.0f (imb %.4f) gpus %.0f (imb %.4f) end %.0f (imb %.4f); cost %.4g → %.4g (after gpus %.4g, port imb %.4f)", ly.l, time.Since(t0), newState(ly, start).remote(), r0, r1, i1, r2, i2, s.remote(), s.imbalance(levelGPU), startCost, s.costNow(levelGPU), c2, s.portImbalance())
 	}
 	if s.costNow(levelGPU) > startCost || s0.overCap() == 0 && s.overCap() > 0 {
 		// A layer that starts within the cap stays within it.

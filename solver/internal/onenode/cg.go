@@ -14,7 +14,9 @@ import (
 	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
-var coverHeuristicStarts = 32
+// coverHeuristicStarts is how many randomised starts the heuristic
+// pricing makes per round.
+const coverHeuristicStarts = 32
 
 // coverCG is the column generation state of one layer.
 type coverCG struct {
@@ -45,6 +47,20 @@ type Budget struct {
 	// CapShare: the load-capped second pass runs only while at least this
 	// share of the layer's time is left.
 	CapShare float64
+
+	// exhaustivePricing turns the heuristic pricing off, so that every
+	// column, and every certificate, comes from the exhaustive search
+	// (tests); false prices with coverHeuristicStarts starts.
+	exhaustivePricing bool
+}
+
+// heuristicStarts is how many randomised starts the heuristic pricing
+// makes per round under b.
+func (b Budget) heuristicStarts() int {
+	if b.exhaustivePricing {
+		return 0
+	}
+	return coverHeuristicStarts
 }
 
 // addCol adds group S (if new).
@@ -167,8 +183,9 @@ func (g *coverCG) certify(ctx context.Context, z int, deadline time.Time, prove 
 		if val <= float64(c.G)*(1+1e-6) {
 			return probeFeasible, u, nil
 		}
-		cols := g.heuristicColumns(pi, z, coverHeuristicStarts)
-		if len(cols) == 0 && coverHeuristicStarts > 0 && g.lp != nil {
+		starts := g.budget.heuristicStarts()
+		cols := g.heuristicColumns(pi, z, starts)
+		if len(cols) == 0 && starts > 0 && g.lp != nil {
 			seeds := make([][]int, 0, c.E)
 			for j := range g.lp.primal() {
 				seeds = append(seeds, g.cols[j])

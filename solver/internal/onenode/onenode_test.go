@@ -48,11 +48,11 @@ func swapColumns(sc costmodel.Scenario, l int, pi []float64, z int, seeds [][]in
 	return cl[l].swapColumns(pi, z, seeds, limit)
 }
 
-// bottleneckPairs runs Bottleneck from plan and returns its corners as
+// bottleneckPairs runs Bottleneck from plan under b and returns its corners as
 // (L, D) pairs.
-func bottleneckPairs(t *testing.T, sc costmodel.Scenario, plan *placement.Plan, seed uint64) ([][][2]float64, error) {
+func bottleneckPairs(t *testing.T, sc costmodel.Scenario, plan *placement.Plan, seed uint64, b Budget) ([][][2]float64, error) {
 	cls, _ := Layers(sc)
-	c, err := Bottleneck(context.Background(), sc, cls, highs.Backend{}, plan, time.Now().Add(5*time.Second), 2, seed, testBudget)
+	c, err := Bottleneck(context.Background(), sc, cls, highs.Backend{}, plan, time.Now().Add(5*time.Second), 2, seed, b)
 	out := make([][][2]float64, len(c))
 	for l, cs := range c {
 		for _, x := range cs {
@@ -166,18 +166,18 @@ func TestCoverSearchExhaustive(t *testing.T) {
 // corners appear; the search starts from a random partition, so a broken
 // certificate check would report that partition's (larger) value.
 func TestHomeBottleneckBruteForce(t *testing.T) {
-	t.Run("heuristic pricing", func(t *testing.T) { testHomeBottleneckBruteForce(t) })
+	t.Run("heuristic pricing", func(t *testing.T) { testHomeBottleneckBruteForce(t, testBudget) })
 	// Without the heuristic every column, and every certificate, comes
 	// from the exhaustive search, which the small instances above may
 	// never need.
 	t.Run("exhaustive pricing", func(t *testing.T) {
-		defer func(n int) { coverHeuristicStarts = n }(coverHeuristicStarts)
-		coverHeuristicStarts = 0
-		testHomeBottleneckBruteForce(t)
+		b := testBudget
+		b.exhaustivePricing = true
+		testHomeBottleneckBruteForce(t, b)
 	})
 }
 
-func testHomeBottleneckBruteForce(t *testing.T) {
+func testHomeBottleneckBruteForce(t *testing.T, b Budget) {
 	rng := rand.New(rand.NewPCG(45, 46))
 	exact, nontrivial, capped, layers := 0, 0, 0, 0
 	for it := range 16 {
@@ -188,7 +188,7 @@ func testHomeBottleneckBruteForce(t *testing.T) {
 		}
 		sc := testkit.RandomHomeScenario(t, rng, E, G, 2+rng.IntN(2), 2, 30+rng.IntN(60), costmodel.Sequential)
 		plan := testkit.RandomBalancedPlan(rng, sc.Stats.Layers, E, G)
-		corners, err := bottleneckPairs(t, sc, plan, uint64(it))
+		corners, err := bottleneckPairs(t, sc, plan, uint64(it), b)
 		require.NoError(t, err)
 		require.Len(t, corners, sc.Stats.Layers)
 		parts := testkit.BalancedPartitions(E, G)

@@ -323,7 +323,3 @@ func groupKey(S []int) string {
 	}
 	return b.String()
 }
-
-// coverHeuristicStarts is how many randomised starts the heuristic
-// pricing makes per round (tests set 0 so that the exhaustive search finds
-// every column).

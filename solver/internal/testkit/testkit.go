@@ -9,10 +9,7 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -501,27 +498,4 @@ func (pl Planted) Trace(rng *rand.Rand) (*routing.Trace, *placement.Plan) {
 		}
 	}
 	return t, placement.FromReplicas(G, copies, "planted")
-}
-
-// ExpSettings reads the opt-in experiments' settings (the tests gated by
-// MOETUNER_EXP) from the environment: NODES, default 4, and LAYERS,
-// comma-separated, default layers.
-func ExpSettings(t *testing.T, layers ...int) (nodes int, ls []int) {
-	t.Helper()
-	nodes = 4
-	if v := os.Getenv("NODES"); v != "" {
-		n, err := strconv.Atoi(v)
-		require.NoError(t, err, "NODES")
-		nodes = n
-	}
-	ls = slices.Clone(layers)
-	if v := os.Getenv("LAYERS"); v != "" {
-		ls = ls[:0]
-		for _, f := range strings.Split(v, ",") {
-			l, err := strconv.Atoi(f)
-			require.NoError(t, err, "LAYERS")
-			ls = append(ls, l)
-		}
-	}
-	return nodes, ls
 }

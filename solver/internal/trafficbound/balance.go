@@ -35,7 +35,8 @@ import (
 // Static dispatch then adds pairBudget's owner term. μ is searched
 // around μ0, half the least-squares fit of C on L·Lᵀ (the co-activation
 // that popularity alone explains); any μ ≥ 0 gives a valid bound. It returns +Inf when the cap cannot hold (capRatio < 1).
-func balancedPairBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch, capRatio float64, steps int, w *Work) float64 {
+// mut is noMutation except in the tests that weaken the bound.
+func balancedPairBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch, capRatio float64, steps int, mut balanceMutation, w *Work) float64 {
 	E, N := lt.E, lt.N
 	if !(capRatio >= 1) || d == placement.DispatchLocal || E < 2 || N < 2 {
 		return math.Inf(1)
@@ -49,7 +50,7 @@ func balancedPairBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch
 	Q, left := 0.0, T // convex in v: fill nodes to the cap, largest first
 	for range N {
 		x := min(left, capRatio*mean)
-		if balanceMutation == "perfect balance" {
+		if mut == perfectBalance {
 			x = mean
 		}
 		Q += x * x
@@ -63,7 +64,7 @@ func balancedPairBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch
 		owner = float64(lt.kmax-1) * X
 	}
 	D := floats.Dot(L, L)
-	if R > 0 && balanceMutation != "single copies" {
+	if R > 0 && mut != singleCopies {
 		D -= maxExtra(E, R, min(N, R+1), func(e, c int) float64 {
 			return L[e] * L[e] * (1 - 1/float64(c))
 		})
@@ -103,6 +104,11 @@ func balancedPairBudget(lt *layerTokens, caps []int, R int, d placement.Dispatch
 }
 
 // balanceMutation weakens balancedPairBudget for the tests, which must
-// catch it: "single copies" (copies do not spread an expert's load) or
-// "perfect balance" (the cap taken as 1).
-var balanceMutation string
+// catch it (Options.mutation); production uses noMutation.
+type balanceMutation int
+
+const (
+	noMutation     balanceMutation = iota
+	singleCopies                   // copies do not spread an expert's load
+	perfectBalance                 // the cap taken as 1
+)

@@ -122,13 +122,14 @@ func TestMaxNodeLoadErrors(t *testing.T) {
 // The term stays, as its derivation requires.)
 func TestBalanceMutationsAreCaught(t *testing.T) {
 	for _, tc := range []struct {
-		mutation string
+		name     string
+		mutation balanceMutation
 		d        placement.Dispatch
 	}{
-		{"single copies", placement.DispatchEven},
-		{"perfect balance", placement.DispatchEven},
+		{"single copies", singleCopies, placement.DispatchEven},
+		{"perfect balance", perfectBalance, placement.DispatchEven},
 	} {
-		t.Run(tc.mutation, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(5, 6))
 			caught, gained := 0, 0
 			for _, in := range boundCases(r, 40) {
@@ -138,9 +139,7 @@ func TestBalanceMutationsAreCaught(t *testing.T) {
 				_, least := bruteCapped(t, in, tc.d, math.Inf(1))
 				for _, f := range []float64{1, 1.05, 1.3} {
 					opt, _ := bruteCapped(t, in, tc.d, least*f)
-					balanceMutation = tc.mutation
-					b, err := HomeRemote(context.Background(), in.stats, 0, in.shape, tc.d, Options{MaxNodeLoad: least * f})
-					balanceMutation = ""
+					b, err := HomeRemote(context.Background(), in.stats, 0, in.shape, tc.d, Options{MaxNodeLoad: least * f, mutation: tc.mutation})
 					require.NoError(t, err)
 					if b.Value > opt+1e-9*(1+opt) {
 						caught++
@@ -155,7 +154,7 @@ func TestBalanceMutationsAreCaught(t *testing.T) {
 				}
 			}
 			t.Logf("%d violations; the unmutated cap raised the bound on %d instances", caught, gained)
-			assert.Positive(t, caught, "mutation %q never exceeded the capped optimum", tc.mutation)
+			assert.Positive(t, caught, "mutation %q never exceeded the capped optimum", tc.name)
 		})
 	}
 }

@@ -3,7 +3,6 @@ package trafficbound
 import (
 	"context"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -33,91 +32,6 @@ func remoteByLayer(b *testing.B, st *routing.Stats, plan *placement.Plan, nodes,
 		out[l] = lr.CrossNodeBytes / 2 / m.TokenBytes()
 	}
 	return out
-}
-
-// nodeSearch is the comparison plan's search: experts (one copy each) on
-// nodes, first-improvement swaps of two experts on different nodes in a
-// fixed random order, keeping every node's routed load at most loadCap,
-// for at most passes passes. Cost: Σ_t Count·(remote nodes used), sources
-// −1 counting (N−1)/N per node used.
-func nodeSearch(st *routing.Stats, l, N, P int, node []int, loadCap float64, passes int) []int {
-	E, k := st.Experts, st.TopK
-	node = slices.Clone(node)
-	type tok struct {
-		w   float64
-		src int // node, −1
-	}
-	toks := make([]tok, len(st.Patterns))
-	cnt := make([][]uint8, len(st.Patterns))
-	byExp := make([][]int32, E)
-	nodeLoad := make([]float64, N)
-	for i, pt := range st.Patterns {
-		toks[i] = tok{pt.Count, -1}
-		if pt.Source >= 0 {
-			toks[i].src = int(pt.Source) / P
-		}
-		cnt[i] = make([]uint8, N)
-		for _, e := range pt.Experts[l*k : (l+1)*k] {
-			cnt[i][node[e]]++
-			byExp[e] = append(byExp[e], int32(i))
-		}
-	}
-	for e := range E {
-		nodeLoad[node[e]] += st.Load[l][e]
-	}
-	weight := func(t int32, B int) float64 {
-		switch s := toks[t].src; {
-		case s < 0:
-			return toks[t].w * float64(N-1) / float64(N)
-		case s == B:
-			return 0
-		}
-		return toks[t].w
-	}
-	move := func(e, to int) (delta float64) {
-		from := node[e]
-		for _, t := range byExp[e] {
-			if cnt[t][from] == 1 {
-				delta -= weight(t, from)
-			}
-			if cnt[t][to] == 0 {
-				delta += weight(t, to)
-			}
-			cnt[t][from]--
-			cnt[t][to]++
-		}
-		node[e] = to
-		nodeLoad[from] -= st.Load[l][e]
-		nodeLoad[to] += st.Load[l][e]
-		return delta
-	}
-	r := rand.New(rand.NewPCG(uint64(l), 1))
-	for range passes {
-		improved := false
-		for _, a := range r.Perm(E) {
-			for _, b := range r.Perm(E) {
-				X, Y := node[a], node[b]
-				if X == Y {
-					continue
-				}
-				la, lb := st.Load[l][a], st.Load[l][b]
-				if nodeLoad[X]-la+lb > loadCap || nodeLoad[Y]+la-lb > loadCap {
-					continue
-				}
-				d := move(a, Y) + move(b, X)
-				if d < -1e-9 {
-					improved = true
-					continue
-				}
-				move(b, Y)
-				move(a, X)
-			}
-		}
-		if !improved {
-			break
-		}
-	}
-	return node
 }
 
 // nodePlan turns a node assignment into a layer plan: on each node the
@@ -239,7 +153,7 @@ func BenchmarkHomeRemote(b *testing.B) {
 					}
 				}
 				limit = max(limit, slices.Max(per))
-				node = nodeSearch(st, l, tc.nodes, tc.gpus, node, limit, 3)
+				node = NodeSearch(st, l, tc.nodes, tc.gpus, node, limit, 3)
 				search.Layers[l] = nodePlan(st.Load[l], node, tc.nodes, tc.gpus, tc.slots)
 			}
 			if err := search.Validate(placement.ValidateOptions{}); err != nil {

@@ -106,6 +106,10 @@ type Options struct {
 	// (balancedPairBudget), which popular experts otherwise let crowd
 	// onto one node. At least 1.
 	MaxNodeLoad float64
+
+	// mutation weakens the balance term for the tests that must catch
+	// it; the zero value (noMutation) is the bound.
+	mutation balanceMutation
 }
 
 func (o Options) steps() int {
@@ -290,7 +294,7 @@ func HomeRemote(ctx context.Context, stats *routing.Stats, layer int, c Shape, d
 	b.HomeBudget = homeBudget(lt, caps, R, d, &b.Work)
 	b.PairBudget = pairBudget(lt, caps, R, d, opts.steps(), &b.Work)
 	if opts.MaxNodeLoad != 0 {
-		if w := balancedPairBudget(lt, caps, R, d, opts.MaxNodeLoad, opts.steps(), &b.Work); w < b.PairBudget {
+		if w := balancedPairBudget(lt, caps, R, d, opts.MaxNodeLoad, opts.steps(), opts.mutation, &b.Work); w < b.PairBudget {
 			b.PairBudget, b.Capped = w, true
 		}
 	}

@@ -280,9 +280,7 @@ func mutatedHome(t *testing.T, in instance, d placement.Dispatch, mutation strin
 		H, W = homeBudget(lt, caps, R, placement.DispatchEven, &w), pairBudget(lt, caps, R, placement.DispatchEven, 4, &w)
 	case "no eigen term":
 		H = homeBudget(lt, caps, R, d, &w)
-		noEigenTerm = true
-		W = spectralBound(&pairProblem{C: lt.C, E: lt.E, N: lt.N, caps: caps}, 4, &w)
-		noEigenTerm = false
+		W = spectralBound(&pairProblem{C: lt.C, E: lt.E, N: lt.N, caps: caps, noEigenTerm: true}, 4, &w)
 	case "mean home":
 		for _, row := range lt.nodeLoad {
 			for _, x := range row {

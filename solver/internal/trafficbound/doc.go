@@ -103,7 +103,7 @@
 // identity Σ_{a≠b} L_a·L_b⟨x_a,x_b⟩ = ‖Σ_a L_a·x_a‖² − Σ_a L_a²‖x_a‖²
 // trades it, at a multiplier μ, for the nodes' loads, which the cap
 // bounds. On the synthetic trace (4 × 8, 32 redundant slots, static
-// dispatch, node cap 1.02; TestExperimentBalancedBound) it raised layers
+// dispatch, node cap 1.02; experiments balanced-bound) it raised layers
 // 0, 20 and 40 from 0.966, 0.958 and 0.829 remote nodes per token to
 // 1.221, 1.166 and 1.049 without the shift steps (91 ms a layer against
 // 29 ms, one core), and to 1.348, 1.298 and 1.176 with them (165 ms).

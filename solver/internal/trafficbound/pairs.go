@@ -21,6 +21,9 @@ type pairProblem struct {
 	C    []float64 // E×E, symmetric, zero diagonal, ≥ 0
 	E, N int
 	caps []int
+	// noEigenTerm drops the λ(PAP) term of spectralBound: a mutation for
+	// the tests, which must catch it. Production leaves it false.
+	noEigenTerm bool
 }
 
 // pairBound returns min(spectral, star) for p; steps diagonal-shift
@@ -312,10 +315,6 @@ func spectralBound(p *pairProblem, steps int, w *Work) float64 {
 	return v
 }
 
-// noEigenTerm drops the λ(PAP) term: a mutation for the tests, which must
-// catch it.
-var noEigenTerm bool
-
 // shiftEval evaluates the spectral bound at a shift.
 type shiftEval struct {
 	p         *pairProblem
@@ -356,7 +355,7 @@ func (s *shiftEval) value(u []float64, mode evalMode) (float64, []float64) {
 	} else {
 		lam, vec = s.lanczosTop(u, mode == estimateGrad)
 	}
-	if noEigenTerm {
+	if s.p.noEigenTerm {
 		clear(lam)
 	}
 	S, su := 0.0, 0.0

@@ -1,10 +1,12 @@
-package affinity
+package main
 
 import (
+	"context"
+	"fmt"
+	"io"
 	"math"
-	"os"
 	"slices"
-	"testing"
+	"time"
 
 	"github.com/moetuner/moetuner/placement"
 )
@@ -176,24 +178,32 @@ func (nl *nodeLayer) hubCopies(node []int, P, slots int, capf float64) (remote, 
 	return remote, imb, added, before, rel()
 }
 
-// TestExperimentHubCopies: anneal the node placement under looser caps,
-// then let copies (8 per node, static dispatch) bring the nodes back under
-// 1.02. NODES, LIMIT (per anneal, default 20s), LAYERS, TRACE as the other
-// experiments.
-func TestExperimentHubCopies(t *testing.T) {
-	if os.Getenv("MOETUNER_EXP") == "" {
-		t.Skip("experiment")
+// runHubCopies is the hub-copies experiment: anneal the node placement
+// under looser caps, then let copies (8 per node, static dispatch) bring
+// the nodes back under 1.02.
+func runHubCopies(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newFlags("hub-copies", stderr).withLayers(0, 1, 2).withLimit(20*time.Second, "each annealing's time")
+	if err := f.parse(args); err != nil {
+		return err
 	}
-	layers, lim := nodeLayers(t, 20e9)
+	st, err := f.stats()
+	if err != nil {
+		return err
+	}
+	layers, err := nodeLayers(st, f.nodes, f.layers)
+	if err != nil {
+		return err
+	}
 	for _, nl := range layers {
 		r1, _, _, _, _ := nl.hubCopies(nl.eplb, 8, 8, 1.02)
-		t.Logf("layer %d: EPLB nodes, static split: %.4f", nl.l, r1/nl.tokens)
+		fmt.Fprintf(stdout, "layer %d: EPLB nodes, static split: %.4f\n", nl.l, r1/nl.tokens)
 		for _, capf := range []float64{1.02, 1.06, 1.10, 1.20, 1.40} {
-			r0, best, imb, node := nl.annealPlan(nl.eplb, capf, lim)
+			r0, best, imb, node := nl.annealPlan(nl.eplb, capf, f.limit)
 			r, imb2, added, b0, b1 := nl.hubCopies(node, 8, 8, 1.02)
-			t.Logf("layer %d cap %.2f: node loads over the mean %v → %v", nl.l, capf, b0, b1)
-			t.Logf("layer %d cap %.2f: annealed %.4f (%+.2f%%, node b/m %.3f); with %d copies %.4f (%+.2f%% vs EPLB one copy, vs EPLB split %+.2f%%), node b/m %.3f",
+			fmt.Fprintf(stdout, "layer %d cap %.2f: node loads over the mean %v → %v\n", nl.l, capf, b0, b1)
+			fmt.Fprintf(stdout, "layer %d cap %.2f: annealed %.4f (%+.2f%%, node b/m %.3f); with %d copies %.4f (%+.2f%% vs EPLB one copy, vs EPLB split %+.2f%%), node b/m %.3f\n",
 				nl.l, capf, best/nl.tokens, (best/r0-1)*100, imb, added, r/nl.tokens, (r/r0-1)*100, (r/r1-1)*100, imb2)
 		}
 	}
+	return nil
 }

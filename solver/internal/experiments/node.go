@@ -1,20 +1,17 @@
-package affinity
+package main
 
 import (
 	"cmp"
+	"context"
+	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
-	"testing"
 	"time"
-
-	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/routing"
-	"github.com/moetuner/moetuner/solver/internal/testkit"
 )
 
 // nodeLayer is one layer of the node-level experiments: one copy per
@@ -31,22 +28,15 @@ type nodeLayer struct {
 	mean, tokens float64
 }
 
-// nodeLayers reads the experiments' trace and builds the layers named by
-// LAYERS (default 0,1,2) on NODES nodes (default 4) of 8 GPUs; it also
-// returns LIMIT (default def).
-func nodeLayers(t *testing.T, def time.Duration) ([]nodeLayer, time.Duration) {
-	N, layers := testkit.ExpSettings(t, 0, 1, 2)
-	src, err := routing.Load(expTrace(), routing.LoadOptions{})
-	require.NoError(t, err)
-	st := src.Stats
+// nodeLayers builds the node experiments' layers of st on N nodes of 8
+// GPUs: one copy per expert, EPLB's nodes for the first copies.
+func nodeLayers(st *routing.Stats, N int, layers []int) ([]nodeLayer, error) {
 	const P = 8
 	G := N * P
-	lim, _ := time.ParseDuration(os.Getenv("LIMIT"))
-	if lim == 0 {
-		lim = def
-	}
 	plan, err := baseline.EPLB(st, G, baseline.EPLBOptions{Nodes: N})
-	require.NoError(t, err)
+	if err != nil {
+		return nil, err
+	}
 	E, K, T := st.Experts, st.TopK, len(st.Patterns)
 	home := make([]int, T)
 	rank := make([]int, T)
@@ -76,7 +66,7 @@ func nodeLayers(t *testing.T, def time.Duration) ([]nodeLayer, time.Duration) {
 		}
 		out = append(out, nl)
 	}
-	return out, lim
+	return out, nil
 }
 
 // anneal is a plain simulated annealing on the exact count (distinct
@@ -309,49 +299,63 @@ func (nl *nodeLayer) relax(iters int, eta float64) ([]int, float64) {
 	return start, fx
 }
 
-// TestExperimentNodeCeiling asks how far any placement could go on a
-// trace: nodeLayer.anneal from EPLB's nodes (first copies) under caps of
-// 1.01, 1.02, 1.10 and no cap, against EPLB's count with the same copies.
-// Loose caps show what balance costs. NODES, LIMIT (per run, default 20s),
-// LAYERS and TRACE as the other experiments.
-func TestExperimentNodeCeiling(t *testing.T) {
-	if os.Getenv("MOETUNER_EXP") == "" {
-		t.Skip("experiment")
+// runNodeCeiling is the node-ceiling experiment: nodeLayer.anneal from
+// EPLB's nodes (first copies) under caps of 1.01, 1.02, 1.10 and no cap,
+// against EPLB's count with the same copies. Loose caps show what balance
+// costs.
+func runNodeCeiling(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newFlags("node-ceiling", stderr).withLayers(0, 1, 2).withLimit(20*time.Second, "each annealing's time")
+	if err := f.parse(args); err != nil {
+		return err
 	}
-	layers, lim := nodeLayers(t, 20*time.Second)
+	st, err := f.stats()
+	if err != nil {
+		return err
+	}
+	layers, err := nodeLayers(st, f.nodes, f.layers)
+	if err != nil {
+		return err
+	}
 	for _, nl := range layers {
 		for _, capf := range []float64{1.01, 1.02, 1.10, math.Inf(1)} {
-			r0, best, imb := nl.anneal(nl.eplb, capf, lim)
-			t.Logf("layer %d cap %.2f: EPLB %.4f → %.4f remote nodes per token (%+.2f%%), node busiest/mean %.4f", nl.l, capf, r0/nl.tokens, best/nl.tokens, (best/r0-1)*100, imb)
+			r0, best, imb := nl.anneal(nl.eplb, capf, f.limit)
+			fmt.Fprintf(stdout, "layer %d cap %.2f: EPLB %.4f → %.4f remote nodes per token (%+.2f%%), node busiest/mean %.4f\n", nl.l, capf, r0/nl.tokens, best/nl.tokens, (best/r0-1)*100, imb)
 		}
 	}
+	return nil
 }
 
-// TestExperimentRelaxNode asks whether a different method finds a better
-// node placement than the annealing at cap 1.02: nodeLayer.relax (ITERS
-// iterations, default 400, step ETA, default 1), rounded, then annealed for
-// what is left of LIMIT (default 10s), against the annealing from EPLB for
-// all of LIMIT.
-func TestExperimentRelaxNode(t *testing.T) {
-	if os.Getenv("MOETUNER_EXP") == "" {
-		t.Skip("experiment")
+// runRelaxNode is the relax-node experiment: whether a different method
+// finds a better node placement than the annealing at cap 1.02:
+// nodeLayer.relax, rounded, then annealed for what is left of the limit,
+// against the annealing from EPLB for all of it.
+func runRelaxNode(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	f := newFlags("relax-node", stderr).withLayers(0, 1, 2).withLimit(10*time.Second, "each method's time")
+	iters := f.fs.Int("iters", 400, "mirror-descent iterations of the relaxation")
+	eta := f.fs.Float64("eta", 1, "the mirror-descent step, relative to each expert's load")
+	if err := f.parse(args); err != nil {
+		return err
 	}
-	layers, lim := nodeLayers(t, 10*time.Second)
-	iters, _ := strconv.Atoi(os.Getenv("ITERS"))
-	if iters == 0 {
-		iters = 400
+	if *iters < 0 || !(*eta >= 0) || math.IsInf(*eta, 1) {
+		return usageError{fmt.Errorf("-iters %d -eta %v: need -iters 0 or more and a finite -eta, 0 or more", *iters, *eta)}
 	}
-	eta, err := strconv.ParseFloat(os.Getenv("ETA"), 64)
+	st, err := f.stats()
 	if err != nil {
-		eta = 1
+		return err
 	}
+	layers, err := nodeLayers(st, f.nodes, f.layers)
+	if err != nil {
+		return err
+	}
+	lim := f.limit
 	for _, nl := range layers {
 		r0, b0, _ := nl.anneal(nl.eplb, 1.02, lim)
 		begin := time.Now()
-		start, fx := nl.relax(iters, eta)
+		start, fx := nl.relax(*iters, *eta)
 		rt := time.Since(begin)
 		_, rs, _ := nl.anneal(start, math.Inf(1), 0)
 		_, b1, _ := nl.anneal(start, 1.02, max(lim-rt, time.Second))
-		t.Logf("layer %d: EPLB %.4f; anneal from EPLB %.4f (%+.2f%%); relaxed %.4f, rounded %.4f, after %.1fs + anneal %.4f (%+.2f%%)", nl.l, r0/nl.tokens, b0/nl.tokens, (b0/r0-1)*100, fx/nl.tokens, rs/nl.tokens, rt.Seconds(), b1/nl.tokens, (b1/r0-1)*100)
+		fmt.Fprintf(stdout, "layer %d: EPLB %.4f; anneal from EPLB %.4f (%+.2f%%); relaxed %.4f, rounded %.4f, after %.1fs + anneal %.4f (%+.2f%%)\n", nl.l, r0/nl.tokens, b0/nl.tokens, (b0/r0-1)*100, fx/nl.tokens, rs/nl.tokens, rt.Seconds(), b1/nl.tokens, (b1/r0-1)*100)
 	}
+	return nil
 }
