@@ -102,7 +102,8 @@ func Example_readme() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := placement.WriteFileWith(out, res.Plan, placement.FormatSGLang, p.Layout()); err != nil {
+	err = placement.WriteFileWith(out, res.Plan, placement.FormatSGLang, p.Layout())
+	if err != nil {
 		log.Fatal(err)
 	}
 
