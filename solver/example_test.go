@@ -76,3 +76,41 @@ func Example_offline() {
 	fmt.Printf("%d MoE layers, %d slots per layer on %d GPUs\n", len(back.Layers), back.Slots(0), back.GPUs)
 	// Output: 8 MoE layers, 72 slots per layer on 8 GPUs
 }
+
+// The library in ten lines, as the README shows it: read a recorded
+// trace, describe the cluster and the model, solve, and write the map
+// SGLang loads with --init-expert-location. The model is given because
+// SGLang's map has a row for every decoder layer: the trace names the MoE
+// layers (2..9), the preset counts the decoder layers (10), and
+// Problem.Layout puts the two together.
+func Example_readme() {
+	dir, err := os.MkdirTemp("", "readme")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	out := filepath.Join(dir, "flame.sglang.json")
+
+	src, err := routing.Load("../testdata/flame-moe-290m/trace.jsonl", routing.LoadOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	cluster, _ := costmodel.ClusterPreset("2xh100x8") // 2 nodes × 8 GPUs
+	model, _ := costmodel.ModelPreset("flame-moe-290m")
+	p := solver.Problem{Stats: src.Stats, Cluster: cluster, Model: model, Flow: costmodel.FlowHome}
+	res, err := solver.Solve(context.Background(), p, solver.Options{TimeLimit: 2 * time.Second}) // joint
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = placement.WriteFileWith(out, res.Plan, placement.FormatSGLang, p.Layout())
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	back, err := placement.ReadFileWith(out, p.Layout())
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s: %d MoE layers on %d GPUs\n", filepath.Base(out), len(back.Layers), back.GPUs)
+	// Output: flame.sglang.json: 8 MoE layers on 16 GPUs
+}
