@@ -46,3 +46,10 @@ func RepairImbalance(p Problem, opts Options, plan *placement.Plan) (int, error)
 	n, err := capImbalance(context.Background(), p, opts, plan, nil, nil, nil, time.Now().Add(time.Hour))
 	return n, public(err)
 }
+
+// WithoutDefaultBackend returns o solving as a build without cgo does
+// when o.Backend is nil: with no ILP backend at all.
+func WithoutDefaultBackend(o Options) Options {
+	o.noDefaultBackend = true
+	return o
+}

@@ -129,6 +129,14 @@ type Result struct {
 	Strategy Strategy
 	Plan     *placement.Plan
 	Status   Status
+	// Model is the model the plan was made and scored for:
+	// Problem.Model, or when that is zero the preset Solve inferred from
+	// the statistics (costmodel.InferModel).
+	Model costmodel.Model
+	// Layout is where Plan sits in the model (Problem.Layout with Model):
+	// pass it to placement.WriteFileWith for the formats indexed by
+	// decoder layer (SGLang, TensorRT-LLM).
+	Layout placement.Layout
 	// Objective is the modeled end-to-end time (seconds, sum of layer
 	// times) recomputed in Go by costmodel from the plan.
 	Objective float64

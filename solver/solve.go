@@ -12,7 +12,6 @@ import (
 	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/mip"
-	"github.com/moetuner/moetuner/mip/highs"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	"github.com/moetuner/moetuner/solver/internal/onenode"
@@ -114,10 +113,18 @@ func (p Problem) withDefaults() (Problem, error) {
 // that do not record the GPU count: the cluster's GPUs, the statistics'
 // experts and MoE layers, and the layer ids and decoder-layer count of the
 // statistics (routing.Stats.LayerNames, ModelLayers), which win over the
-// model's (DecoderLayers, MoELayerIDs). What neither knows stays zero, and
-// the formats that need it then fail with placement.ErrNeedLayers. The
-// command line uses the same.
+// model's (DecoderLayers, MoELayerIDs). A zero Model is inferred from the
+// statistics as Solve infers it (costmodel.InferModel), so the layout is
+// the one Solve's plan has (Result.Layout). What neither knows stays zero,
+// and the formats that need it then fail with placement.ErrNeedLayers;
+// without statistics only GPUs is set. The command line uses the same.
 func (p Problem) Layout() placement.Layout {
+	if p.Stats == nil {
+		return placement.Layout{GPUs: p.Cluster.GPUs()}
+	}
+	if q, err := p.withDefaults(); err == nil {
+		p = q
+	}
 	s, m := p.Stats, p.Model
 	l := placement.Layout{GPUs: p.Cluster.GPUs(), Experts: s.Experts, Layers: s.Layers}
 	ids, total := s.LayerNames, s.ModelLayers
@@ -210,6 +217,10 @@ type Options struct {
 	// (a handful of reports per solve, none for the baselines), from the
 	// goroutine that called Solve; it should return quickly.
 	Progress func(Progress)
+
+	// noDefaultBackend leaves Backend nil when it is unset, as in a build
+	// without cgo (tests of that path set it in a build with cgo).
+	noDefaultBackend bool
 }
 
 // DefaultTimeLimit is Options.TimeLimit's default.
@@ -219,8 +230,8 @@ func (o Options) withDefaults() Options {
 	if o.Strategy == "" {
 		o.Strategy = StrategyJoint
 	}
-	if o.Backend == nil {
-		o.Backend = highs.Backend{}
+	if o.Backend == nil && !o.noDefaultBackend {
+		o.Backend = defaultBackend()
 	}
 	st := o.Strategy
 	if o.TimeLimit <= 0 {
@@ -344,6 +355,9 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			res = &Result{Plan: plan, Status: StatusHeuristic}
 		}
 	case StrategyMoETuner:
+		if opts.Backend == nil {
+			return nil, &BackendError{Strategy: st, Needs: "the paper's two ILPs"}
+		}
 		res, err = solvePaper(ctx, p, opts.Backend, opts, b)
 		if err == nil && opts.MoETunerEqualSizes {
 			res.Note = "E/G experts per cluster"
@@ -375,6 +389,7 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		return nil, public(err)
 	}
 	res.Strategy = st
+	res.Model, res.Layout = p.Model, p.Layout()
 	if !res.remoteBound {
 		res.RemoteBound = math.NaN()
 	}
@@ -414,10 +429,6 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	return res, nil
 }
 
-// stoppedBaseline is the result of a solve cut short before its strategy
-// had a plan: EPLB with replicas, else the first baseline that builds
-// (greedy), taken without an evaluation, which at production scale would
-// outlast the context. cause is the strategy's error, kept when no
 // solveJointPath runs joint on the path p takes: the affinity search,
 // the replicated path or the joint ILP.
 func solveJointPath(ctx context.Context, p Problem, opts Options, b budget, start time.Time) (*Result, error) {
@@ -426,6 +437,9 @@ func solveJointPath(ctx context.Context, p Problem, opts Options, b budget, star
 	}
 	if p.replicated() {
 		return solveReplicated(ctx, p, opts.Backend, opts, b, start)
+	}
+	if opts.Backend == nil {
+		return nil, &BackendError{Strategy: StrategyJoint, Needs: "the joint ILP of a single-copy problem (with Problem.RedundantSlots joint needs none)"}
 	}
 	return solveJoint(ctx, p, opts.Backend, opts, b, start)
 }
@@ -460,6 +474,10 @@ func solveFresh(ctx context.Context, p Problem, opts Options, b budget, start ti
 	return res, nil
 }
 
+// stoppedBaseline is the result of a solve cut short before its strategy
+// had a plan: EPLB with replicas, else the first baseline that builds
+// (greedy), taken without an evaluation, which at production scale would
+// outlast the context. cause is the strategy's error, kept when no
 // baseline works either.
 func stoppedBaseline(p Problem, cause error) (*Result, error) {
 	var st Strategy
