@@ -130,6 +130,11 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 				fmt.Fprintf(stderr, "moetuner: strategy %s: %v\n", st, err)
 				continue
 			}
+			if errors.Is(err, solver.ErrNoILPBackend) && *strategies == "" {
+				// A build without cgo compares what it can.
+				fmt.Fprintf(stderr, "moetuner: compare: skipping the %s strategy: %v\n", st, err)
+				continue
+			}
 			return fmt.Errorf("strategy %s: %w", st, err)
 		}
 		results = append(results, res)
