@@ -175,3 +175,34 @@ func TestWithoutILPBackend(t *testing.T) {
 		})
 	}
 }
+
+// Result.ModelObjective and Gap describe the returned plan: when the
+// repair to Problem.MaxImbalance moves experts of joint's ILP plan, they
+// are recomputed for the repaired plan (the dual bound holds for every
+// plan), not left at the ILP's. A property of any budget; on this trace
+// (2 nodes, per-token, the cap a fiftieth of the way from the free plan's
+// worst layer to 1) the repair changes a layer in the runs measured.
+func TestRepairedILPGap(t *testing.T) {
+	tr := testkit.RandomTrace(rand.New(rand.NewPCG(1, 7)), 300, 3, 16, 2)
+	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 2), Model: testkit.FakeModel(16, 2)}
+	opts := Options{Strategy: StrategyJoint, TimeLimit: 2 * time.Second}
+	free, err := Solve(context.Background(), p, opts)
+	require.NoError(t, err)
+	worst := 0.0
+	for _, r := range layerRatios(t, p, free.Plan) {
+		worst = max(worst, r)
+	}
+	p.MaxImbalance = worst - (worst-1)/50
+	res, err := Solve(context.Background(), p, opts)
+	var inf *InfeasibleError
+	if errors.As(err, &inf) {
+		t.Skipf("no plan met the cap in this run: %v", err)
+	}
+	require.NoError(t, err)
+	t.Logf("note %q", res.Note)
+	mo, err := JointModelObjective(p, res.Plan, opts)
+	require.NoError(t, err)
+	assert.InDelta(t, mo, res.ModelObjective, 1e-12*mo)
+	assert.LessOrEqual(t, res.Bound, mo*(1+1e-12))
+	assert.InDelta(t, math.Max(0, (mo-res.Bound)/mo), res.Gap, 1e-12)
+}
