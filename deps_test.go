@@ -138,6 +138,8 @@ func TestBuildsWithoutCgo(t *testing.T) {
 	assert.Error(t, err)
 	assert.Contains(t, out, "built without cgo")
 	assert.Contains(t, out, "CGO_ENABLED=1")
+	assert.Contains(t, out, "pass a --strategy that needs no ILP (eplb,")
+	assert.NotContains(t, out, "Options.", "the command line names its flags")
 	out, err = run("compare", "--effort", "1")
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "skipping the moetuner strategy")
