@@ -166,7 +166,7 @@ func TestWithoutILPBackend(t *testing.T) {
 			res, err := Solve(ctx, tc.p, WithoutDefaultBackend(Options{Strategy: tc.st, TimeLimit: 2 * time.Second}))
 			require.NoError(t, err)
 			if tc.name == "joint, affinity search" {
-				assert.False(t, math.IsNaN(res.RemoteBound), "the affinity search ran (it computes RemoteBound)")
+				assert.Contains(t, res.Note, "affinity search", "the affinity search made the plan")
 			}
 			require.NoError(t, res.Plan.Validate(placement.ValidateOptions{Experts: tc.p.Stats.Experts, Layers: tc.p.Stats.Layers}))
 			rep, err := Evaluate(tc.p, res.Plan)
