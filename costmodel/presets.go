@@ -155,6 +155,20 @@ func (c Cluster) WithNodes(n int) Cluster {
 	return c
 }
 
+// WithGPUsPerNode returns c with n GPUs per node (the --gpus-per-node
+// override), keeping its name, links and nodes. Per-GPU speeds (Speed)
+// describe GPUs that no longer exist once the GPU count changes, so they
+// are then dropped (every GPU speed 1); per-GPU memory (MemBytes) is kept,
+// and Validate reports it when it no longer has one entry per GPU.
+func (c Cluster) WithGPUsPerNode(n int) Cluster {
+	old := c.GPUs()
+	c.GPUsPerNode = n
+	if c.GPUs() != old {
+		c.Speed = nil
+	}
+	return c
+}
+
 // Validate reports every inconsistent field of c, each as
 // `costmodel: cluster "name": ...`, joined; nil when c is usable.
 func (c Cluster) Validate() error {

@@ -221,3 +221,32 @@ func TestValidateErrors(t *testing.T) {
 		})
 	}
 }
+
+// WithGPUsPerNode changes the GPUs per node and nothing else but the
+// per-GPU speeds, which no longer describe the GPUs once their count
+// changes; the caller's cluster is not modified.
+func TestWithGPUsPerNode(t *testing.T) {
+	c, err := ClusterPreset("2xh100x8")
+	require.NoError(t, err)
+	c.Speed = make([]float64, 16)
+	for g := range c.Speed {
+		c.Speed[g] = 1 + float64(g%2)
+	}
+	four := c.WithGPUsPerNode(4)
+	assert.Equal(t, 4, four.GPUsPerNode)
+	assert.Equal(t, 8, four.GPUs())
+	assert.Nil(t, four.Speed, "speeds of 16 GPUs do not describe 8")
+	assert.NoError(t, four.Validate())
+	assert.Len(t, c.Speed, 16, "the receiver keeps its speeds")
+	assert.Equal(t, 8, c.GPUsPerNode)
+	want := c
+	want.GPUsPerNode, want.Speed = 4, nil
+	assert.Equal(t, want, four, "only GPUsPerNode and Speed change")
+
+	same := c.WithGPUsPerNode(8)
+	assert.Equal(t, c, same, "the same count keeps the speeds")
+
+	c.MemBytes = make([]int64, 16)
+	bad := c.WithGPUsPerNode(2)
+	assert.ErrorContains(t, bad.Validate(), "mem_bytes has 16 entries for 4 GPUs")
+}

@@ -93,7 +93,8 @@ type Solution struct {
 	RowDual []float64
 }
 
-// Backend solves models. mip/highs provides the HiGHS one.
+// Backend solves models. mip/highs provides the HiGHS one, a cgo binding
+// that a build without cgo (CGO_ENABLED=0) leaves out.
 type Backend interface {
 	Solve(ctx context.Context, m *Model, opts Options) (*Solution, error)
 }

@@ -1,11 +1,27 @@
-// Package solver turns routing statistics into expert placements: the
-// baselines, the MoETuner method, and the joint method, with integer
-// linear programs solved by a mip.Backend (HiGHS, mip/highs, by default).
-// It is a facade: Problem, Options, Result, Strategy and Solve; every time
-// split of a solve is in one table (budget.go, with why each is what it
-// is), and each method lives in a package of its own under
-// solver/internal (paper, jointilp, search, onenode, replica), which this
-// documentation describes.
+// Package solver decides which GPU holds which expert: Solve takes routing
+// statistics, a cluster and a model (a Problem), searches with a Strategy
+// within a time or work budget (Options), and returns a validated plan
+// scored by the cost model, with its evidence (a Result). The strategies
+// are the baselines (contiguous, round-robin, greedy, eplb,
+// eplb-hierarchical: no search), moetuner (the paper's two ILPs) and
+// joint (the default: an ILP on modeled layer time, replica packing,
+// local searches and the affinity search, by problem). Evaluate scores
+// any plan as Solve does. For example:
+//
+//	p := solver.Problem{Stats: stats, Cluster: cluster} // Model inferred
+//	res, err := solver.Solve(ctx, p, solver.Options{Effort: 1})
+//	// res.Plan, res.Objective (seconds), res.Status, res.Gap
+//	err = placement.WriteFileWith("plan.sglang.json", res.Plan, placement.FormatSGLang, res.Layout)
+//
+// The ILPs are solved by a mip.Backend, HiGHS (mip/highs) by default in a
+// build with cgo; a build without cgo runs every strategy but those that
+// need an ILP, which return a *BackendError (see Options.Backend).
+//
+// The package is a facade: Problem, Options, Result, Strategy, Solve and
+// Evaluate; every time split of a solve is in one table (budget.go, with
+// why each is what it is), and each method lives in a package of its own
+// under solver/internal (paper, jointilp, search, onenode, replica,
+// affinity), which this documentation describes.
 //
 // # Deadlines
 //

@@ -27,7 +27,7 @@ func Example_service() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	cluster.GPUsPerNode = 4 // 4 EP ranks
+	cluster = cluster.WithGPUsPerNode(4) // 4 EP ranks
 	p := solver.Problem{Stats: stats, Cluster: cluster}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
@@ -65,11 +65,11 @@ func Example_offline() {
 	for _, name := range []string{"flame.sglang.json", "flame.eplb.json"} {
 		// The layout says where the plan's 8 MoE layers sit among the
 		// model's 10 decoder layers, which SGLang's map indexes.
-		if err := placement.WriteFileWith(filepath.Join(dir, name), res.Plan, "", p.Layout()); err != nil {
+		if err := placement.WriteFileWith(filepath.Join(dir, name), res.Plan, "", res.Layout); err != nil {
 			log.Fatal(err)
 		}
 	}
-	back, err := placement.ReadFileWith(filepath.Join(dir, "flame.sglang.json"), p.Layout())
+	back, err := placement.ReadFileWith(filepath.Join(dir, "flame.sglang.json"), res.Layout)
 	if err != nil {
 		log.Fatal(err)
 	}

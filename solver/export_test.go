@@ -46,3 +46,16 @@ func RepairImbalance(p Problem, opts Options, plan *placement.Plan) (int, error)
 	n, err := capImbalance(context.Background(), p, opts, plan, nil, nil, nil, time.Now().Add(time.Hour))
 	return n, public(err)
 }
+
+// WithoutDefaultBackend returns o solving as a build without cgo does
+// when o.Backend is nil: with no ILP backend at all.
+func WithoutDefaultBackend(o Options) Options {
+	o.noDefaultBackend = true
+	return o
+}
+
+// JointModelObjective is jointModelObjective, for the tests outside the
+// package.
+func JointModelObjective(p Problem, plan *placement.Plan, opts Options) (float64, error) {
+	return jointModelObjective(p, plan, opts)
+}

@@ -11,8 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/costmodel"
-	"github.com/moetuner/moetuner/mip"
-	"github.com/moetuner/moetuner/mip/highs"
 	"github.com/moetuner/moetuner/routing"
 	. "github.com/moetuner/moetuner/solver"
 	"github.com/moetuner/moetuner/solver/internal/testkit"
@@ -112,9 +110,4 @@ func TestJointCountOnlyIsExact(t *testing.T) {
 		require.NoError(t, err)
 		assert.InDelta(t, res.Objective, res.ModelObjective, 1e-9*res.Objective, "nodes=%d", nodes)
 	}
-}
-
-func testBackend(t testing.TB) mip.Backend {
-	t.Helper()
-	return highs.Backend{}
 }

@@ -129,16 +129,41 @@ type Result struct {
 	Strategy Strategy
 	Plan     *placement.Plan
 	Status   Status
+	// Model is the model the plan was made and scored for:
+	// Problem.Model, or when that is zero the preset Solve inferred from
+	// the statistics (costmodel.InferModel).
+	Model costmodel.Model
+	// Layout is where Plan sits in the model (Problem.Layout with Model):
+	// pass it to placement.WriteFileWith for the formats indexed by
+	// decoder layer (SGLang, TensorRT-LLM).
+	Layout placement.Layout
 	// Objective is the modeled end-to-end time (seconds, sum of layer
 	// times) recomputed in Go by costmodel from the plan.
 	Objective float64
 	Report    *costmodel.Report
-	// ModelObjective is the ILP's own objective (seconds) recomputed in Go
-	// from the plan; Bound is the solver's dual bound on it and Gap =
-	// (ModelObjective − Bound)/ModelObjective. NaN without an ILP.
+	// ModelObjective is the joint ILP's own objective (seconds) of the
+	// returned plan, recomputed in Go, and Bound the backend's dual bound
+	// on it (it holds for every plan). Both are set only where the joint
+	// strategy solved its ILP (single-copy problems not on the affinity
+	// search's path); NaN otherwise, the moetuner strategy included (its
+	// ILPs' objectives are Stage1Objective and Stage2Objective).
 	ModelObjective float64
 	Bound          float64
-	Gap            float64
+	// Gap is a relative gap; what it measures depends on how the plan was
+	// made:
+	//   - joint's ILP path: (ModelObjective − Bound)/ModelObjective, the
+	//     gap on the ILP's model (0 when proved optimal), also after the
+	//     repair to Problem.MaxImbalance;
+	//   - joint with a Balance report (the replicated path, and the
+	//     affinity search with redundant slots): Balance.MaxGap, the
+	//     largest per-layer busiest GPU load over its lower bound, minus
+	//     1 (recomputed after the MaxImbalance repair, and under
+	//     SplitOptimal from the optimal split's loads);
+	//   - NaN otherwise: the baselines, moetuner, the affinity search
+	//     without redundant slots, a running plan kept (Problem.Current)
+	//     and a baseline returned because the solve was stopped.
+	// Result.CostGap is the gap on the exact cost model.
+	Gap float64
 	// Stage1Objective is the moetuner strategy's ILP 1 objective
 	// Σ_l Σ_c |T_c − T̄| in tokens, recomputed in Go; Stage2Objective its
 	// ILP 2 objective in seconds. NaN for other strategies.

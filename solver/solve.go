@@ -11,7 +11,6 @@ import (
 	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/mip"
-	"github.com/moetuner/moetuner/mip/highs"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	"github.com/moetuner/moetuner/solver/internal/onenode"
@@ -113,10 +112,18 @@ func (p Problem) withDefaults() (Problem, error) {
 // that do not record the GPU count: the cluster's GPUs, the statistics'
 // experts and MoE layers, and the layer ids and decoder-layer count of the
 // statistics (routing.Stats.LayerNames, ModelLayers), which win over the
-// model's (DecoderLayers, MoELayerIDs). What neither knows stays zero, and
-// the formats that need it then fail with placement.ErrNeedLayers. The
-// command line uses the same.
+// model's (DecoderLayers, MoELayerIDs). A zero Model is inferred from the
+// statistics as Solve infers it (costmodel.InferModel), so the layout is
+// the one Solve's plan has (Result.Layout). What neither knows stays zero,
+// and the formats that need it then fail with placement.ErrNeedLayers;
+// without statistics only GPUs is set. The command line uses the same.
 func (p Problem) Layout() placement.Layout {
+	if p.Stats == nil {
+		return placement.Layout{GPUs: p.Cluster.GPUs()}
+	}
+	if q, err := p.withDefaults(); err == nil {
+		p = q
+	}
 	return p.Scenario().Layout()
 }
 
@@ -126,14 +133,20 @@ func (p Problem) replicated() bool {
 }
 
 // Options tune a solve. The zero value works: the joint strategy with
-// HiGHS, 60 s at most, as many parallel sub-problems as the host has
-// cores.
+// HiGHS (in a build with cgo), 60 s at most, as many parallel
+// sub-problems as the host has cores.
 type Options struct {
 	// Strategy is the placement method (default StrategyJoint).
 	Strategy Strategy
-	// Backend solves the ILPs (default HiGHS, mip/highs, linked
-	// statically; a build without cgo has none, and then only the
-	// strategies without ILPs work).
+	// Backend solves the ILPs. Nil means HiGHS (mip/highs, linked
+	// statically) in a build with cgo. A build without cgo
+	// (CGO_ENABLED=0) has no HiGHS, and nil then means no backend: the
+	// strategies that need an ILP, moetuner and joint on a single-copy
+	// problem (no redundant slots, expert groups, workloads or running
+	// plan), return a *BackendError (errors.Is ErrNoILPBackend) before
+	// they search; the baselines and joint's other paths (the replicated
+	// packing, the affinity search) run without one, leaving out the
+	// exact pair method's probes, which need it.
 	Backend mip.Backend
 	// TimeLimit bounds the whole solve (default 60 s). The budget every
 	// time split is a share of is the smaller of TimeLimit and the time
@@ -141,20 +154,31 @@ type Options struct {
 	// enforced by a wall-clock watchdog as well.
 	TimeLimit time.Duration
 	// Effort, when positive, replaces the clock by a work budget of Effort
-	// million scored moves (an annealing proposal, a swap delta, a packing
-	// swap; a branch-and-bound node counts as a thousand), split among
-	// the phases in the same shares as the time, with one exception: the
-	// chain flow's affinity search gives its cross-layer proxy all the
-	// work up to what saturates it (64 sweeps of its neighbourhood, at ten
-	// proxy moves a unit; 3.0 M units on DeepSeek-V3 over 4 × 8 GPUs),
-	// then half of the rest to the exact annealing and the rest to the
-	// polish on the full cost model, whose moves count eight units each
-	// (an evaluation of two layers' all-to-alls). The same inputs then
-	// give the same plan, byte for byte, on any machine and however
-	// loaded. TimeLimit, when also set, stays a safety limit that, if it
-	// stops the solve first, makes the result depend on the clock again
-	// (Status says so). What a work budget leaves to the clock is the
-	// one-node bound (Result.CostBound), which does not change the plan.
+	// million work units, a unit being one scored move (an annealing
+	// proposal, a swap delta, a packing swap) and a branch-and-bound node
+	// a thousand (the budget table's NodeWork, budget.go). The units are
+	// split among the phases in the same shares as the time, with these
+	// exceptions:
+	//   - ILPs with more than 1000 columns (EffortMaxCols) are not solved:
+	//     the phase keeps its warm start, since HiGHS's node limit does not
+	//     bound the root node.
+	//   - The affinity search's proxies count cheaper moves: 128 home-flow
+	//     proxy moves a unit (proxyPerUnit in solver/internal/affinity),
+	//     31 chain-flow proxy moves a unit (chainProxyPerUnit).
+	//   - In the chain flow the affinity search gives its cross-layer
+	//     proxy all the work up to what saturates it, 64 sweeps
+	//     (annealSweeps) of its neighbourhood (every copy to every GPU in
+	//     every layer), then half of the rest to the exact annealing and
+	//     the rest, with a tenth of the budget on top, to the polish on
+	//     the full cost model, whose moves count 24 units each
+	//     (polishMoveUnits: an evaluation of two layers' all-to-alls).
+	// The same inputs then give the same plan, byte for byte, on any
+	// machine and however loaded. TimeLimit, when also set, stays a
+	// safety limit that, if it stops the solve first, makes the result
+	// depend on the clock again (Status says so); unset, it is 24 h. What
+	// a work budget leaves to the clock is the one-node bound
+	// (Result.CostBound), which runs three times as long as the work
+	// before it took (BoundTimeFactor) and does not change the plan.
 	Effort int
 	// RelGap is the relative MIP gap at which HiGHS stops (default 1e-4
 	// for joint, 0.025 for moetuner as in the paper; set a negative value
@@ -185,6 +209,10 @@ type Options struct {
 	// (a handful of reports per solve, none for the baselines), from the
 	// goroutine that called Solve; it should return quickly.
 	Progress func(Progress)
+
+	// noDefaultBackend leaves Backend nil when it is unset, as in a build
+	// without cgo (tests of that path set it in a build with cgo).
+	noDefaultBackend bool
 }
 
 // DefaultTimeLimit is Options.TimeLimit's default.
@@ -194,8 +222,8 @@ func (o Options) withDefaults() Options {
 	if o.Strategy == "" {
 		o.Strategy = StrategyJoint
 	}
-	if o.Backend == nil {
-		o.Backend = highs.Backend{}
+	if o.Backend == nil && !o.noDefaultBackend {
+		o.Backend = defaultBackend()
 	}
 	st := o.Strategy
 	if o.TimeLimit <= 0 {
@@ -319,6 +347,9 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			res = &Result{Plan: plan, Status: StatusHeuristic}
 		}
 	case StrategyMoETuner:
+		if opts.Backend == nil {
+			return nil, &BackendError{Strategy: st, Needs: "the paper's two ILPs"}
+		}
 		res, err = solvePaper(ctx, p, opts.Backend, opts, b)
 		if err == nil && opts.MoETunerEqualSizes {
 			res.Note = "E/G experts per cluster"
@@ -350,6 +381,7 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		return nil, public(err)
 	}
 	res.Strategy = st
+	res.Model, res.Layout = p.Model, p.Layout()
 	if !res.remoteBound {
 		res.RemoteBound = math.NaN()
 	}
@@ -357,8 +389,23 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		res.Status = StatusStopped
 	}
 	if p.MaxImbalance > 0 && st == StrategyJoint {
+		before := res.report
 		if err := enforceImbalance(ctx, p, opts, res); err != nil {
 			return nil, public(err)
+		}
+		if res.report != before && res.Balance == nil && !math.IsNaN(res.ModelObjective) {
+			// The repair moved experts of the ILP's plan: its model
+			// objective and gap are the repaired plan's (the dual bound
+			// holds for every plan).
+			q := p
+			q.Stats = planningStats(p)
+			if mo, err := jointModelObjective(q, res.Plan, opts); err == nil {
+				res.ModelObjective = mo
+				res.Gap = math.NaN()
+				if mo > 0 {
+					res.Gap = math.Max(0, (mo-res.Bound)/mo)
+				}
+			}
 		}
 	}
 	if p.Split == SplitOptimal {
@@ -389,10 +436,6 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	return res, nil
 }
 
-// stoppedBaseline is the result of a solve cut short before its strategy
-// had a plan: EPLB with replicas, else the first baseline that builds
-// (greedy), taken without an evaluation, which at production scale would
-// outlast the context. cause is the strategy's error, kept when no
 // solveJointPath runs joint on the path p takes: the affinity search,
 // the replicated path or the joint ILP.
 func solveJointPath(ctx context.Context, p Problem, opts Options, b budget, start time.Time) (*Result, error) {
@@ -401,6 +444,9 @@ func solveJointPath(ctx context.Context, p Problem, opts Options, b budget, star
 	}
 	if p.replicated() {
 		return solveReplicated(ctx, p, opts.Backend, opts, b, start)
+	}
+	if opts.Backend == nil {
+		return nil, &BackendError{Strategy: StrategyJoint, Needs: "the joint ILP of a single-copy problem (with Problem.RedundantSlots joint needs none)"}
 	}
 	return solveJoint(ctx, p, opts.Backend, opts, b, start)
 }
@@ -430,11 +476,16 @@ func solveFresh(ctx context.Context, p Problem, opts Options, b budget, start ti
 	}
 	if run.TimeSec < planRep.TimeSec {
 		return &Result{Plan: p.Current.Clone(), Status: StatusHeuristic, report: run,
+			ModelObjective: math.NaN(), Bound: math.NaN(), Gap: math.NaN(),
 			Note: "the running plan (Problem.Current) kept: planning afresh found nothing faster"}, nil
 	}
 	return res, nil
 }
 
+// stoppedBaseline is the result of a solve cut short before its strategy
+// had a plan: EPLB with replicas, else the first baseline that builds
+// (greedy), taken without an evaluation, which at production scale would
+// outlast the context. cause is the strategy's error, kept when no
 // baseline works either.
 func stoppedBaseline(p Problem, cause error) (*Result, error) {
 	var st Strategy
@@ -452,6 +503,7 @@ func stoppedBaseline(p Problem, cause error) (*Result, error) {
 		return nil, cause
 	}
 	return &Result{Plan: plan, Status: StatusStopped, Baseline: st,
+		ModelObjective: math.NaN(), Bound: math.NaN(), Gap: math.NaN(),
 		Note: fmt.Sprintf("stopped before the strategy had a plan; this is the %s baseline", st)}, nil
 }
 

@@ -275,8 +275,7 @@ func (f *backtestFlags) loadCluster(experts int) (costmodel.Cluster, error) {
 		c = c.WithNodes(f.nodes)
 	}
 	if f.gpusPerNode > 0 {
-		c.GPUsPerNode = f.gpusPerNode
-		c.Speed = nil
+		c = c.WithGPUsPerNode(f.gpusPerNode)
 	} else {
 		c = c.FitExperts(experts)
 	}

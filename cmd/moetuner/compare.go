@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -148,6 +149,11 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if err != nil {
 			if errors.Is(err, solver.ErrInfeasible) {
 				fmt.Fprintf(stderr, "moetuner: strategy %s: %v\n", st, err)
+				continue
+			}
+			if errors.Is(err, solver.ErrNoILPBackend) && *strategies == "" {
+				// A build without cgo compares what it can.
+				fmt.Fprintf(stderr, "moetuner: compare: skipping the %s strategy: %v\n", st, err)
 				continue
 			}
 			return fmt.Errorf("strategy %s: %w", st, err)
@@ -552,40 +558,49 @@ func remotePer(p solver.Problem, rep *costmodel.Report) (remote, busiest float64
 }
 
 type jsonResult struct {
-	Strategy        string   `json:"strategy"`
-	StackDefault    bool     `json:"stack_default,omitempty"`
-	Status          string   `json:"status"`
-	TimeSec         float64  `json:"layer_time_sec"`
-	MaxTokensSum    float64  `json:"token_tail"`
-	MeanBalance     float64  `json:"mean_balance"`
-	MaxBalance      float64  `json:"max_balance"`
-	CommSec         float64  `json:"all_to_all_sec"`
-	CrossNodeBytes  float64  `json:"cross_node_bytes"`
-	RemotePerToken  float64  `json:"remote_per_token_layer"`
-	BusiestNIC      float64  `json:"busiest_nic_per_token_layer"`
-	RemoteBound     *float64 `json:"remote_bound_per_token_layer,omitempty"`
-	RemoteBoundOf   int      `json:"remote_bound_layers,omitempty"`
-	RemoteBoundCap  float64  `json:"remote_bound_max_imbalance,omitempty"`
-	ModelObjective  float64  `json:"model_objective_sec,omitempty"`
-	Bound           float64  `json:"bound_sec,omitempty"`
-	Gap             float64  `json:"gap,omitempty"`
+	Strategy       string   `json:"strategy"`
+	StackDefault   bool     `json:"stack_default,omitempty"`
+	Status         string   `json:"status"`
+	TimeSec        float64  `json:"layer_time_sec"`
+	MaxTokensSum   float64  `json:"token_tail"`
+	MeanBalance    float64  `json:"mean_balance"`
+	MaxBalance     float64  `json:"max_balance"`
+	CommSec        float64  `json:"all_to_all_sec"`
+	CrossNodeBytes float64  `json:"cross_node_bytes"`
+	RemotePerToken float64  `json:"remote_per_token_layer"`
+	BusiestNIC     float64  `json:"busiest_nic_per_token_layer"`
+	RemoteBound    nullable `json:"remote_bound_per_token_layer"`
+	RemoteBoundOf  int      `json:"remote_bound_layers,omitempty"`
+	RemoteBoundCap float64  `json:"remote_bound_max_imbalance,omitempty"`
+	// The solver's quantities that a strategy may leave unset (NaN) are
+	// null then, as solver.Result's own JSON writes them; 0 is a value.
+	ModelObjective  nullable `json:"model_objective_sec"`
+	Bound           nullable `json:"bound_sec"`
+	Gap             nullable `json:"gap"`
 	TrafficGap      *float64 `json:"traffic_gap,omitempty"`
-	CostBound       float64  `json:"cost_bound_sec,omitempty"`
-	CostGap         float64  `json:"cost_gap,omitempty"`
-	Stage1Objective float64  `json:"stage1_objective,omitempty"`
+	CostBound       nullable `json:"cost_bound_sec"`
+	CostGap         nullable `json:"cost_gap"`
+	Stage1Objective nullable `json:"stage1_objective"`
 	SolveSec        float64  `json:"solve_sec"`
 	Cols            int      `json:"cols,omitempty"`
 	Rows            int      `json:"rows,omitempty"`
 }
 
+// nullable is a float64 that encodes NaN and ±Inf as null (JSON has no
+// number for them), the convention of solver.Result.MarshalJSON.
+type nullable float64
+
+// MarshalJSON writes null for NaN and ±Inf, else the number.
+func (f nullable) MarshalJSON() ([]byte, error) {
+	v := float64(f)
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return []byte("null"), nil
+	}
+	return json.Marshal(v)
+}
+
 func jsonResults(p solver.Problem, results []*solver.Result) any {
 	var out []jsonResult
-	clean := func(v float64) float64 {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return 0
-		}
-		return v
-	}
 	for _, r := range results {
 		var tg *float64
 		if p.Dispatch == placement.DispatchLocal && r.Balance != nil && p.Stats.Patterns == nil {
@@ -596,18 +611,14 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 			status = "file"
 		}
 		rt, bn := remotePer(p, r.Report)
-		var rb *float64
-		if !math.IsNaN(r.RemoteBound) {
-			rb = &r.RemoteBound
-		}
 		out = append(out, jsonResult{
-			RemotePerToken: rt, BusiestNIC: bn, RemoteBound: rb, RemoteBoundOf: r.RemoteBoundLayers, RemoteBoundCap: r.RemoteBoundCap,
-			TrafficGap: tg, CostBound: clean(r.CostBound), CostGap: clean(r.CostGap),
+			RemotePerToken: rt, BusiestNIC: bn, RemoteBound: nullable(r.RemoteBound), RemoteBoundOf: r.RemoteBoundLayers, RemoteBoundCap: r.RemoteBoundCap,
+			TrafficGap: tg, CostBound: nullable(r.CostBound), CostGap: nullable(r.CostGap),
 			Strategy: string(r.Strategy), StackDefault: r.Strategy == stackDefault(p), Status: status, TimeSec: r.Objective,
 			MaxTokensSum: r.Report.MaxTokensSum, MeanBalance: r.Report.MeanBalance, MaxBalance: r.Report.MaxBalance,
 			CommSec: r.Report.CommTime.Seconds(), CrossNodeBytes: r.Report.CrossNodeBytes,
-			ModelObjective: clean(r.ModelObjective), Bound: clean(r.Bound), Gap: clean(r.Gap),
-			Stage1Objective: clean(r.Stage1Objective), SolveSec: r.SolveTime.Seconds(), Cols: r.Cols, Rows: r.Rows,
+			ModelObjective: nullable(r.ModelObjective), Bound: nullable(r.Bound), Gap: nullable(r.Gap),
+			Stage1Objective: nullable(r.Stage1Objective), SolveSec: r.SolveTime.Seconds(), Cols: r.Cols, Rows: r.Rows,
 		})
 	}
 	return map[string]any{"flow": p.Flow.String(), "mode": p.Mode.String(), "dispatch": p.Dispatch.String(), "gpus": p.Cluster.GPUs(), "nodes": p.Cluster.Nodes, "results": out}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/moetuner/moetuner/mip"
 
-	"github.com/moetuner/moetuner/mip/highs"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	"github.com/moetuner/moetuner/solver"
@@ -69,7 +68,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		for i, m := range mips {
 			var err error
 			if base, ok := strings.CutSuffix(*writeLP, ".mps"); ok {
-				err = highs.WriteModel(m, fmt.Sprintf("%s%d.mps", base, i))
+				err = writeMPSFile(m, fmt.Sprintf("%s%d.mps", base, i))
 			} else {
 				err = writeLPFile(fmt.Sprintf("%s%d.lp", strings.TrimSuffix(*writeLP, ".lp"), i), m)
 			}

@@ -191,8 +191,7 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		cluster = cluster.WithNodes(c.nodes)
 	}
 	if c.gpusPerNode > 0 {
-		cluster.GPUsPerNode = c.gpusPerNode
-		cluster.Speed = nil
+		cluster = cluster.WithGPUsPerNode(c.gpusPerNode)
 	} else {
 		cluster = cluster.FitExperts(stats.Experts)
 	}

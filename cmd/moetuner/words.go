@@ -98,6 +98,7 @@ var solverWords = strings.NewReplacer(
 	"Problem.MaxImbalance", "--max-imbalance",
 	"Problem.RedundantSlots", "--redundant-slots",
 	"Options.TimeLimit", "--time-limit",
+	", set Options.Backend to a mip.Backend, or choose a strategy that needs no ILP", ", or pass a --strategy that needs no ILP",
 )
 
 // solved rewords what solver.Solve returned for the command line: its

@@ -28,7 +28,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	cluster.GPUsPerNode = 4 // 8 EP ranks in all
+	cluster = cluster.WithGPUsPerNode(4) // 8 EP ranks in all
 	model, err := costmodel.ModelPreset("flame-moe-290m")
 	if err != nil {
 		log.Fatal(err)
@@ -47,9 +47,8 @@ func main() {
 		res.Status, res.Objective*1e6, base.Objective*1e6, 100*(base.Objective-res.Objective)/base.Objective, 100*res.Gap)
 	// SGLang's map has a row for every decoder layer: the trace names the
 	// MoE layers (2..9), the model preset counts the decoder layers (10).
-	layout := p.Layout() // the MoE layers among the decoder layers, which SGLang indexes
 	out := filepath.Join(os.TempDir(), "flame.sglang.json")
-	if err := placement.WriteFileWith(out, res.Plan, placement.FormatSGLang, layout); err != nil {
+	if err := placement.WriteFileWith(out, res.Plan, placement.FormatSGLang, res.Layout); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("wrote", out)

@@ -6,7 +6,11 @@
 // include/ (MIT, see include/LICENSE); the static libhighs.a is linked
 // through a blank import of github.com/bartolsthoorn/gohighs/highs, whose
 // #cgo LDFLAGS carry the prebuilt library, so a plain `go build` needs no
-// system HiGHS.
+// system HiGHS, only cgo and a C++ toolchain. A build without cgo
+// (CGO_ENABLED=0) leaves the binding out (this package then has no
+// Backend), and package solver, which imports it only under the cgo build
+// constraint, has no default backend: its ILP strategies return a
+// *solver.BackendError and the others run.
 //
 // The binding keeps to a few rules:
 //
