@@ -341,7 +341,7 @@ func TestDispatchLocalFlags(t *testing.T) {
 		code int
 	}{
 		{[]string{"plan", "--trace", fid, "--dispatch-map", dm}, "add --dispatch local", 2},
-		{[]string{"plan", "--trace", fid, "--dispatch", "nearest"}, "want one of even, static, local", 2},
+		{[]string{"plan", "--trace", fid, "--dispatch", "nearest"}, "want one of static, even, local, static-mean, sglang-static", 2},
 		{[]string{"plan", "--trace", fid, "--redundant-slots", "4", "--dispatch", "local", "--flow", "chain"}, "home flow only", 1},
 	} {
 		code, _, stderr := runCLI(t, tc.args...)
