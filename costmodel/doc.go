@@ -21,6 +21,28 @@
 //
 // with (perToken, perExpert) = Cluster.Coefficients(model).
 //
+// # Dispatch (Options.Dispatch; Splitter, NewSplitter)
+//
+// Which copy computes a token is the serving stack's rule, one model per
+// placement.Dispatch, bound to the plan by NewSplitter and asked by every
+// search: w_h[e][g], the share of expert e's tokens sourced on GPU h that
+// GPU g computes. SGLang's static tables (sglang-static and its trees)
+// give every rank all or nothing of an expert: the table SGLang deals from
+// random.Random(42) over every decoder layer's row of the map it loads
+// (internal/stackdispatch reproduces it bit for bit), so the busiest GPU is
+// the one SGLang's ranks really fill. sglang-dynamic, vllm and trtllm are
+// modeled by their expectation (the nearest copy, else even; even; even);
+// static-mean is the expectation of SGLang's table over its deal. The
+// source shares src[h][e] come from Stats.SourceLoad (exact per-rank
+// counts) when the trace has it, else from the paths' sources.
+//
+// # Terms: the compute rule, the layer-time rule, the balance measure
+//
+// Terms (Scenario.Terms) holds the coefficients and is the one place the
+// formulas below are written; Cap and MoveBudget are the balance cap and
+// the move budget every search consults. Balance, the one balance measure,
+// is the busiest GPU's tokens per unit of speed over Σ tokens / Σ speed.
+//
 // # Local dispatch (Options.Dispatch = placement.DispatchLocal, home flow)
 //
 // The split then depends on the source GPU h: h's tokens for e go to e's
