@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 )
@@ -54,8 +56,15 @@ type WorkloadOptions struct {
 	// number of tokens (placement.LocalFractions), rounded by largest
 	// remainders; GPUsPerNode must then be set and the plan must not carry
 	// SlotShare.
+	// Every other per-source dispatch (SGLang's tables and dynamic
+	// dispatch) splits each batch's tokens of an expert by where they come
+	// from, as costmodel.NewSplitter says (sources from the batch's
+	// SourceLoad, an equal share from every GPU without them); Layout then
+	// says where the layers sit among the decoder layers (SGLang's table is
+	// dealt over every decoder layer's row).
 	Dispatch    placement.Dispatch
 	GPUsPerNode int
+	Layout      placement.Layout
 }
 
 // Workload is the work every GPU does in every layer of every iteration
@@ -82,17 +91,31 @@ type Workload struct {
 	// shares[l], under local dispatch, is the plan's layer l with SlotShare
 	// set to the local-dispatch shares; nil otherwise.
 	shares []placement.LayerPlan
+	// split, under the other per-source dispatches, is the dispatch bound
+	// to the plan; nil otherwise.
+	split costmodel.Splitter
 }
 
 // newWorkload starts an empty workload, preparing local-dispatch shares.
 func newWorkload(plan *placement.Plan, k int, sampled bool, opts WorkloadOptions) (*Workload, error) {
 	w := &Workload{Plan: plan, TopK: k, Sampled: sampled}
-	switch opts.Dispatch {
-	case placement.DispatchEven:
-		return w, nil
-	case placement.DispatchLocal:
-	default:
+	switch {
+	case !opts.Dispatch.Valid():
 		return nil, fmt.Errorf("replay: unknown dispatch %v", opts.Dispatch)
+	case !opts.Dispatch.PerSource():
+		return w, nil
+	case opts.Dispatch != placement.DispatchLocal:
+		for l, lp := range plan.Layers {
+			if lp.SlotShare != nil {
+				return nil, fmt.Errorf("replay: plan layer %d carries slot shares, but %s dispatch decides the split; use dispatch even", l, opts.Dispatch)
+			}
+		}
+		sp, err := costmodel.NewSplitter(opts.Dispatch, plan, plan.GPUs, opts.GPUsPerNode, opts.Layout)
+		if err != nil {
+			return nil, fmt.Errorf("replay: %w", err)
+		}
+		w.split = sp
+		return w, nil
 	}
 	for l, lp := range plan.Layers {
 		if lp.SlotShare != nil {
@@ -255,14 +278,70 @@ func fromStats(plan *placement.Plan, s *routing.Stats, opts WorkloadOptions) (*W
 func (w *Workload) add(tokens int, load [][]float64, st *routing.Stats) {
 	slots := make([][]int, len(w.Plan.Layers))
 	for l, lp := range w.Plan.Layers {
-		if w.shares != nil {
+		switch {
+		case w.shares != nil:
 			lp = w.shares[l]
+		case w.split != nil:
+			lp = w.sourceShares(l, lp, load[l], st)
 		}
 		slots[l] = splitSlots(lp, load[l])
 	}
 	w.Tokens = append(w.Tokens, tokens)
 	w.SlotTokens = append(w.SlotTokens, slots)
 	w.Stats = append(w.Stats, st)
+}
+
+// sourceShares is layer l of the plan with SlotShare set to the shares
+// w.split gives this batch's tokens: every slot of expert e on GPU g takes
+// Σ_h (share of e's tokens from source h) · w_h[e][g] / (e's slots on g).
+func (w *Workload) sourceShares(l int, lp placement.LayerPlan, load []float64, st *routing.Stats) placement.LayerPlan {
+	G, E := w.Plan.GPUs, w.Plan.Experts
+	bySlot := make([][]int, E)
+	for s, e := range lp.SlotExpert {
+		bySlot[e] = append(bySlot[e], s)
+	}
+	out := lp
+	out.SlotShare = make([]float64, len(lp.SlotExpert))
+	var gpus, cnt []int32
+	for e, ss := range bySlot {
+		gpus, cnt = gpus[:0], cnt[:0]
+		for _, s := range ss {
+			g := int32(lp.SlotGPU[s])
+			if i := slices.Index(gpus, g); i >= 0 {
+				cnt[i]++
+			} else {
+				gpus, cnt = append(gpus, g), append(cnt, 1)
+			}
+		}
+		n := len(gpus)
+		frac := make([]float64, G*n)
+		w.split.Split(l, e, gpus, cnt, frac)
+		perGPU := make([]float64, n)
+		known := 0.0
+		if st != nil {
+			for h, sl := range st.SourceLoad {
+				if h >= G || l >= len(sl) || load[e] <= 0 {
+					break
+				}
+				x := sl[l][e] / load[e]
+				known += x
+				for i := range n {
+					perGPU[i] += x * frac[h*n+i]
+				}
+			}
+		}
+		rest := max(0, 1-known) / float64(G)
+		for h := 0; h < G; h++ {
+			for i := range n {
+				perGPU[i] += rest * frac[h*n+i]
+			}
+		}
+		for _, s := range ss {
+			i := slices.Index(gpus, int32(lp.SlotGPU[s]))
+			out.SlotShare[s] = perGPU[i] / float64(cnt[i])
+		}
+	}
+	return out
 }
 
 // splitSlots splits every expert's tokens over its slots: by the plan's

@@ -87,7 +87,7 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(sources) == 1 && sources[0].Trace != nil {
 		in = replay.Input{Trace: sources[0].Trace}
 	}
-	wopts := replay.WorkloadOptions{BatchTokens: *batch, Iterations: *iters, Seed: *seed, TopK: p.Model.TopK, Dispatch: p.Dispatch, GPUsPerNode: p.Cluster.GPUsPerNode}
+	wopts := replay.WorkloadOptions{BatchTokens: *batch, Iterations: *iters, Seed: *seed, TopK: p.Model.TopK, Dispatch: p.Dispatch, GPUsPerNode: p.Cluster.GPUsPerNode, Layout: p.Layout()}
 	var ws []*replay.Workload
 	for _, path := range plans {
 		plan, err := c.readPlan(path, p.Cluster)
