@@ -56,6 +56,10 @@ const DefaultEvery = 100
 type BacktestConfig struct {
 	Cluster costmodel.Cluster
 	Model   costmodel.Model
+	// Dispatch is the stack's dispatch every step is scored under (the
+	// zero value: even). Per-step loads carry no source ranks, so every
+	// rank is taken to send an equal share of each expert's tokens.
+	Dispatch placement.Dispatch
 	// RedundantSlots are the slots per layer beyond one per expert.
 	RedundantSlots int
 	// Every lists the cadences to try: the dynamic policies re-plan every
@@ -500,7 +504,7 @@ func (b *backtest) stepTime(inForce []*placement.Plan) (float64, error) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(inForce); i += workers {
-				per[i], errs[i] = costmodel.StepTime(inForce[i], b.steps[b.t0+i], b.cfg.Model.TopK, b.cfg.Cluster, b.cfg.Model, costmodel.Options{})
+				per[i], errs[i] = costmodel.StepTime(inForce[i], b.steps[b.t0+i], b.cfg.Model.TopK, b.cfg.Cluster, b.cfg.Model, costmodel.Options{Dispatch: b.cfg.Dispatch})
 			}
 		}()
 	}

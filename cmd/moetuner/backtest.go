@@ -30,6 +30,7 @@ type backtestFlags struct {
 	cluster, model      string
 	nodes, gpusPerNode  int
 	redundant           int
+	dispatch            string
 	tokensPerStep       int
 	stepsPerWindow      int
 	every               string
@@ -58,6 +59,7 @@ func cmdBacktest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs.IntVar(&f.nodes, "nodes", 0, "override the number of nodes")
 	fs.IntVar(&f.gpusPerNode, "gpus-per-node", 0, "override GPUs (EP ranks) per node")
 	fs.IntVar(&f.redundant, "redundant-slots", 0, "redundant physical slots per layer (EPLB's num_replicas − experts)")
+	choiceVar(fs, &f.dispatch, "dispatch", "even", dispatchChoices(), "the stack's dispatch every step is scored under (see plan -h; the steps carry no source ranks, so every rank sends an equal share)")
 	fs.IntVar(&f.tokensPerStep, "tokens-per-step", 0, "cut per-token traces without step ids into steps of this many tokens")
 	fs.IntVar(&f.stepsPerWindow, "steps-per-window", 1, "add up every M consecutive recorded steps into one backtest step (a coarser series)")
 	fs.StringVar(&f.every, "every", "100", "re-plan every N steps; a comma-separated list tries each cadence")
@@ -89,7 +91,11 @@ func cmdBacktest(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if !(f.decay > 0 && f.decay <= 1) {
 		return usagef("--decay %v: want a weight in (0, 1]", f.decay)
 	}
-	cfg := rebalance.BacktestConfig{Window: f.window, FirstWindow: f.firstWindow, MaxMoves: f.maxMoves, Pay: f.pay, Decay: f.decay,
+	disp, err := placement.ParseDispatch(f.dispatch)
+	if err != nil {
+		return err
+	}
+	cfg := rebalance.BacktestConfig{Dispatch: disp, Window: f.window, FirstWindow: f.firstWindow, MaxMoves: f.maxMoves, Pay: f.pay, Decay: f.decay,
 		RedundantSlots: f.redundant, Time: f.timeLimit,
 		Harness: rebalance.Harness{BytesPerExpert: f.harnessBytes, CallSec: f.harnessCallSec}}
 	if f.harnessCallSec == 0 {
