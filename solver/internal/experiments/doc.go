@@ -46,6 +46,15 @@
 // EPLB's. A heuristic, not a bound. It prints the swaps scored and
 // cross-node bytes, time and balance before and after.
 //
+// holdout-floor [-redundant-slots 32] [-dispatch sglang-static]: how low
+// a plan made on a trace's first half can keep the busiest GPU on its
+// second half. It measures the per-GPU spread of loads between the halves
+// for EPLB's plan made on the first (√2 times one half's sampling noise
+// σ), and prints the floor 1 + c_G·√2·σ of a plan balanced exactly on the
+// first half (c_G: the expected maximum of G standard normals), and
+// 1 + c_G·σ of one balanced on the true rates, from the measured spread
+// and from the Poisson count's σ = 1/√(tokens a GPU computes in a half).
+//
 // node-ceiling [-layers 0,1,2] [-limit 20s]: how far any node placement
 // could go: a plain simulated annealing of one copy per expert over the
 // nodes, on the exact count of distinct remote nodes per token, from

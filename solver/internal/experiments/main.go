@@ -30,6 +30,7 @@ type experiment struct {
 func experiments() []experiment {
 	return []experiment{
 		{"home", "the home-flow affinity search against EPLB with redundant slots: remote copies, time, NIC ports", runHome},
+		{"holdout-floor", "how low a plan made on a trace's first half can keep the busiest GPU on its second half: the sampling noise between the halves", runHoldoutFloor},
 		{"chain", "the chain-flow search against EPLB: cross-node bytes, time, NIC ports", runChain},
 		{"chain-ceiling", "how far cross-node transitions alone could fall at EPLB's balance (exact chain counters)", runChainCeiling},
 		{"node-ceiling", "node placements annealed under balance caps against EPLB's nodes", runNodeCeiling},
