@@ -56,6 +56,7 @@ type common struct {
 	// holdout is --holdout's fraction; held what setup kept back for it.
 	holdout float64
 	held    *heldOut
+	shrink  bool
 
 	// needTrace keeps the per-token traces (replay measures them); other
 	// commands read only their statistics, in bounded memory.
@@ -99,6 +100,7 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 	fs.BoolVar(&c.quiet, "quiet", false, "print only errors (no notes on what the statistics left out, no progress)")
 	c.stderr = fs.Output()
 	if solve {
+		fs.BoolVar(&c.shrink, "shrink-sources", false, "plan with the trace's per-rank mix shrunk by its split-half reliability (per-source dispatches): for traffic the trace has not seen; plans are still scored on the trace as recorded")
 		fs.Float64Var(&c.holdout, "holdout", 0, "plan on the first part of one per-token trace and also score every plan on its last fraction F (whole steps when the trace records them): what a plan does on traffic it has not seen (compare prints both; 0: off)")
 	}
 	choiceVar(fs, &c.dispatch, "dispatch", "even", dispatchChoices(), "how a rank's tokens pick among an expert's copies, as the serving stack does it: "+
@@ -225,7 +227,7 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		return p, nil, fmt.Errorf("%d experts + %d redundant slots per layer do not divide evenly over %d GPUs (%d nodes × %d); choose --nodes/--gpus-per-node or --redundant-slots so the GPU count divides the slots", stats.Experts, c.redundant, cluster.GPUs(), cluster.Nodes, cluster.GPUsPerNode)
 	}
 	p = solver.Problem{Stats: stats, Cluster: cluster, Model: model, Flow: flow, Mode: mode,
-		RedundantSlots: c.redundant, ExpertGroups: c.groups}
+		RedundantSlots: c.redundant, ExpertGroups: c.groups, ShrinkSources: c.shrink}
 	if c.across != "" {
 		if p.Across, err = solver.ParseAcross(c.across); err != nil {
 			return p, nil, err
