@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/moetuner/moetuner/costmodel"
@@ -48,6 +49,11 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	}
 	if *out == "" && outFormat != "moetuner" {
 		return usagef("--format %s needs --out FILE", outFormat)
+	}
+	if strings.HasSuffix(*out, ".pt") {
+		// SGLang loads a --init-expert-location ending in .pt with torch.load
+		// (python/sglang/srt/eplb/expert_location.py@01fec5c).
+		return usagef("--out %s: stats writes JSON, and a name ending in .pt is loaded with torch.load; name it .json", *out)
 	}
 	if *pathError < 0 {
 		return usagef("--path-error %v: want 0 (every path) or a positive relative error such as 0.01", *pathError)
