@@ -19,7 +19,7 @@ import (
 
 // common are the flags shared by plan, eval and compare.
 type common struct {
-	ppOffsets string // --pp-layer-offset
+	ppOffsets    string // --pp-layer-offset
 	traces       multiFlag
 	format       string
 	transitions  string
