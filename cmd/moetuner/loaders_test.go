@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
 
 	"github.com/moetuner/moetuner/internal/torchpt"
 )
@@ -30,8 +31,9 @@ type deployment struct {
 }
 
 // checkRow is the part every loader shares: P = E + R slots, split evenly
-// over G ranks, ids in [0, E), every expert at least once, no expert twice
-// on a rank.
+// over G ranks, ids in [0, E), every expert at least once, and no expert
+// twice on a rank (SGLang's static table and vllm-ascend's expert_map lose
+// such a copy; TensorRT-LLM would take it, but moetuner never writes one).
 func (d deployment) checkRow(what string, row []int64) error {
 	P := d.experts + d.redundant
 	if len(row) != P {
@@ -224,6 +226,48 @@ func loadVLLMMap(path string, d deployment) error {
 	return nil
 }
 
+// loadTRTLLM is TensorRT-LLM's moe_config.load_balancer
+// (MoeLoadBalancerConfig in tensorrt_llm/llmapi/llm_args.py, newest tree:
+// get_layer_initial_global_assignments; older trees' model_config.py also
+// assert num_slots ≥ E, num_slots % ep_size == 0 and every expert
+// present): a YAML mapping with num_slots and initial_global_assignments
+// keyed by decoder-layer index, one list of num_slots expert ids per MoE
+// layer; slot p lives on rank p / (num_slots / ep_size).
+func loadTRTLLM(path string, d deployment) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var doc struct {
+		NumSlots    *int            `yaml:"num_slots"`
+		Assignments map[int][]int64 `yaml:"initial_global_assignments"`
+		Updates     *int            `yaml:"layer_updates_per_iter"`
+		Extra       map[string]any  `yaml:",inline"`
+	}
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return fmt.Errorf("yaml: %v", err)
+	}
+	if len(doc.Extra) > 0 {
+		return fmt.Errorf("unknown keys %v (StrictBaseModel)", doc.Extra)
+	}
+	if doc.NumSlots == nil {
+		return fmt.Errorf("`num_slots` is not set")
+	}
+	if *doc.NumSlots != d.experts+d.redundant {
+		return fmt.Errorf("num_slots %d, but the deployment has E + R = %d", *doc.NumSlots, d.experts+d.redundant)
+	}
+	for _, l := range d.moeLayers {
+		row, ok := doc.Assignments[l]
+		if !ok {
+			return fmt.Errorf("layer_idx %d not found in `initial_global_assignments`", l)
+		}
+		if err := d.checkRow(fmt.Sprintf("initial_global_assignments[%d]", l), row); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // flameDeployment is FLAME-MoE-290M (testdata/flame-moe-290m: decoder
 // layers 2..9 of 10 are MoE, 64 experts) on the default 8 GPUs.
 func flameDeployment(redundant int) deployment {
@@ -231,8 +275,8 @@ func flameDeployment(redundant int) deployment {
 }
 
 // TestEveryStrategyLoadsInEveryStack: plan with --redundant-slots by
-// every strategy, written for SGLang (.json and .pt), vllm-ascend and
-// vLLM's map, is accepted by each loader started with E + R slots, and
+// every strategy, written for SGLang (.json and .pt), vllm-ascend, vLLM's
+// map and TensorRT-LLM's load balancer, is accepted by each loader started with E + R slots, and
 // refused by one started without redundant experts. Before contiguous,
 // round-robin, greedy and moetuner honoured --redundant-slots they wrote
 // P = E and every loader here refused the file. FLAME (dense layers
@@ -249,6 +293,7 @@ func TestEveryStrategyLoadsInEveryStack(t *testing.T) {
 		{"p.pt", loadSGLang},
 		{"p.vllm-ascend.json", loadAscend},
 		{"p.vllm-map.json", loadVLLMMap},
+		{"p.trtllm.yaml", loadTRTLLM},
 	}
 	mixtral := func(redundant int) deployment {
 		d := deployment{layers: 32, experts: 8, redundant: redundant, ep: 4}
