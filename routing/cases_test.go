@@ -204,3 +204,17 @@ func TestMegatronSidecars(t *testing.T) {
 	notes := strings.Join(src.Stats.Notes, "\n")
 	assert.Contains(t, notes, "skipped 3 Megatron router-trace sidecar files ("+strings.Join(want.Sidecars.Skipped, ", ")+")")
 }
+
+// TestMegatronVirtualPipeline: with virtual pipeline stages one rank's
+// chunks both number their layers from 0, so a step repeats layer ids;
+// the file cannot say which chunk a record is from, and the reader
+// refuses with the cause and what to record instead (before: the same
+// "recorded twice" with no cause).
+func TestMegatronVirtualPipeline(t *testing.T) {
+	dir := filepath.Join(casesDir, "megatron_vpp")
+	for _, opts := range []LoadOptions{{}, {MegatronLayerOffsets: map[int]int{0: 0}}} {
+		_, err := Load(dir, opts)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "router_trace_rank0.jsonl:3: layer: step 0 layer 0 recorded twice: in training the layer is the index within the model chunk, so virtual-pipeline chunks (--virtual-pipeline-model-parallel-size) reuse it")
+	}
+}

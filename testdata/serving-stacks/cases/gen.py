@@ -117,6 +117,18 @@ for rank in range(4):
 expected["megatron_pp"] = {"pp_layer_offset": "0=0,1=0,2=4,3=4", "layers": list(range(8)), "tokens": 128,
                            "source_of_token_block": {"0": 0, "1": 1, "2": 0, "3": 1}}
 
+# Virtual pipeline (2 chunks of 2 layers on one rank, PP 2): both chunks'
+# routers are decoder.layers.0/1 of their chunk, so one step's records
+# repeat layers 0 and 1 (chunk 0 holds decoder layers 0-1, chunk 1 4-5).
+recs = []
+ts = list(range(32))
+for chunk_first in (0, 4):
+    for local in range(2):
+        layer_of[local] = chunk_first + local
+        recs.append(record(0, local, 0, ts))
+write("megatron_vpp", 0, recs)
+expected["megatron_vpp"] = {"error": "step 0 layer 0 recorded twice"}
+
 # Inference through record_indices: layer ids are layer_number, 1..8 for
 # the 8 decoder layers (all MoE), one step of 64 tokens per rank.
 for rank in range(2):
