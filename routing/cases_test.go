@@ -149,7 +149,7 @@ func TestMegatronPipelineStages(t *testing.T) {
 		}
 		assert.Equal(t, int32(blk/2), tr.Source[blk*32])
 	}
-	assert.Contains(t, strings.Join(src.Stats.Notes, "\n"), "2 pipeline stages (layer offsets [0 4]) joined into 2 pipelines")
+	assert.Contains(t, strings.Join(src.Stats.Notes, "\n"), "2 pipeline stages (layer ids 0-3, 4-7) joined into 2 pipelines")
 
 	// One offset for every file reads the four as data-parallel ranks
 	// of layers 4-7: the join needs offsets that differ by stage.
@@ -160,9 +160,9 @@ func TestMegatronPipelineStages(t *testing.T) {
 	_, err = Load(dir, LoadOptions{MegatronLayerOffsets: map[int]int{0: 0, 1: 0, 2: 4}})
 	assert.ErrorContains(t, err, "rank 3 has no layer offset")
 	_, err = Load(dir, LoadOptions{MegatronLayerOffsets: map[int]int{0: 0, 1: 0, 2: 2, 3: 2}})
-	assert.ErrorContains(t, err, "recorded by two stages: the layer offsets overlap")
+	assert.ErrorContains(t, err, "decoder layers [2 3 4 5], but ")
 	_, err = Load(dir, LoadOptions{MegatronLayerOffsets: map[int]int{0: 0, 1: 4, 2: 4, 3: 4}})
-	assert.ErrorContains(t, err, "every pipeline stage needs the same number of rank files")
+	assert.ErrorContains(t, err, "3 rank files record decoder layers [4 5 6 7] but 1 record [0 1 2 3]: the files are neither data-parallel copies of one layer set nor pipeline stages")
 }
 
 // TestMegatronOneBased: record_indices traces number layers 1..8
@@ -188,6 +188,14 @@ func TestMegatronOneBased(t *testing.T) {
 
 	_, err = Load(dir, LoadOptions{ModelLayers: 7})
 	assert.ErrorContains(t, err, "layer: 8, but the model has 7 decoder layers")
+
+	// Pipeline stages in inference record global ids (stage 0 layers 1-4,
+	// stage 1 layers 5-8): they are joined without offsets.
+	src, err = Load(filepath.Join(casesDir, "megatron_pp_inference"), LoadOptions{ModelLayers: 8})
+	require.NoError(t, err)
+	assert.Equal(t, want.Inference.Layers, src.Stats.LayerNames)
+	assert.Equal(t, flame.IDs[:64*LK], src.Trace.IDs)
+	assert.Contains(t, strings.Join(src.Stats.Notes, "\n"), "2 pipeline stages (layer ids 1-4, 5-8) joined into 1 pipelines")
 }
 
 // TestMegatronSidecars: a directory written with

@@ -221,9 +221,11 @@
 // block are skipped. Layer ids are taken as written, plus
 // LoadOptions.MegatronLayerOffsets[rank]: in training a record's layer is
 // the index within its pipeline stage's chunk, so stage files need their
-// stage's offset; files of different offsets are joined step by step into
-// whole-model tokens (the i-th rank of each stage forms pipeline i, the
-// source its first-stage rank). With LoadOptions.ModelLayers known, ids
+// stage's offset. Files that record the same layers (after the offsets)
+// are data-parallel ranks; files that record disjoint layer sets are
+// pipeline stages, joined step by step into whole-model tokens (the i-th
+// rank of each stage forms pipeline i, the source its first-stage rank),
+// which also joins inference's global ids without offsets. With LoadOptions.ModelLayers known, ids
 // that reach it are 1-based (inference's record_indices stamps
 // layer_number) and are read one lower, with a note. In a directory the
 // tracer's sidecar files (router_state_rank{r}.pt, hidden_states_rank{r}.bin,

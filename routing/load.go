@@ -69,10 +69,10 @@ type LoadOptions struct {
 	// ids of its Megatron router-trace file (key -1: every rank without
 	// a key of its own). In training a record's layer is the index within
 	// the rank's pipeline stage, so a stage's offset is the number of
-	// decoder layers before it; files of different offsets are stages of
-	// the same pipelines and are joined step by step (the i-th rank of
-	// every stage, by rank, is pipeline i). Nil: the ids as recorded,
-	// every file the whole model (data-parallel ranks).
+	// decoder layers before it. Files that then record disjoint layer sets
+	// are stages of the same pipelines and are joined step by step (the
+	// i-th rank of every stage, by rank, is pipeline i); files of one
+	// layer set are data-parallel ranks. Nil: the ids as recorded.
 	MegatronLayerOffsets map[int]int
 	// ModelLayers is the model's num_hidden_layers, which SGLang's
 	// routed_experts payload needs to be cut into layers; 0 = infer it

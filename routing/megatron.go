@@ -10,6 +10,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 )
 
 // Megatron-Core's --moe-routing-trace-path writes router_trace_rank{r}.jsonl,
@@ -36,10 +37,11 @@ type megatronStep struct {
 
 // megatronFile is one parsed router_trace_rank{r}.jsonl.
 type megatronFile struct {
-	name  string
-	rank  int64 // from the name, else the records' "rank", else -1
-	k     int
-	steps map[int64]*megatronStep
+	name   string
+	rank   int64 // from the name, else the records' "rank", else -1
+	k      int
+	steps  map[int64]*megatronStep
+	offset int // LoadOptions.MegatronLayerOffsets of the rank
 }
 
 // parseMegatron reads one rank file. experts bounds the ids (0: int16).
@@ -150,7 +152,8 @@ func parseMegatron(r io.Reader, file string, rank int64, experts int) (*megatron
 
 // addMegatron adds parsed rank files to b: their layer ids shifted by
 // LoadOptions.MegatronLayerOffsets, the files of one pipeline (one rank
-// per stage offset) joined step by step into whole-model tokens, and
+// per stage, a stage being the files of one layer set) joined step by step
+// into whole-model tokens, and
 // 1-based ids (an id equal to LoadOptions.ModelLayers) made 0-based. It
 // returns notes on what it did.
 func addMegatron(files []*megatronFile, b *tokenBuilder, opts LoadOptions) ([]string, error) {
@@ -163,10 +166,18 @@ func addMegatron(files []*megatronFile, b *tokenBuilder, opts LoadOptions) ([]st
 		o, ok := offsets[-1]
 		return o, ok
 	}
-	// Group the files by stage (offset); the i-th file of every stage, by
-	// rank, forms pipeline i: Megatron's default rank order
-	// (tp-cp-ep-dp-pp) makes the pipeline rank the outermost coordinate.
-	byStage := map[int][]*megatronFile{}
+	// Group the files by stage: the files that record the same decoder
+	// layers (their ids plus their offset). Data-parallel ranks fall into
+	// one stage; pipeline stages record disjoint layers, either because
+	// their offsets say so (training) or because the ids are global
+	// (record_indices). The i-th file of every stage, by rank, forms
+	// pipeline i: Megatron's default rank order (tp-cp-ep-dp-pp) makes the
+	// pipeline rank the outermost coordinate.
+	type stage struct {
+		files  []*megatronFile
+		layers []int
+	}
+	byKey := map[string]*stage{}
 	for _, f := range files {
 		o, ok := offsetOf(f)
 		if offsets != nil && !ok {
@@ -175,30 +186,53 @@ func addMegatron(files []*megatronFile, b *tokenBuilder, opts LoadOptions) ([]st
 		if o < 0 || o > 1<<20 {
 			return nil, perr(f.name, 0, "", "layer offset %d out of range [0,%d]", o, 1<<20)
 		}
-		byStage[o] = append(byStage[o], f)
+		f.offset = o
+		set := map[int]bool{}
+		for _, st := range f.steps {
+			for l := range st.layers {
+				set[l+o] = true
+			}
+		}
+		layers := slices.Sorted(maps.Keys(set))
+		key := fmt.Sprint(layers)
+		if byKey[key] == nil {
+			byKey[key] = &stage{layers: layers}
+		}
+		byKey[key].files = append(byKey[key].files, f)
 	}
-	stages := slices.Sorted(maps.Keys(byStage))
-	for _, o := range stages {
-		slices.SortStableFunc(byStage[o], func(a, c *megatronFile) int { return int(a.rank - c.rank) })
-		if len(byStage[o]) != len(byStage[stages[0]]) {
-			return nil, perr(byStage[o][0].name, 0, "", "%d rank files have layer offset %d but %d have %d: every pipeline stage needs the same number of rank files", len(byStage[o]), o, len(byStage[stages[0]]), stages[0])
+	var stages []*stage
+	for _, key := range slices.Sorted(maps.Keys(byKey)) {
+		stages = append(stages, byKey[key])
+	}
+	slices.SortStableFunc(stages, func(a, c *stage) int { return a.layers[0] - c.layers[0] })
+	seen := map[int]*stage{}
+	for _, sg := range stages {
+		for _, l := range sg.layers {
+			if other := seen[l]; other != nil {
+				return nil, perr(sg.files[0].name, 0, "layer", "decoder layers %v, but %s has %v: every rank file must route the same layers, or, as pipeline stages, layers no other stage has (check the layer offsets, --pp-layer-offset)", clipInts(sg.layers), other.files[0].name, clipInts(other.layers))
+			}
+			seen[l] = sg
+		}
+	}
+	for _, sg := range stages {
+		slices.SortStableFunc(sg.files, func(a, c *megatronFile) int { return int(a.rank - c.rank) })
+		if len(sg.files) != len(stages[0].files) {
+			return nil, perr(sg.files[0].name, 0, "", "%d rank files record decoder layers %v but %d record %v: the files are neither data-parallel copies of one layer set nor pipeline stages with the same number of ranks each; check the layer offsets (--pp-layer-offset)", len(sg.files), clipInts(sg.layers), len(stages[0].files), clipInts(stages[0].layers))
 		}
 	}
 	if len(stages) > 1 {
-		notes = append(notes, fmt.Sprintf("Megatron router traces: %d pipeline stages (layer offsets %v) joined into %d pipelines, each token's source the rank of its first-stage file", len(stages), stages, len(byStage[stages[0]])))
+		var spans []string
+		for _, sg := range stages {
+			spans = append(spans, fmt.Sprintf("%d-%d", sg.layers[0], sg.layers[len(sg.layers)-1]))
+		}
+		notes = append(notes, fmt.Sprintf("Megatron router traces: %d pipeline stages (layer ids %s) joined into %d pipelines, each token's source the rank of its first-stage file", len(stages), strings.Join(spans, ", "), len(stages[0].files)))
 	}
 	// 1-based ids: record_indices stamps layer_number (1..num_hidden_layers).
 	shift := 0
 	if opts.ModelLayers > 0 {
 		lo, hi := math.MaxInt, -1
-		for _, o := range stages {
-			for _, f := range byStage[o] {
-				for _, st := range f.steps {
-					for l := range st.layers {
-						lo, hi = min(lo, l+o), max(hi, l+o)
-					}
-				}
-			}
+		for _, sg := range stages {
+			lo, hi = min(lo, sg.layers[0]), max(hi, sg.layers[len(sg.layers)-1])
 		}
 		switch {
 		case hi > opts.ModelLayers:
@@ -208,11 +242,10 @@ func addMegatron(files []*megatronFile, b *tokenBuilder, opts LoadOptions) ([]st
 			notes = append(notes, fmt.Sprintf("Megatron router traces: layer ids %d..%d are 1-based (record_indices stamps layer_number; the model has %d decoder layers): read as decoder layers %d..%d", lo, hi, opts.ModelLayers, lo-1, hi-1))
 		}
 	}
-	first := byStage[stages[0]]
-	for i, f0 := range first {
+	for i, f0 := range stages[0].files {
 		k := f0.k
-		for _, o := range stages {
-			if f := byStage[o][i]; f.k != k {
+		for _, sg := range stages {
+			if f := sg.files[i]; f.k != k {
 				return nil, perr(f.name, 0, "topk", "%d, but %s, an earlier stage of the same pipeline, has top-k %d", f.k, f0.name, k)
 			}
 		}
@@ -220,8 +253,8 @@ func addMegatron(files []*megatronFile, b *tokenBuilder, opts LoadOptions) ([]st
 			st0 := f0.steps[step]
 			// layer id -> ids, over the pipeline's stages
 			layers := map[int][]int16{}
-			for _, o := range stages {
-				f := byStage[o][i]
+			for _, sg := range stages {
+				f := sg.files[i]
 				st := f.steps[step]
 				if st == nil {
 					return nil, perr(f.name, 0, "", "step %d is in %s but not here: the files of one pipeline must record the same steps", step, f0.name)
@@ -230,7 +263,7 @@ func addMegatron(files []*megatronFile, b *tokenBuilder, opts LoadOptions) ([]st
 					return nil, perr(f.name, st.line, "top_indices", "%d tokens at step %d, but %s has %d: the stages of one pipeline see the same tokens (one micro-batch per step)", st.tokens, step, f0.name, st0.tokens)
 				}
 				for l, ids := range st.layers {
-					g := l + o + shift
+					g := l + f.offset + shift
 					if _, dup := layers[g]; dup {
 						return nil, perr(f.name, st.line, "layer", "step %d: decoder layer %d recorded by two stages: the layer offsets overlap", step, g)
 					}

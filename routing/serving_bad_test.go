@@ -304,7 +304,7 @@ func TestMegatronBadInput(t *testing.T) {
 		{"layers differ across files", map[string]string{
 			"router_trace_rank0.jsonl": ok,
 			"router_trace_rank1.jsonl": strings.ReplaceAll(megatronLine(0, 2, [][]int{{0, 1}}), `"rank":0`, `"rank":1`),
-		}, LoadOptions{}, "router_trace_rank1.jsonl:1: step 0: MoE layers [2], but "},
+		}, LoadOptions{}, "router_trace_rank1.jsonl: layer: decoder layers [2], but "},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()

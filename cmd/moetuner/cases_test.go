@@ -18,7 +18,7 @@ func TestPPLayerOffsetFlag(t *testing.T) {
 	code, stdout, stderr := runCLI(t, "stats", casesDir+"/megatron_pp", "--pp-layer-offset", "0=0,1=0,2=4,3=4")
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "tokens 128  layers 8  experts 64  top-k 6")
-	assert.Contains(t, stderr, "note: Megatron router traces: 2 pipeline stages (layer offsets [0 4]) joined into 2 pipelines")
+	assert.Contains(t, stderr, "note: Megatron router traces: 2 pipeline stages (layer ids 0-3, 4-7) joined into 2 pipelines")
 	code, stdout, stderr = runCLI(t, "stats", casesDir+"/megatron_pp")
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stdout, "tokens 256  layers 4")

@@ -140,6 +140,18 @@ for rank in range(2):
     write("megatron_inference", rank, recs)
 expected["megatron_inference"] = {"num_hidden_layers": 8, "layers": list(range(8)), "tokens": 128}
 
+# Inference with pipeline parallelism through record_indices: global
+# 1-based ids, stage 0 (rank 0) layers 1-4, stage 1 (rank 1) layers 5-8,
+# the same 64 tokens.
+ts = list(range(64))
+for rank in range(2):
+    recs = []
+    for l in range(rank * 4, rank * 4 + 4):
+        layer_of[l + 1] = l
+        recs.append(record(0, l + 1, rank, ts))
+    write("megatron_pp_inference", rank, recs)
+expected["megatron_pp_inference"] = {"num_hidden_layers": 8, "layers": list(range(8)), "tokens": 64}
+
 # Training with --moe-routing-trace-dump-weights and hidden-state/logit
 # capture: one rank, the whole model, the sidecars beside the trace.
 layer_of = {l: l for l in range(L)}
