@@ -22,7 +22,13 @@ type ascendDevice struct {
 }
 
 // encodeAscend writes the vllm-ascend / MindIE device-list JSON, one line
-// per MoE layer.
+// per MoE layer. vllm-ascend (main after #5533) reads it from
+// additional_config["eplb_config"]["expert_map_path"]: init_eplb_config and
+// expert_file_to_tensor (vllm_ascend/eplb/core/eplb_utils.py) take
+// layer_list by position for each MoE layer, device_list[r] as rank r's
+// slots stacked into one tensor (the same count on every device), and the
+// redundant count as the slots minus the experts, which
+// eplb_config.num_redundant_experts must match.
 func encodeAscend(p *Plan) ([]byte, error) {
 	rows, err := rankMajor(p, "vllm-ascend", "vllm-ascend")
 	if err != nil {

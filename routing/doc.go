@@ -170,6 +170,11 @@
 //     over ranks. Each row of the circular buffer is a forward pass and a
 //     StepLoad step; rows that are zero everywhere are the buffer's unfilled
 //     rows and are dropped, not counted as idle steps. ModelLayers = L_all.
+//     The dump is the buffer in buffer order without its write index: the
+//     steps are put in time order from the one run of unfilled rows (the
+//     oldest pass follows it); a full buffer (it may have wrapped) has no
+//     such run, and then the steps stay in buffer order with
+//     Stats.StepsUnordered set and a note.
 //   - per_pass: {"records": [{"forward_pass_id", "rank",
 //     "global_physical_count": int [L_all, P]}], "last_physical_to_logical_map":
 //     int [L_all, P]}, one file per rank holding its own tokens' counts of
@@ -213,7 +218,18 @@
 // "layer", "rank", "num_tokens", "topk", "top_indices": [[k ids] × tokens]}.
 // The rows of one step are the same tokens in every layer; a token's Source
 // is the file's rank and its Step the record's step. Records of the "mtp"
-// block are skipped. Layer ids are taken as written.
+// block are skipped. Layer ids are taken as written, plus
+// LoadOptions.MegatronLayerOffsets[rank]: in training a record's layer is
+// the index within its pipeline stage's chunk, so stage files need their
+// stage's offset. Files that record the same layers (after the offsets)
+// are data-parallel ranks; files that record disjoint layer sets are
+// pipeline stages, joined step by step into whole-model tokens (the i-th
+// rank of each stage forms pipeline i, the source its first-stage rank),
+// which also joins inference's global ids without offsets. With LoadOptions.ModelLayers known, ids
+// that reach it are 1-based (inference's record_indices stamps
+// layer_number) and are read one lower, with a note. In a directory the
+// tracer's sidecar files (router_state_rank{r}.pt, hidden_states_rank{r}.bin,
+// logits_rank{r}.bin) are skipped with a note.
 //
 // FormatVLLMLoadStats (JSONL with "record_type": "eplb_load_stats"): vLLM
 // #41141's stats, one record per step with physical loads "expert_load"

@@ -65,6 +65,15 @@ type LoadOptions struct {
 	// for example); by default they are dropped and LayerNames keeps the
 	// original indices.
 	KeepZeroLayers bool
+	// MegatronLayerOffsets maps a rank to the number added to the layer
+	// ids of its Megatron router-trace file (key -1: every rank without
+	// a key of its own). In training a record's layer is the index within
+	// the rank's pipeline stage, so a stage's offset is the number of
+	// decoder layers before it. Files that then record disjoint layer sets
+	// are stages of the same pipelines and are joined step by step (the
+	// i-th rank of every stage, by rank, is pipeline i); files of one
+	// layer set are data-parallel ranks. Nil: the ids as recorded.
+	MegatronLayerOffsets map[int]int
 	// ModelLayers is the model's num_hidden_layers, which SGLang's
 	// routed_experts payload needs to be cut into layers; 0 = infer it
 	// from the response's token counts.
@@ -142,18 +151,39 @@ func Load(path string, opts LoadOptions) (*Source, error) {
 	return src, nil
 }
 
+// megatronSidecar reports whether name is a file Megatron-Core's
+// RouterTracer writes beside router_trace_rank{r}.jsonl
+// (megatron/core/transformer/moe/router_trace.py): router_state_rank{r}.pt
+// (--moe-routing-trace-dump-weights), hidden_states_rank{r}.bin and
+// logits_rank{r}.bin.
+func megatronSidecar(name string) bool {
+	return rankOf(name, "router_state_rank", ".pt") >= 0 || rankOf(name, "hidden_states_rank", ".bin") >= 0 || rankOf(name, "logits_rank", ".bin") >= 0
+}
+
+// clipNames keeps the first 4 names and says how many more there are.
+func clipNames(names []string) []string {
+	if len(names) <= 4 {
+		return names
+	}
+	return append(slices.Clone(names[:4]), fmt.Sprintf("%d more", len(names)-4))
+}
+
 // loadDir is Load of a directory.
 func loadDir(path string, opts LoadOptions) (*Source, error) {
 	entries, err := os.ReadDir(path)
 	if err != nil {
 		return nil, &ParseError{File: path, Err: err}
 	}
-	var csvs, others, pts, ranks, megatron []string
+	var csvs, others, pts, ranks, megatron, sidecars []string
 	for _, e := range entries {
 		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
 		p := filepath.Join(path, e.Name())
+		if megatronSidecar(e.Name()) {
+			sidecars = append(sidecars, e.Name())
+			continue
+		}
 		switch {
 		case megatronRank(e.Name()) >= 0:
 			megatron = append(megatron, p)
@@ -205,7 +235,11 @@ func loadDir(path string, opts LoadOptions) (*Source, error) {
 		if err := want(FormatMegatron); err != nil {
 			return nil, err
 		}
-		return loadMegatronFiles(path, megatron, opts)
+		src, err := loadMegatronFiles(path, megatron, opts)
+		if err == nil && len(sidecars) > 0 {
+			src.Stats.Notes = append(src.Stats.Notes, fmt.Sprintf("skipped %d Megatron router-trace sidecar files (%s): router weights, hidden states and logits are not routing decisions", len(sidecars), strings.Join(clipNames(sidecars), ", ")))
+		}
+		return src, err
 	case len(ranks) > 0:
 		if err := want(FormatTRTLLM); err != nil {
 			return nil, err
@@ -436,10 +470,20 @@ func readFormat(r io.Reader, name string, size int64, opts LoadOptions) (*Source
 	case FormatMegatron:
 		b := newTokenBuilder(opts, opts.Experts)
 		defer b.close()
-		if err := readMegatron(br, name, int64(megatronRank(filepath.Base(name))), b); err != nil {
+		f, err := parseMegatron(br, name, int64(megatronRank(filepath.Base(name))), b.experts)
+		if err != nil {
 			return nil, err
 		}
-		return builtTrace(name, format, b, opts)
+		notes, err := addMegatron([]*megatronFile{f}, b, opts)
+		if err != nil {
+			return nil, err
+		}
+		src, err := builtTrace(name, format, b, opts)
+		if err != nil {
+			return nil, err
+		}
+		src.Stats.Notes = append(src.Stats.Notes, notes...)
+		return src, nil
 	case FormatVLLMLoadStats:
 		s, err := readVLLMLoadStats(br, name, opts)
 		if err != nil {

@@ -160,25 +160,36 @@ func loadMegatronFiles(name string, files []string, opts LoadOptions) (*Source, 
 	})
 	b := newTokenBuilder(opts, opts.Experts)
 	defer b.close()
+	var parsed []*megatronFile
 	for _, p := range files {
 		f, err := os.Open(p)
 		if err != nil {
 			return nil, &ParseError{File: p, Err: err}
 		}
-		err = readMegatron(bufio.NewReader(f), p, int64(megatronRank(filepath.Base(p))), b)
+		mf, err := parseMegatron(bufio.NewReader(f), p, int64(megatronRank(filepath.Base(p))), b.experts)
 		fi, serr := f.Stat()
 		f.Close()
 		if err != nil {
 			return nil, err
 		}
+		parsed = append(parsed, mf)
 		if serr == nil {
-			fileDone(opts, p, fi.Size(), float64(b.tokens))
+			tokens := 0
+			for _, st := range mf.steps {
+				tokens += st.tokens
+			}
+			fileDone(opts, p, fi.Size(), float64(tokens))
 		}
+	}
+	notes, err := addMegatron(parsed, b, opts)
+	if err != nil {
+		return nil, err
 	}
 	src, err := builtTrace(name, FormatMegatron, b, opts)
 	if err != nil {
 		return nil, err
 	}
 	src.Stats.Sources = files
+	src.Stats.Notes = append(src.Stats.Notes, notes...)
 	return src, nil
 }

@@ -293,7 +293,7 @@ func TestMegatronBadInput(t *testing.T) {
 		{"tokens differ across layers", map[string]string{"router_trace_rank0.jsonl": megatronLine(0, 2, [][]int{{0, 1}, {2, 3}}) + megatronLine(0, 3, [][]int{{1, 0}})}, LoadOptions{}, "router_trace_rank0.jsonl:2: top_indices: 1 tokens at layer 3, but step 0 has 2 at line 1"},
 		{"expert out of range", map[string]string{"router_trace_rank0.jsonl": megatronLine(0, 2, [][]int{{0, 7}})}, LoadOptions{Experts: 4}, "router_trace_rank0.jsonl:1: top_indices[0][1]: expert 7 out of range [0,4)"},
 		{"repeated expert", map[string]string{"router_trace_rank0.jsonl": megatronLine(0, 2, [][]int{{1, 1}})}, LoadOptions{}, "router_trace_rank0.jsonl:1: step 0 layer 2 token 0: expert 1 appears twice in the token's top-k"},
-		{"layer twice", map[string]string{"router_trace_rank0.jsonl": ok + megatronLine(0, 3, [][]int{{1, 0}, {3, 2}})}, LoadOptions{}, "router_trace_rank0.jsonl:3: layer: step 0 layer 3 recorded twice"},
+		{"layer twice", map[string]string{"router_trace_rank0.jsonl": ok + megatronLine(0, 3, [][]int{{1, 0}, {3, 2}})}, LoadOptions{}, "router_trace_rank0.jsonl:3: layer: step 0 layer 3 recorded twice: in training the layer is the index within the model chunk"},
 		{"rank differs", map[string]string{"router_trace_rank1.jsonl": ok}, LoadOptions{}, "router_trace_rank1.jsonl:1: rank: 0, but the file is rank 1's"},
 		{"empty rows", map[string]string{"router_trace_rank0.jsonl": `{"step":0,"layer":1,"top_indices":[[]]}` + "\n"}, LoadOptions{}, "router_trace_rank0.jsonl:1: top_indices[0]: no expert ids: each row lists the token's top-k experts"},
 		{"ragged rows", map[string]string{"router_trace_rank0.jsonl": megatronLine(0, 2, [][]int{{0, 1}, {2}})}, LoadOptions{}, "router_trace_rank0.jsonl:1: top_indices[1]: 1 ids, want top-k 2"},
@@ -304,7 +304,7 @@ func TestMegatronBadInput(t *testing.T) {
 		{"layers differ across files", map[string]string{
 			"router_trace_rank0.jsonl": ok,
 			"router_trace_rank1.jsonl": strings.ReplaceAll(megatronLine(0, 2, [][]int{{0, 1}}), `"rank":0`, `"rank":1`),
-		}, LoadOptions{}, "router_trace_rank1.jsonl:1: step 0: MoE layers [2], but "},
+		}, LoadOptions{}, "router_trace_rank1.jsonl: layer: decoder layers [2], but "},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -212,16 +212,23 @@ func (f *sglangFile) readStat(opts LoadOptions) (*Stats, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := newCountBuilder(L, E, L, nil)
-	c.sources = nil // summed over ranks by the recorder
+	filled := make([]bool, B)
 	for b := range B {
 		for i := range L * E {
 			x := v.at(b*L*E + i)
 			if msg := badIntCount(x); msg != "" {
 				return nil, perr(f.name, 0, fmt.Sprintf("logical_count[%d][%d][%d]", b, i/E, i%E), "%s", msg)
 			}
-			if x != 0 {
-				c.add(int64(b), -1, i/E, i%E, float64(x))
+			filled[b] = filled[b] || x != 0
+		}
+	}
+	order, known := statTimeOrder(filled)
+	c := newCountBuilder(L, E, L, nil)
+	c.sources = nil // summed over ranks by the recorder
+	for step, b := range order {
+		for i := range L * E {
+			if x := v.at(b*L*E + i); x != 0 {
+				c.add(int64(step), -1, i/E, i%E, float64(x))
 			}
 		}
 	}
@@ -229,7 +236,60 @@ func (f *sglangFile) readStat(opts LoadOptions) (*Stats, error) {
 	if err != nil {
 		return nil, perr(f.name, 0, "logical_count", "%v", err)
 	}
+	if !known && s.StepLoad != nil {
+		s.StepsUnordered = true
+		s.Notes = append(s.Notes, fmt.Sprintf("%s: the passes' time order is unknown: SGLang's stat recorder keeps them in a circular buffer of %d rows and dumps it in buffer order without its write index, and %s; the steps are kept in buffer order for sums and --across, but backtest cannot replay them (record with --expert-distribution-recorder-buffer-size -1, or larger than the passes recorded)", f.name, B, unorderedWhy(filled)))
+	}
 	return s, nil
+}
+
+// statTimeOrder returns the filled rows of an SGLang stat dump in time
+// order, and whether that order is known. The dump is
+// _StatAccumulator.dump of _CircularBuffer.get_all (sgl-project/sglang
+// python/sglang/srt/eplb/expert_distribution.py@02295fe): the whole buffer
+// in buffer order; append writes row _curr_index and advances it modulo
+// the size, and reset (at every start_record and dump) zeroes the rows but
+// keeps _curr_index. A pass always routes tokens, so a row is unfilled
+// exactly when it is all zeros. With one cyclic run of unfilled rows the
+// oldest filled row is the one after that run; with none (the buffer
+// full: it may have wrapped) or several (which cannot come from one
+// recording) the write index is not in the file and the order is unknown:
+// the filled rows are then returned in buffer order.
+func statTimeOrder(filled []bool) ([]int, bool) {
+	B := len(filled)
+	var inBuffer []int
+	runs, start := 0, -1
+	for b := range B {
+		if filled[b] {
+			inBuffer = append(inBuffer, b)
+			continue
+		}
+		if filled[(b+1)%B] {
+			runs++
+			start = (b + 1) % B
+		}
+	}
+	switch {
+	case len(inBuffer) <= 1:
+		return inBuffer, true
+	case runs != 1:
+		return inBuffer, false
+	}
+	order := make([]int, 0, len(inBuffer))
+	for i := range B {
+		if b := (start + i) % B; filled[b] {
+			order = append(order, b)
+		}
+	}
+	return order, true
+}
+
+// unorderedWhy says why statTimeOrder could not order the rows.
+func unorderedWhy(filled []bool) string {
+	if !slices.Contains(filled, false) {
+		return fmt.Sprintf("all %d rows are filled (the buffer may have wrapped around)", len(filled))
+	}
+	return "its unfilled rows are not one run (not one recording)"
 }
 
 // addPerPass adds a per_pass dump's physical counts, mapped to logical

@@ -255,8 +255,9 @@ func (s *Stats) Merge(o *Stats) error {
 		for _, m := range o.StepLoad {
 			s.StepLoad = append(s.StepLoad, cloneMatrix(m))
 		}
+		s.StepsUnordered = s.StepsUnordered || o.StepsUnordered
 	} else {
-		s.StepLoad = nil
+		s.StepLoad, s.StepsUnordered = nil, false
 	}
 	if s.SourceLoad != nil && o.SourceLoad != nil {
 		for len(s.SourceLoad) < len(o.SourceLoad) {

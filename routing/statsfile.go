@@ -226,6 +226,9 @@ func writeMoetunerStats(w *bufio.Writer, s *Stats) error {
 	}
 	writeMatrix(w, "coactivation", s.CoActivation)
 	writeMatrices(w, "step_load", s.StepLoad)
+	if s.StepLoad != nil && s.StepsUnordered {
+		w.WriteString(",\n \"steps_unordered\": true")
+	}
 	writeMatrices(w, "source_load", s.SourceLoad)
 	if s.Patterns != nil {
 		if s.PathSample != (PathSample{}) {
@@ -275,6 +278,7 @@ type statsFile struct {
 	Transitions    [][]float64     `json:"transitions"`
 	CoActivation   [][]float64     `json:"coactivation"`
 	StepLoad       [][][]float64   `json:"step_load"`
+	StepsUnordered bool            `json:"steps_unordered"`
 	SourceLoad     [][][]float64   `json:"source_load"`
 	Patterns       json.RawMessage `json:"patterns"`
 	PathSample     *struct {
@@ -318,7 +322,7 @@ func parseMoetunerStats(data []byte, file string) (*Stats, error) {
 	s := &Stats{
 		Layers: L, Experts: f.Experts, TopK: f.TopK, Tokens: f.Tokens,
 		Load: f.Load, Transitions: f.Transitions, CoActivation: f.CoActivation,
-		StepLoad: f.StepLoad, SourceLoad: f.SourceLoad,
+		StepLoad: f.StepLoad, StepsUnordered: f.StepsUnordered && f.StepLoad != nil, SourceLoad: f.SourceLoad,
 		LayerNames: f.Layers, ModelLayers: f.ModelLayers,
 	}
 	switch f.TransitionMode {

@@ -94,6 +94,12 @@ type Stats struct {
 	CoActivation [][]float64
 	// StepLoad[s][l][e] is Load per step; nil when steps are unknown.
 	StepLoad [][][]float64
+	// StepsUnordered reports that StepLoad holds the right steps but not
+	// in time order: an SGLang stat dump whose circular buffer may have
+	// wrapped around does not record which row is the oldest. Sums and
+	// per-step workloads taken as a set (--across) are unaffected; a
+	// replay of the steps in order (backtest) is not possible.
+	StepsUnordered bool
 	// SourceLoad[r][l][e] is Load restricted to the tokens whose source
 	// (home) rank is r, for r in [0, len(SourceLoad)); nil when sources are
 	// unknown. Tokens of unknown source count in Load only, so

@@ -429,11 +429,15 @@ func TestProblemChecks(t *testing.T) {
 	res, err := Solve(context.Background(), p, Options{Strategy: StrategyRoundRobin})
 	require.NoError(t, err)
 	assert.Equal(t, 6, res.Plan.GPUs)
-	// Greedy fills the GPUs as evenly as the counts allow: 2 2 1 1 1 1.
-	res, err = Solve(context.Background(), p, Options{Strategy: StrategyGreedy})
-	require.NoError(t, err)
-	for l := range p.Stats.Layers {
-		assert.Equal(t, []int{2, 2, 1, 1, 1, 1}, res.Plan.SlotsPerGPU(l))
+	// Greedy fills the GPUs as evenly as the counts allow (2 2 1 1 1 1),
+	// then the 4 redundant slots with copies: 2 on every GPU, as for
+	// round-robin.
+	for _, st := range []Strategy{StrategyGreedy, StrategyRoundRobin} {
+		res, err = Solve(context.Background(), p, Options{Strategy: st})
+		require.NoError(t, err)
+		for l := range p.Stats.Layers {
+			assert.Equal(t, []int{2, 2, 2, 2, 2, 2}, res.Plan.SlotsPerGPU(l), st)
+		}
 	}
 }
 

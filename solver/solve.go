@@ -390,6 +390,9 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		// the best plan found so far.
 		res, err = stoppedBaseline(p, err)
 	}
+	if err == nil {
+		err = p.fillSlots(res, st)
+	}
 	if err != nil {
 		return nil, public(err)
 	}
@@ -576,6 +579,39 @@ func Baseline(p Problem, st Strategy) (*placement.Plan, error) {
 		return baseline.EPLB(s, g, baseline.EPLBOptions{RedundantSlots: p.RedundantSlots, Groups: groups, Nodes: p.Cluster.Nodes, FixDuplicates: true})
 	}
 	return nil, fmt.Errorf("solver: %q is not a baseline", st)
+}
+
+// fillSlots gives a one-copy-per-expert plan (contiguous, round-robin,
+// greedy, moetuner) the slots RedundantSlots or SlotsPerGPU ask for, with
+// copies of the hottest experts (baseline.AddCopies): SGLang and vLLM
+// refuse a map whose slot count is not E + redundant experts. Plans that
+// already have the slots are kept.
+func (p Problem) fillSlots(res *Result, st Strategy) error {
+	if res == nil || res.Plan == nil || (p.RedundantSlots == 0 && p.SlotsPerGPU == nil) {
+		return nil
+	}
+	G := p.Cluster.GPUs()
+	if p.SlotsPerGPU == nil && (p.Stats.Experts+p.RedundantSlots)%G != 0 {
+		return fmt.Errorf("solver: %d experts + %d redundant slots (Problem.RedundantSlots) do not divide evenly over %d GPUs; choose a redundant-slot count that makes the slots a multiple of %d", p.Stats.Experts, p.RedundantSlots, G, G)
+	}
+	want := p.slotCounts()
+	total := 0
+	for _, c := range want {
+		total += c
+	}
+	short := false
+	for l := range res.Plan.Layers {
+		short = short || res.Plan.Slots(l) < total
+	}
+	if !short {
+		return nil
+	}
+	plan, err := baseline.AddCopies(res.Plan, p.Stats, want, baseline.AddCopiesOptions{Speed: p.Cluster.Speed})
+	if err != nil {
+		return fmt.Errorf("solver: %s places one copy per expert and the redundant slots could not be filled: %w; use strategy eplb or joint, which place the copies themselves", st, err)
+	}
+	res.Plan, res.report = plan, nil
+	return nil
 }
 
 // baselinePick is the baseline bestBaseline chose, with its report (nil

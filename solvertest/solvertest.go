@@ -25,7 +25,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"testing"
 
 	"github.com/moetuner/moetuner/costmodel"
@@ -89,9 +88,9 @@ func Mixtral() solver.Problem {
 // Check validates r for p and returns the first inconsistency: a missing
 // or invalid plan (wrong shape, an expert without a copy, two copies on
 // one GPU, uneven slots where p's slots are even, except for the
-// moetuner strategy's unequal clusters; one slot per expert for the
-// contiguous, round-robin and greedy baselines and the paper's method,
-// which place no redundant copies), an Objective or Report
+// moetuner strategy's unequal clusters; Experts + RedundantSlots slots a
+// layer for every strategy, since the ones that place one copy per expert
+// fill the redundant slots with copies), an Objective or Report
 // that is not the cost model's value of the plan, a bound above what it
 // bounds (Bound above ModelObjective, CostBound above Objective, a layer's
 // balance bound above its busiest load) or a status out of range.
@@ -116,14 +115,7 @@ func Check(p solver.Problem, r *solver.Result) error {
 		return fmt.Errorf("solvertest: plan has %d GPUs, the cluster %d", r.Plan.GPUs, p.Cluster.GPUs())
 	}
 	want := len(r.Plan.Layers[0].SlotExpert)
-	made := r.Strategy
-	if r.Status == solver.StatusStopped && strings.HasPrefix(r.Note, "stopped before the strategy had a plan") {
-		made = r.Baseline // the facade's fallback: the baseline's plan
-	}
-	switch {
-	case p.SlotsPerGPU == nil && p.Current == nil && singleCopy(made):
-		want = p.Stats.Experts // these baselines place one copy per expert
-	case p.SlotsPerGPU == nil && p.Current == nil:
+	if p.SlotsPerGPU == nil && p.Current == nil {
 		want = p.Stats.Experts + p.RedundantSlots
 	}
 	for l, lp := range r.Plan.Layers {
@@ -189,10 +181,4 @@ func Baseline(tb testing.TB, p solver.Problem, st solver.Strategy) *solver.Resul
 // and quality side by side.
 func ReportRatio(b *testing.B, r, base *solver.Result, unit string) {
 	b.ReportMetric(r.Objective/base.Objective, unit)
-}
-
-// singleCopy reports whether st is a method that places exactly one copy
-// of every expert whatever the problem's redundant slots.
-func singleCopy(st solver.Strategy) bool {
-	return st == solver.StrategyContiguous || st == solver.StrategyRoundRobin || st == solver.StrategyGreedy || st == solver.StrategyMoETuner
 }

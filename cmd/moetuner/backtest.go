@@ -189,6 +189,8 @@ func (f *backtestFlags) load(pr *progress, stderr io.Writer) ([][][]float64, *ro
 		st := src.Stats
 		var got [][][]float64
 		switch {
+		case st.StepLoad != nil && st.StepsUnordered:
+			return nil, nil, fmt.Errorf("%s: the time order of its steps is unknown (an SGLang stat dump whose circular buffer is full): a backtest replays steps in order; record with --expert-distribution-recorder-buffer-size -1 (unbounded) or a buffer larger than the passes recorded, or dump before it fills", path)
 		case st.StepLoad != nil:
 			got = st.StepLoad
 		case src.Trace != nil && f.tokensPerStep > 0:

@@ -77,22 +77,27 @@ func TestNotes(t *testing.T) {
 // TestRedundantSlotsNote: every expert a GPU holds costs a weight read a
 // layer, so at small loads redundant slots can cost more than the balance
 // they buy. On the Mixtral popularity counts (1 × 4 GPUs, 4 redundant
-// slots) greedy, with 8 slots a layer, is modeled faster than joint with
-// 12, and compare says so with the flag to change; with no redundant
-// slots joint is fastest and nothing is said; with weight reads priced at
-// nothing (a cluster file's expert_cost) the redundant slots pay and
-// nothing is said either.
+// slots) every strategy fills the 12 slots a layer (greedy too: it once
+// left them out), and the running greedy plan without copies (--plan, 8
+// slots a layer) is modeled faster than joint with 12: compare says so
+// with the flag to change; with no redundant slots joint is fastest and
+// nothing is said; with weight reads priced at nothing (a cluster file's
+// expert_cost) the redundant slots pay and nothing is said either.
 func TestRedundantSlotsNote(t *testing.T) {
 	chdirRoot(t)
 	trace := "testdata/mixtral-8x7b/fiddler/expert_popularity_machine_learning.json"
 	base := []string{"compare", "--trace", trace, "--nodes", "1", "--gpus-per-node", "4", "--strategies", "greedy,eplb,joint", "--time-limit", "3s", "--quiet"}
-	code, stdout, stderr := runCLI(t, append(base, "--redundant-slots", "4")...)
+	running := filepath.Join(t.TempDir(), "greedy8.json")
+	code, _, stderr := runCLI(t, "plan", "--trace", trace, "--nodes", "1", "--gpus-per-node", "4", "--strategy", "greedy", "--quiet", "--out", running)
 	require.Equal(t, 0, code, stderr)
-	greedy, joint := layerTimeOf(t, stdout, "greedy"), layerTimeOf(t, stdout, "joint")
-	require.Less(t, greedy, joint, stdout)
-	assert.Contains(t, stdout, "greedy (8 slots a layer) is modeled", stdout)
+	code, stdout, stderr := runCLI(t, append(base, "--redundant-slots", "4", "--plan", running)...)
+	require.Equal(t, 0, code, stderr)
+	file, joint := layerTimeOf(t, stdout, "file:"+running), layerTimeOf(t, stdout, "joint")
+	require.Less(t, file, joint, stdout)
+	assert.Contains(t, stdout, "file:"+running+" (8 slots a layer) is modeled", stdout)
 	assert.Contains(t, stdout, "faster than joint (12)", stdout)
 	assert.Contains(t, stdout, "fewer --redundant-slots", stdout)
+	assert.NotContains(t, stdout, "greedy (8 slots a layer)", stdout)
 
 	code, stdout, stderr = runCLI(t, append(base, "--redundant-slots", "0")...)
 	require.Equal(t, 0, code, stderr)

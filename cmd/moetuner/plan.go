@@ -52,6 +52,13 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 	}
+	pf, note, err := formatForName(pf, *out)
+	if err != nil {
+		return err
+	}
+	if note != "" && !*quiet {
+		fmt.Fprintf(stderr, "moetuner plan: note: %s\n", note)
+	}
 	p, sources, err := c.setup(true)
 	if err != nil {
 		return err
@@ -180,6 +187,29 @@ func sourceList(sources []*routing.Source) string {
 		s = append(s, filepath.ToSlash(src.Path))
 	}
 	return strings.Join(s, ",")
+}
+
+// formatForName is the format to write to out, so that the stack that
+// loads the file by its name reads what it expects. SGLang's
+// compute_initial_expert_location_metadata (python/sglang/srt/eplb/
+// expert_location.py@01fec5c) reads --init-expert-location with
+// torch.load(weights_only=True) when the name ends in ".pt", with
+// json.loads when it ends in ".json", and parses any other value as inline
+// JSON: --format sglang into a .pt name is written as the .pt (note says
+// so), and a name SGLang would misread is refused.
+func formatForName(pf placement.Format, out string) (placement.Format, string, error) {
+	pt := strings.HasSuffix(out, ".pt")
+	switch {
+	case pf == placement.FormatSGLang && pt:
+		return placement.FormatSGLangPT, fmt.Sprintf("writing %s as a torch.save .pt (sglang-pt): SGLang loads a --init-expert-location ending in .pt with torch.load", out), nil
+	case pf == placement.FormatSGLang && !strings.HasSuffix(out, ".json"):
+		return "", "", usagef("--out %s: SGLang reads --init-expert-location as a file only when its name ends in .json or .pt (any other value is parsed as inline JSON); name it PLAN.sglang.json or PLAN.pt", out)
+	case pf == placement.FormatSGLangPT && !pt:
+		return "", "", usagef("--out %s with --format sglang-pt: SGLang loads --init-expert-location with torch.load only when the name ends in .pt; name it PLAN.pt, or use --format sglang for JSON", out)
+	case pf != placement.FormatSGLangPT && pt:
+		return "", "", usagef("--out %s: --format %s is text, but a name ending in .pt is loaded with torch.load; use --format sglang-pt (SGLang's .pt) or a name that matches the format", out, pf)
+	}
+	return pf, "", nil
 }
 
 // formatNames lists the values of plan's --format ("" takes the format

@@ -19,6 +19,7 @@ import (
 
 // common are the flags shared by plan, eval and compare.
 type common struct {
+	ppOffsets    string // --pp-layer-offset
 	traces       multiFlag
 	format       string
 	transitions  string
@@ -88,6 +89,7 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 	choiceVar(fs, &c.format, "trace-format", "", traceFormats, "force the trace format: jsonl, npy, flame-csv, olmoe-json, fiddler-json, logical-count, sglang-pt, sglang-routed-experts, trtllm-expert-statistic, megatron-router-trace, vllm-eplb-load-stats, moetuner-stats (default: detect)")
 	choiceVar(fs, &c.transitions, "transitions", "all-pairs", []string{"all-pairs", "top1"}, "transition counting for per-token traces: all-pairs (k×k) or top1")
 	fs.IntVar(&c.topK, "top-k", 0, "top-k for count formats that do not state it (default: the model's)")
+	fs.StringVar(&c.ppOffsets, "pp-layer-offset", "", ppOffsetUsage)
 	fs.StringVar(&c.cluster, "cluster", "h100x8", "cluster preset ("+strings.Join(costmodel.ClusterNames(), ", ")+", or <n>x<preset>) or YAML file")
 	fs.StringVar(&c.model, "model", "", "model preset ("+strings.Join(costmodel.ModelNames(), ", ")+") or YAML file (default: the preset matching the trace's shape)")
 	fs.IntVar(&c.nodes, "nodes", 0, "override the number of nodes")
@@ -148,6 +150,11 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		return p, nil, usagef("--holdout %v: want a fraction of the trace's tokens in [0, 1), such as 0.5", c.holdout)
 	}
 	lo := routing.LoadOptions{Format: routing.Format(c.format), TopK: c.topK, StatsOnly: !c.needTrace && c.holdout == 0, PathError: libPathError(c.pathError)}
+	offsets, err := parsePPOffsets(c.ppOffsets)
+	if err != nil {
+		return p, nil, err
+	}
+	lo.MegatronLayerOffsets = offsets
 	switch c.transitions {
 	case "all-pairs":
 	case "top1":
@@ -507,4 +514,38 @@ func printNotes(w io.Writer, notes []string) {
 			fmt.Fprintln(w, "moetuner: note:", n)
 		}
 	}
+}
+
+// ppOffsetUsage documents --pp-layer-offset.
+const ppOffsetUsage = "Megatron router traces recorded with pipeline parallelism: the number of decoder layers before each rank's stage, as RANK=OFFSET,... (e.g. 0=0,1=0,2=16,3=16), or one OFFSET for every file; files of different offsets are joined into whole-model tokens (in training a record's layer is the index within its stage). Under Megatron's default rank order the stage of rank r is r ÷ (world size ÷ PP)"
+
+// parsePPOffsets parses --pp-layer-offset: "" (nil), "N" (every rank) or
+// "RANK=OFFSET,...".
+func parsePPOffsets(s string) (map[int]int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	bad := func(part string) error {
+		return usagef("--pp-layer-offset %q: %q is not RANK=OFFSET or OFFSET with non-negative integers; give e.g. 0=0,1=0,2=16,3=16", s, part)
+	}
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 0 {
+			return nil, bad(s)
+		}
+		return map[int]int{-1: n}, nil
+	}
+	out := map[int]int{}
+	for _, part := range strings.Split(s, ",") {
+		r, o, ok := strings.Cut(strings.TrimSpace(part), "=")
+		rank, err1 := strconv.Atoi(r)
+		off, err2 := strconv.Atoi(o)
+		if !ok || err1 != nil || err2 != nil || rank < 0 || off < 0 {
+			return nil, bad(part)
+		}
+		if _, dup := out[rank]; dup {
+			return nil, usagef("--pp-layer-offset %q: rank %d given twice", s, rank)
+		}
+		out[rank] = off
+	}
+	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/moetuner/moetuner/costmodel"
@@ -25,6 +26,7 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 		"format of --out: moetuner (moetuner.stats/v1, read back by every command; files add up) or logical-count ({\"logical_count\": [decoder layers][experts]}, dense layers zero, for SGLang's --init-expert-location and EPLB)")
 	model := fs.String("model", "", "model preset or YAML file: the trace's expert ids are checked against its experts, and with --format logical-count it says the decoder layers when the trace does not (default: the preset matching the trace's shape)")
 	pathError := fs.Float64("path-error", routing.DefaultPathError, "per-token traces: target relative standard error of the per-token means estimated from the sample of token paths kept for long traces (0: keep every path)")
+	ppOffsets := fs.String("pp-layer-offset", "", ppOffsetUsage)
 	quiet := fs.Bool("quiet", false, "print only errors (no notes on what the statistics left out, no progress)")
 	// Flags may follow the traces (moetuner stats a.pt b.pt --out s.json).
 	var traces []string
@@ -49,10 +51,20 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	if *out == "" && outFormat != "moetuner" {
 		return usagef("--format %s needs --out FILE", outFormat)
 	}
+	if strings.HasSuffix(*out, ".pt") {
+		// SGLang loads a --init-expert-location ending in .pt with torch.load
+		// (python/sglang/srt/eplb/expert_location.py@01fec5c).
+		return usagef("--out %s: stats writes JSON, and a name ending in .pt is loaded with torch.load; name it .json", *out)
+	}
 	if *pathError < 0 {
 		return usagef("--path-error %v: want 0 (every path) or a positive relative error such as 0.01", *pathError)
 	}
 	lo := routing.LoadOptions{Format: routing.Format(format), TopK: *topK, StatsOnly: true, PathError: libPathError(*pathError)}
+	offsets, err := parsePPOffsets(*ppOffsets)
+	if err != nil {
+		return err
+	}
+	lo.MegatronLayerOffsets = offsets
 	if transitions == "top1" {
 		lo.Transitions = routing.TransitionTop1
 	} else if transitions != "all-pairs" {
