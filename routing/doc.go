@@ -202,11 +202,22 @@
 // (any integer dtype). Iterations are steps, r is the source, layer the
 // decoder-layer id; TopK and Tokens come from meta_info. Optional
 // cooccurrence_rank{r}.safetensors ([E, E], diagonal ignored) give
-// CoActivation; token_selected_experts_rank{r}.safetensors ([T, k]) give the
-// per-token trace (source r, step = iteration) when, for every rank and
-// iteration, every layer has the same rows and the tokens add up to the
-// counts; otherwise they are ignored. The safetensors header is checked
-// (dtype, shape, offsets inside the file) before any data is read.
+// CoActivation; token_selected_experts_rank{r}.safetensors and
+// rank{r}_raw.safetensors (expert_statistic.py at 7ce477f: the raw
+// token_selected_experts, [T, k] per key) give the per-token trace (source
+// r, step = iteration) when, for every rank and iteration, every layer has
+// the same rows and the tokens add up to the counts; otherwise a note says
+// they were left out. Without count files the token files alone are the
+// trace. Other .safetensors files in the directory are skipped with a note.
+// Under a load_balancer config TensorRT-LLM records physical slot ids and
+// meta_info.json's num_experts is num_slots: with LoadOptions.SlotExperts
+// (the placement that was serving) the slots fold back to logical experts
+// and Source.Slots says so; without it, a num_experts other than
+// LoadOptions.Experts is an error that says so. When every rank wrote the
+// same data (no attention DP: every rank routes every token) one rank's
+// files are read, with sources unknown, and a note says so. The safetensors
+// header is checked (dtype, shape, offsets inside the file) before any data
+// is read.
 //
 // FormatMegatron (router_trace_rank{r}.jsonl): Megatron-Core's
 // --moe-routing-trace-path, one record per (step, layer): {"step", "block",

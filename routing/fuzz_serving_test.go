@@ -91,10 +91,19 @@ func FuzzSafetensors(f *testing.F) {
 		require.NoError(f, err)
 		f.Add(b)
 	}
+	for _, dir := range []string{"trtllm_raw", "trtllm_load_balancer"} {
+		b, err := os.ReadFile(testdataPath(f, "serving-stacks", dir, "rank0_raw.safetensors"))
+		require.NoError(f, err)
+		f.Add(b)
+	}
 	f.Add(safetensorsBytes("100_3", "I32", []int{2, 2}, le32(0, 1, 1, 0), "100_4", "I32", []int{2, 2}, le32(1, 0, 0, 1)))
+	// Slots 0..3 of two layers folded onto experts 0..2.
+	slots := [][]Expert{{0, 1, 2, 0}, {2, 1, 0, 1}}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkRead(t, data, "rank0.safetensors", LoadOptions{})
 		checkRead(t, data, "x.safetensors", LoadOptions{Format: FormatTRTLLM, TopK: 2})
+		checkRead(t, data, "rank0_raw.safetensors", LoadOptions{})
+		checkRead(t, data, "rank1.safetensors", LoadOptions{SlotExperts: slots})
 	})
 }
 

@@ -80,6 +80,17 @@ type LoadOptions struct {
 	// relative standard error of per-token means estimated from the path
 	// sample (0: DefaultPathError; negative: keep every path).
 	PathError float64
+	// SlotExperts is the placement that was serving while a TensorRT-LLM
+	// statistics directory was recorded: SlotExperts[l][s] is the logical
+	// expert of physical slot s (rank-major, as TensorRT-LLM numbers its
+	// slots) of the l-th MoE layer in ascending layer order; nil when
+	// unknown. Under a load_balancer config TensorRT-LLM records slot ids,
+	// not expert ids, and meta_info.json's num_experts is then num_slots:
+	// a directory whose num_experts equals the slots per layer here is
+	// folded back to logical experts (Source.Slots says so); one whose
+	// num_experts is the placement's expert count is read as it is. Other
+	// formats ignore it.
+	SlotExperts [][]Expert
 	// Progress, when set, is called as a file is read: per chunk of about
 	// 8 MiB of ids or 4 MiB of text for the formats read in pieces (NPY,
 	// JSONL), and once with Done set when each file is read. It is called
@@ -103,6 +114,11 @@ type Source struct {
 	Trace *Trace
 	// Stats are the aggregated statistics; never nil on success.
 	Stats *Stats
+	// Slots is the number of physical slots per layer that a TensorRT-LLM
+	// directory counted under the load balancer and that were folded back
+	// to logical experts through LoadOptions.SlotExperts; 0 when the files
+	// counted logical experts.
+	Slots int
 	// OLMoE is the full OLMoE file (with its skip-layer pair counts) when
 	// Format is FormatOLMoE, else nil.
 	OLMoE *OLMoEFile
