@@ -70,6 +70,10 @@ type common struct {
 	// decoderFromTrace says the layout's decoder-layer count is the
 	// trace's (else the model's), for error messages.
 	decoderFromTrace bool
+	// serving is the placement that was serving while the traces were
+	// recorded (plan's --from, eval's --plan), for TensorRT-LLM's
+	// load-balancer statistics, which count its slots.
+	serving servingPlan
 	// solving says the command solves (plan, compare): the slots of its
 	// plans come from the flags, which must fill the GPUs. The others
 	// read the slots from their --plan files.
@@ -143,6 +147,10 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if err := c.modelLoadOptions(&lo); err != nil {
 		return p, nil, err
 	}
+	if c.serving.path == "" && c.from != "" {
+		c.serving = servingPlan{path: c.from, flag: "--from"}
+	}
+	lo.SlotExperts = c.serving.slotExperts(c.flagGPUs(), lo.Experts)
 	rd := c.progress.reading(traces)
 	stats, sources, err := routing.LoadAll(traces, rd.options(lo))
 	rd.end(stats, err)
@@ -151,6 +159,7 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	}
 	if !c.quiet {
 		printNotes(c.stderr, stats.Notes)
+		printSlotNotes(c.stderr, sources, c.serving, stats.Experts)
 	}
 	model, err := c.loadModel(stats)
 	if err != nil {

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// The TensorRT-LLM dumps of testdata/serving-stacks (make_trtllm.py): 128
+// FLAME tokens recorded under a load_balancer config of 72 slots on 8
+// ranks (trtllm_load_balancer.yaml), with raw ids (7ce477f), and on 4
+// ranks without attention DP.
+const (
+	trtLB     = "testdata/serving-stacks/trtllm_load_balancer"
+	trtLBPlan = "testdata/serving-stacks/trtllm_load_balancer.yaml"
+)
+
+// TestTRTLLMLoadBalancerCLI: slot statistics with --model fail with a hint
+// that names the load balancer and the flag to give; with the serving
+// placement (stats --plan, eval --plan, plan --from) they are folded back
+// to the model's 64 experts, and a note says so.
+func TestTRTLLMLoadBalancerCLI(t *testing.T) {
+	chdirRoot(t)
+	code, _, stderr := runCLI(t, "stats", "--model", "flame-moe-290m", trtLB)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "meta_info.json says 72 experts, but --model has 64: TensorRT-LLM's load balancer records physical slots, and num_experts is then its num_slots: give the placement it was serving with --plan (stats, eval) or --from (plan)")
+
+	code, _, stderr = runCLI(t, "stats", "--plan", trtLBPlan, trtLB)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "--plan "+trtLBPlan+" does not record its GPU count: add --ep-size N")
+
+	note := "moetuner: note: " + trtLB + " counts 72 physical slots per layer (TensorRT-LLM's load balancer records slot ids): folded back to 64 logical experts through "
+	code, stdout, stderr := runCLI(t, "stats", "--model", "flame-moe-290m", "--plan", trtLBPlan, "--ep-size", "8", trtLB)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, note+"--plan "+trtLBPlan)
+	assert.Contains(t, stdout, "tokens 128  layers 8  experts 64  top-k 6")
+
+	code, stdout, stderr = runCLI(t, "eval", "--trace", trtLB, "--plan", trtLBPlan)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, note+"--plan "+trtLBPlan)
+	assert.Contains(t, stdout, "model flame-moe-290m")
+
+	out := filepath.Join(t.TempDir(), "next.trtllm.yaml")
+	code, _, stderr = runCLI(t, "plan", "--trace", trtLB, "--from", trtLBPlan, "--strategy", "greedy", "--out", out)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, note+"--from "+trtLBPlan)
+
+	// Without replicas eval's --plan is only the plan to score: the
+	// dump of logical ids is read as it is, with no note.
+	code, _, stderr = runCLI(t, "eval", "--trace", "testdata/serving-stacks/trtllm_raw", "--plan", out)
+	require.Equal(t, 0, code, stderr)
+	assert.NotContains(t, stderr, "physical slots")
+}
+
+// TestTRTLLMNotesCLI: a dump taken without attention DP, and a stray
+// .safetensors file, are each reported on stderr.
+func TestTRTLLMNotesCLI(t *testing.T) {
+	chdirRoot(t)
+	code, stdout, stderr := runCLI(t, "stats", "testdata/serving-stacks/trtllm_no_attention_dp")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, "moetuner: note: testdata/serving-stacks/trtllm_no_attention_dp: every rank recorded the same routing, as TensorRT-LLM does without enable_attention_dp")
+	assert.Contains(t, stdout, "tokens 32 ")
+
+	dir := t.TempDir()
+	for _, name := range []string{"meta_info.json", "rank0.safetensors", "rank0_raw.safetensors"} {
+		data, err := os.ReadFile(filepath.Join("testdata/serving-stacks/trtllm_raw", name))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o644))
+	}
+	// A weights file: 8-byte header length, header, data.
+	hdr := `{"w":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}}`
+	stray := append([]byte{byte(len(hdr)), 0, 0, 0, 0, 0, 0, 0}, hdr+"\x01\x00\x00\x00"...)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "adapter.safetensors"), stray, 0o644))
+	code, _, stderr = runCLI(t, "stats", dir)
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, 1, strings.Count(stderr, "moetuner: note: "+filepath.Join(dir, "adapter.safetensors")+" skipped: not one of TensorRT-LLM's statistics files"))
+}
