@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/costmodel"
 )
 
 // The TensorRT-LLM dumps of testdata/serving-stacks (make_trtllm.py): 128
@@ -78,4 +81,44 @@ func TestTRTLLMNotesCLI(t *testing.T) {
 	code, _, stderr = runCLI(t, "stats", dir)
 	require.Equal(t, 0, code, stderr)
 	assert.Equal(t, 1, strings.Count(stderr, "moetuner: note: "+filepath.Join(dir, "adapter.safetensors")+" skipped: not one of TensorRT-LLM's statistics files"))
+}
+
+// TestWriteTopology: plan --write-topology writes the cluster's EP-rank
+// costs in picoseconds per byte: 0 on the diagonal, one-way NVLink (900
+// GB/s bidirectional: 2.22 ps/B) within a node, the NIC (400 Gbit/s: 20
+// ps/B) across nodes, in EP-rank order.
+func TestWriteTopology(t *testing.T) {
+	chdirRoot(t)
+	dir := t.TempDir()
+	topo := filepath.Join(dir, "topology.json")
+	code, stdout, stderr := runCLI(t, "plan", "--trace", flameTrace, "--cluster", "2xh100x8", "--strategy", "greedy",
+		"--out", filepath.Join(dir, "p.json"), "--write-topology", topo)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stdout, "wrote "+topo+": rank_cost_matrix of 16 EP ranks, picoseconds per byte (2.222 within a node, 20 across nodes)")
+	data, err := os.ReadFile(topo)
+	require.NoError(t, err)
+	var doc struct {
+		Cost [][]float64 `json:"rank_cost_matrix"`
+	}
+	require.NoError(t, json.Unmarshal(data, &doc))
+	require.Len(t, doc.Cost, 16)
+	for i, row := range doc.Cost {
+		require.Len(t, row, 16)
+		for j, v := range row {
+			switch {
+			case i == j:
+				assert.Zero(t, v)
+			case i/8 == j/8:
+				assert.InDelta(t, 1e12/450e9, v, 1e-12)
+			default:
+				assert.InDelta(t, 20.0, v, 1e-12)
+			}
+		}
+	}
+
+	// A cluster without the bandwidths cannot say what a byte costs.
+	_, err = rankCosts(costmodel.Cluster{Name: "x", Nodes: 2, GPUsPerNode: 8, NVLinkGBps: 900})
+	assert.ErrorContains(t, err, "--write-topology: cluster \"x\" has no NIC bandwidth (nic_gbps) for its 2 nodes")
+	_, err = rankCosts(costmodel.Cluster{Name: "y", Nodes: 1, GPUsPerNode: 8})
+	assert.ErrorContains(t, err, "no NVLink bandwidth")
 }
