@@ -230,7 +230,12 @@
 // #41141's stats, one record per step with physical loads "expert_load"
 // [L][P] and "p2l_map" [L][P]; load of slot p goes to logical expert
 // p2l_map[l][p]. Steps are the records; layers are vLLM's 0-based MoE-layer
-// indices (LayerNames nil). Other record types are skipped.
+// indices (LayerNames nil). The PR's newer files open with an
+// "eplb_load_meta" record (num_ranks, num_groups, num_nodes, num_layers,
+// num_redundant_experts), checked against the loads (layers, slots,
+// redundant slots) and returned as Source.Deployment; as vLLM's loader
+// does, a second one or one after a stats record is an error. Other
+// record types are skipped.
 //
 // FormatMoetunerStats (JSON with "schema": "moetuner.stats/v1"): what
 // WriteStats writes (below), read back with every part it holds.

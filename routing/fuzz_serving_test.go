@@ -118,6 +118,9 @@ func FuzzMegatron(f *testing.F) {
 
 func FuzzVLLMLoadStats(f *testing.F) {
 	seedFile(f, "serving-stacks", "vllm_eplb_load_stats.jsonl")
+	seedFile(f, "serving-stacks", "vllm_eplb_load_meta.jsonl")
+	f.Add([]byte(`{"record_type":"eplb_load_meta","version":1,"num_ranks":1,"num_groups":1,"num_nodes":1,"num_layers":1,"num_redundant_experts":1}` + "\n" +
+		`{"record_type":"eplb_load_stats","version":1,"step":0,"expert_load":[[1,2,3]],"p2l_map":[[0,1,0]]}` + "\n"))
 	f.Add([]byte(`{"record_type":"eplb_load_stats","version":1,"step":0,"num_ranks":2,"expert_load":[[1,2,3]],"p2l_map":[[0,1,0]]}` + "\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkRead(t, data, "stats.jsonl", LoadOptions{Format: FormatVLLMLoadStats})

@@ -114,6 +114,9 @@ type Source struct {
 	Trace *Trace
 	// Stats are the aggregated statistics; never nil on success.
 	Stats *Stats
+	// Deployment is what the file records about the deployment it was
+	// recorded on (vLLM's eplb_load_meta); nil when it records nothing.
+	Deployment *Deployment
 	// Slots is the number of physical slots per layer that a TensorRT-LLM
 	// directory counted under the load balancer and that were folded back
 	// to logical experts through LoadOptions.SlotExperts; 0 when the files
@@ -453,11 +456,11 @@ func readFormat(r io.Reader, name string, size int64, opts LoadOptions) (*Source
 		}
 		return builtTrace(name, format, b, opts)
 	case FormatVLLMLoadStats:
-		s, err := readVLLMLoadStats(br, name, opts)
+		s, d, err := readVLLMLoadStats(br, name, opts)
 		if err != nil {
 			return nil, err
 		}
-		return statsSource(name, format, s)
+		return statsSource(name, format, s, &Source{Path: name, Format: format, Deployment: d})
 	case FormatSGLangPT, FormatTRTLLM:
 		data, err := io.ReadAll(io.LimitReader(br, maxRandomAccessBytes+1))
 		if err != nil {
@@ -579,7 +582,8 @@ func traceSource(name string, format Format, t *Trace, opts LoadOptions) *Source
 // the NPY magic or .npy; a zip header or .pt (SGLang recorder dump);
 // .safetensors (TensorRT-LLM); a CSV header starting layer_id,token_id or
 // .csv; router_trace_rank<N>.jsonl or a first line with "top_indices"
-// (Megatron); "eplb_load_stats" or a first "eplb_initial_mapping" record
+// (Megatron); "eplb_load_stats" or a first "eplb_initial_mapping" or
+// "eplb_load_meta" record
 // (vLLM); a JSON object
 // with "schema" "moetuner.stats/...", with "routed_experts", with
 // "logical_count" (or a bare JSON array), with "expert_popularity", with
@@ -604,7 +608,7 @@ func Detect(name string, head []byte) (Format, error) {
 		return FormatFLAME, nil
 	case megatronRank(filepath.Base(name)) >= 0 || (len(first) > 0 && first[0] == '{' && has(first, "top_indices")):
 		return FormatMegatron, nil
-	case len(first) > 0 && first[0] == '{' && (bytes.Contains(trimmed, []byte(`"eplb_load_stats"`)) || bytes.Contains(first, []byte(`"eplb_initial_mapping"`))):
+	case len(first) > 0 && first[0] == '{' && (bytes.Contains(trimmed, []byte(`"eplb_load_stats"`)) || bytes.Contains(first, []byte(`"eplb_initial_mapping"`)) || bytes.Contains(first, []byte(`"eplb_load_meta"`))):
 		return FormatVLLMLoadStats, nil
 	case len(trimmed) > 0 && trimmed[0] == '{' && has(trimmed, "schema") && bytes.Contains(trimmed, []byte(`"moetuner.stats/`)):
 		return FormatMoetunerStats, nil
