@@ -86,3 +86,60 @@ func printSlotNotes(w io.Writer, sources []*routing.Source, sp servingPlan, expe
 		}
 	}
 }
+
+// deploymentOf returns the deployment the traces record (vLLM's
+// eplb_load_meta), nil when none does; traces that record different ones
+// are an error.
+func deploymentOf(sources []*routing.Source) (*routing.Deployment, error) {
+	var d *routing.Deployment
+	for _, src := range sources {
+		o := src.Deployment
+		if o == nil {
+			continue
+		}
+		if d != nil && (o.Ranks != d.Ranks || o.Nodes != d.Nodes || o.Groups != d.Groups || o.RedundantExperts != d.RedundantExperts) {
+			return nil, fmt.Errorf("--trace %s records %d ranks on %d nodes, %d expert groups, %d redundant experts, but --trace %s records %d on %d, %d, %d (eplb_load_meta): add up traces of one deployment", o.File, o.Ranks, o.Nodes, o.Groups, o.RedundantExperts, d.File, d.Ranks, d.Nodes, d.Groups, d.RedundantExperts)
+		}
+		if d == nil {
+			d = o
+		}
+	}
+	return d, nil
+}
+
+// applyDeployment plans for the deployment a trace records (vLLM #41141's
+// eplb_load_meta: num_ranks on num_nodes, num_groups, num_redundant_experts):
+// it sets the cluster's shape (the --cluster preset keeps its links and
+// GPUs), the expert groups and, for the commands that solve, the redundant
+// slots. A flag given with another value is an error naming the flag and
+// the file.
+func (c *common) applyDeployment(cluster *costmodel.Cluster, d *routing.Deployment) error {
+	where := fmt.Sprintf("--trace %s (line %d, vLLM's eplb_load_meta)", d.File, d.Line)
+	perNode := d.Ranks / d.Nodes
+	switch {
+	case c.nodes > 0 && c.nodes != d.Nodes:
+		return fmt.Errorf("--nodes %d, but %s records num_nodes %d: drop --nodes, or give a trace recorded on %d nodes", c.nodes, where, d.Nodes, c.nodes)
+	case c.gpusPerNode > 0 && c.gpusPerNode != perNode:
+		return fmt.Errorf("--gpus-per-node %d, but %s records num_ranks %d on num_nodes %d (%d per node): drop --gpus-per-node, or give a trace recorded on that deployment", c.gpusPerNode, where, d.Ranks, d.Nodes, perNode)
+	case c.given("cluster") && c.nodes == 0 && c.gpusPerNode == 0 && cluster.GPUs() != d.Ranks:
+		return fmt.Errorf("--cluster %s has %d GPUs (%d nodes × %d), but %s records num_ranks %d on num_nodes %d: add --nodes %d --gpus-per-node %d, or give a trace recorded on that cluster", c.cluster, cluster.GPUs(), cluster.Nodes, cluster.GPUsPerNode, where, d.Ranks, d.Nodes, d.Nodes, perNode)
+	case c.given("expert-groups") && c.groups != d.Groups && !(c.groups == 0 && d.Groups == 1):
+		return fmt.Errorf("--expert-groups %d, but %s records num_groups %d: drop --expert-groups", c.groups, where, d.Groups)
+	case c.solving && c.given("redundant-slots") && c.redundant != d.RedundantExperts:
+		return fmt.Errorf("--redundant-slots %d, but %s records num_redundant_experts %d, which the server must keep (vLLM checks the count of a placement it loads): drop --redundant-slots", c.redundant, where, d.RedundantExperts)
+	}
+	if cluster.Nodes != d.Nodes {
+		*cluster = cluster.WithNodes(d.Nodes)
+	}
+	if cluster.GPUsPerNode != perNode {
+		cluster.GPUsPerNode = perNode
+		cluster.Speed = nil
+	}
+	if d.Groups > 1 {
+		c.groups = d.Groups
+	}
+	if c.solving && c.slotsPerGPU == "" {
+		c.redundant = d.RedundantExperts
+	}
+	return nil
+}

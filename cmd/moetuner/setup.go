@@ -175,10 +175,22 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if c.nodes > 0 {
 		cluster = cluster.WithNodes(c.nodes)
 	}
-	if c.gpusPerNode > 0 {
+	dep, err := deploymentOf(sources)
+	if err != nil {
+		return p, nil, err
+	}
+	switch {
+	case dep != nil:
+		if err := c.applyDeployment(&cluster, dep); err != nil {
+			return p, nil, err
+		}
+		if !c.quiet && c.stderr != nil {
+			fmt.Fprintf(c.stderr, "moetuner: note: --trace %s records its deployment (vLLM's eplb_load_meta): %d ranks on %d nodes, %d expert groups, %d redundant experts; planned for it\n", dep.File, dep.Ranks, dep.Nodes, dep.Groups, dep.RedundantExperts)
+		}
+	case c.gpusPerNode > 0:
 		cluster.GPUsPerNode = c.gpusPerNode
 		cluster.Speed = nil
-	} else {
+	default:
 		cluster = cluster.FitExperts(stats.Experts)
 	}
 	if c.sigma >= 0 {
