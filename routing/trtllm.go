@@ -409,15 +409,20 @@ func trtIDSpace(name string, meta *trtMeta, counts, tokens []trtRankFile, names 
 	switch {
 	case meta != nil:
 		width = meta.Experts
-	case len(counts) > 0:
-		if len(counts[0].tensors) > 0 && len(counts[0].tensors[0].shape) == 1 {
-			width, what = counts[0].tensors[0].shape[0], "the count files have"
+	case len(counts) > 0 && len(counts[0].tensors) > 0:
+		t := counts[0].tensors[0]
+		if len(t.shape) != 1 {
+			return trtIDs{}, perr(counts[0].f.name, 0, clip(t.key), "shape %v, want [experts]: one count per expert", t.shape)
 		}
+		width, what = t.shape[0], "the count files have"
 	}
 	if width == 0 && len(counts) == 0 {
 		// Token files alone, without meta_info.json: ids up to the
 		// model's experts, or the largest seen.
 		return trtIDs{width: opts.Experts, experts: opts.Experts}, nil
+	}
+	if width == 0 && meta == nil {
+		return trtIDs{}, perr(name, 0, "", "the rank files hold no counts")
 	}
 	if width <= 0 || width > math.MaxInt16+1 {
 		return trtIDs{}, perr(name, 0, "", "%d experts per layer out of range [1,%d]", width, math.MaxInt16+1)
