@@ -215,3 +215,35 @@ func copyFile(t *testing.T, from, to string) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(to, data, 0o644))
 }
+
+// TestTRTLLMSlotCoActivation folds [P, P] co-occurrence files of slots:
+// two tokens of layer 0, on slots {0, 1} and {3, 2}, where slot 3 is a
+// second copy of expert 0 (P = 4 slots for 3 experts).
+func TestTRTLLMSlotCoActivation(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, data []byte) {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o644))
+	}
+	write("meta_info.json", []byte(`{"num_experts": 4, "num_experts_per_token": 2}`))
+	write("rank0.safetensors", safetensorsBytes("1_0", "I64", []int{4}, le64s(1, 1, 1, 1)))
+	co := make([]int32, 16)
+	for _, tok := range [][2]int{{0, 1}, {3, 2}} {
+		for _, a := range tok {
+			for _, b := range tok {
+				co[a*4+b]++
+			}
+		}
+	}
+	write("cooccurrence_rank0.safetensors", safetensorsBytes("1_0", "I32", []int{4, 4}, le32(co...)))
+	src, err := Load(dir, LoadOptions{SlotExperts: [][]Expert{{0, 1, 2, 0}}})
+	require.NoError(t, err)
+	assert.Equal(t, 4, src.Slots)
+	assert.Equal(t, [][]float64{{2, 1, 1}}, src.Stats.Load)
+	assert.Equal(t, [][]float64{{0, 1, 1, 1, 0, 0, 1, 0, 0}}, src.Stats.CoActivation)
+
+	// A slot id past num_slots in a raw file is an error naming it.
+	write("rank0_raw.safetensors", safetensorsBytes("1_0", "I32", []int{2, 2}, le32(0, 1, 3, 4)))
+	_, err = Load(dir, LoadOptions{SlotExperts: [][]Expert{{0, 1, 2, 0}}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "1_0[1][1]: slot 4 out of range [0,4) (the load balancer's num_slots)")
+}
