@@ -83,7 +83,12 @@ func TestTRTLLMRawFiles(t *testing.T) {
 	assert.Len(t, s.StepLoad, 4, "iterations 100..103: the range's stop is recorded at 7ce477f")
 	require.Len(t, s.SourceLoad, 2)
 	assert.Equal(t, recount(sets, want.Raw.TokenOrder["0"]), s.SourceLoad[0])
-	assert.NotNil(t, s.Patterns)
+	require.NotEmpty(t, s.Patterns)
+	perSource := map[int32]float64{}
+	for _, p := range s.Patterns {
+		perSource[p.Source] += p.Count
+	}
+	assert.Equal(t, map[int32]float64{0: 64, 1: 64}, perSource, "each path's source is its rank")
 	assert.Empty(t, s.Notes)
 	assert.Zero(t, src.Slots)
 
