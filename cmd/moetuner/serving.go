@@ -25,20 +25,24 @@ type servingPlan struct {
 // slotExperts reads the serving placement for routing.LoadOptions.SlotExperts:
 // its slots rank-major, as TensorRT-LLM numbers them. A placement that
 // does not read without the trace (a file indexed by decoder layer, say)
-// gives nil, and the command reads it again once the trace is known.
-func (sp servingPlan) slotExperts(gpus, experts int) [][]routing.Expert {
+// gives nil and the error, which matters only if the trace turns out to
+// count slots; the command reads the file again once the trace is known.
+func (sp servingPlan) slotExperts(gpus, experts int) ([][]routing.Expert, error) {
 	if sp.path == "" {
-		return nil
+		return nil, nil
 	}
 	p, err := placement.ReadFileWith(sp.path, placement.Layout{GPUs: gpus, Experts: experts})
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	out, err := rankMajorSlots(p)
-	if err != nil || (sp.replicatedOnly && len(out[0]) == p.Experts) {
-		return nil
+	if err != nil {
+		return nil, err
 	}
-	return out
+	if sp.replicatedOnly && len(out[0]) == p.Experts {
+		return nil, nil
+	}
+	return out, nil
 }
 
 // rankMajorSlots returns the logical expert of every slot of p, per layer,

@@ -150,11 +150,15 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if c.serving.path == "" && c.from != "" {
 		c.serving = servingPlan{path: c.from, flag: "--from"}
 	}
-	lo.SlotExperts = c.serving.slotExperts(c.flagGPUs(), lo.Experts)
+	var servingErr error
+	lo.SlotExperts, servingErr = c.serving.slotExperts(c.flagGPUs(), lo.Experts)
 	rd := c.progress.reading(traces)
 	stats, sources, err := routing.LoadAll(traces, rd.options(lo))
 	rd.end(stats, err)
 	if err != nil {
+		if servingErr != nil && strings.Contains(err.Error(), "load balancer") {
+			return p, nil, fmt.Errorf("%w (%s %s could not be read as the placement that was serving: %v)", routingError(err), c.serving.flag, c.serving.path, servingErr)
+		}
 		return p, nil, routingError(err)
 	}
 	if !c.quiet {

@@ -47,6 +47,11 @@ func TestTRTLLMLoadBalancerCLI(t *testing.T) {
 	assert.Contains(t, stderr, note+"--plan "+trtLBPlan)
 	assert.Contains(t, stdout, "model flame-moe-290m")
 
+	// A placement that does not read on the cluster given says why.
+	code, _, stderr = runCLI(t, "eval", "--trace", trtLB, "--plan", trtLBPlan, "--gpus-per-node", "5", "--model", "flame-moe-290m")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "(--plan "+trtLBPlan+" could not be read as the placement that was serving: placement: trtllm: num_slots 72 is not divisible by 5 GPUs")
+
 	out := filepath.Join(t.TempDir(), "next.trtllm.yaml")
 	code, _, stderr = runCLI(t, "plan", "--trace", trtLB, "--from", trtLBPlan, "--strategy", "greedy", "--out", out)
 	require.Equal(t, 0, code, stderr)
