@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
@@ -30,6 +31,12 @@ type servingPlan struct {
 func (sp servingPlan) slotExperts(gpus, experts int) ([][]routing.Expert, error) {
 	if sp.path == "" {
 		return nil, nil
+	}
+	if rows, ok := trtllmSlots(sp.path); ok {
+		if sp.replicatedOnly && !replicated(rows) {
+			return nil, nil
+		}
+		return rows, nil
 	}
 	p, err := placement.ReadFileWith(sp.path, placement.Layout{GPUs: gpus, Experts: experts})
 	if err != nil {
@@ -146,4 +153,42 @@ func (c *common) applyDeployment(cluster *costmodel.Cluster, d *routing.Deployme
 		c.redundant = d.RedundantExperts
 	}
 	return nil
+}
+
+// trtllmSlots reads path as a TensorRT-LLM load-balancer YAML, in
+// TensorRT-LLM's own slot order (two copies of an expert on one rank stay
+// two slots, and no GPU count is needed); ok is false for other files.
+func trtllmSlots(path string) ([][]routing.Expert, bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, false
+	}
+	defer f.Close()
+	_, rows, err := placement.ReadTRTLLMSlots(f)
+	if err != nil {
+		return nil, false
+	}
+	out := make([][]routing.Expert, len(rows))
+	for l, row := range rows {
+		out[l] = make([]routing.Expert, len(row))
+		for s, e := range row {
+			out[l][s] = routing.Expert(e)
+		}
+	}
+	return out, true
+}
+
+// replicated reports whether some layer has more slots than distinct
+// experts.
+func replicated(rows [][]routing.Expert) bool {
+	for _, row := range rows {
+		seen := map[routing.Expert]bool{}
+		for _, e := range row {
+			if seen[e] {
+				return true
+			}
+			seen[e] = true
+		}
+	}
+	return false
 }

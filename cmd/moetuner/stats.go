@@ -27,7 +27,7 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	model := fs.String("model", "", "model preset or YAML file: the trace's expert ids are checked against its experts, and with --format logical-count it says the decoder layers when the trace does not (default: the preset matching the trace's shape)")
 	pathError := fs.Float64("path-error", routing.DefaultPathError, "per-token traces: target relative standard error of the per-token means estimated from the sample of token paths kept for long traces (0: keep every path)")
 	servingPath := fs.String("plan", "", "the placement that was serving while the trace was recorded: TensorRT-LLM's load balancer records physical slot ids (meta_info.json's num_experts is then num_slots), which it folds back to logical experts (a static placement, in any format moetuner reads)")
-	epSize := fs.Int("ep-size", 0, "the expert-parallel size the --plan served on, for placement files that do not record it (TensorRT-LLM, SGLang, vLLM maps)")
+	epSize := fs.Int("ep-size", 0, "the expert-parallel size the --plan served on, for placement files that do not record it (SGLang, vLLM maps; a TensorRT-LLM file needs none)")
 	quiet := fs.Bool("quiet", false, "print only errors (no notes on what the statistics left out, no progress)")
 	// Flags may follow the traces (moetuner stats a.pt b.pt --out s.json).
 	var traces []string
@@ -128,10 +128,15 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 }
 
 // statsServingSlots reads stats' --plan, saying what is missing: stats has
-// no cluster flags, so --ep-size gives the GPU count a file may not record.
+// no cluster flags, so --ep-size gives the GPU count a file may not record
+// (a TensorRT-LLM load-balancer YAML is read in its own slot order and
+// needs none).
 func statsServingSlots(path string, epSize, experts int) ([][]routing.Expert, error) {
 	if epSize < 0 {
 		return nil, usagef("--ep-size %d: want the expert-parallel size the --plan served on", epSize)
+	}
+	if rows, ok := trtllmSlots(path); ok {
+		return rows, nil
 	}
 	p, err := placement.ReadFileWith(path, placement.Layout{GPUs: epSize, Experts: experts})
 	if errors.Is(err, placement.ErrNeedGPUs) {

@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/costmodel"
+	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
 )
 
 // The TensorRT-LLM dumps of testdata/serving-stacks (make_trtllm.py): 128
@@ -32,12 +34,25 @@ func TestTRTLLMLoadBalancerCLI(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "meta_info.json says 72 experts, but --model has 64: TensorRT-LLM's load balancer records physical slots, and num_experts is then its num_slots: give the placement it was serving with --plan (stats, eval) or --from (plan)")
 
-	code, _, stderr = runCLI(t, "stats", "--plan", trtLBPlan, trtLB)
+	// The same placement as a vLLM map, which does not record its GPU
+	// count: stats needs --ep-size for it, and a cluster that cannot hold
+	// it says so.
+	lb, err := placement.ReadFileWith(trtLBPlan, placement.Layout{GPUs: 8})
+	require.NoError(t, err)
+	vmap := filepath.Join(t.TempDir(), "lb.vllm-map.json")
+	require.NoError(t, placement.WriteFile(vmap, lb, placement.FormatVLLMMap))
+	code, _, stderr = runCLI(t, "stats", "--plan", vmap, trtLB)
 	assert.Equal(t, 1, code)
-	assert.Contains(t, stderr, "--plan "+trtLBPlan+" does not record its GPU count: add --ep-size N")
+	assert.Contains(t, stderr, "--plan "+vmap+" does not record its GPU count: add --ep-size N")
+	code, _, stderr = runCLI(t, "stats", "--plan", vmap, "--ep-size", "8", trtLB)
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, "folded back to 64 logical experts through --plan "+vmap)
+	code, _, stderr = runCLI(t, "eval", "--trace", trtLB, "--plan", vmap, "--gpus-per-node", "5", "--model", "flame-moe-290m")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "(--plan "+vmap+" could not be read as the placement that was serving: ")
 
 	note := "moetuner: note: " + trtLB + " counts 72 physical slots per layer (TensorRT-LLM's load balancer records slot ids): folded back to 64 logical experts through "
-	code, stdout, stderr := runCLI(t, "stats", "--model", "flame-moe-290m", "--plan", trtLBPlan, "--ep-size", "8", trtLB)
+	code, stdout, stderr := runCLI(t, "stats", "--model", "flame-moe-290m", "--plan", trtLBPlan, trtLB)
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stderr, note+"--plan "+trtLBPlan)
 	assert.Contains(t, stdout, "tokens 128  layers 8  experts 64  top-k 6")
@@ -46,11 +61,6 @@ func TestTRTLLMLoadBalancerCLI(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	assert.Contains(t, stderr, note+"--plan "+trtLBPlan)
 	assert.Contains(t, stdout, "model flame-moe-290m")
-
-	// A placement that does not read on the cluster given says why.
-	code, _, stderr = runCLI(t, "eval", "--trace", trtLB, "--plan", trtLBPlan, "--gpus-per-node", "5", "--model", "flame-moe-290m")
-	assert.Equal(t, 1, code)
-	assert.Contains(t, stderr, "(--plan "+trtLBPlan+" could not be read as the placement that was serving: placement: trtllm: num_slots 72 is not divisible by 5 GPUs")
 
 	out := filepath.Join(t.TempDir(), "next.trtllm.yaml")
 	code, _, stderr = runCLI(t, "plan", "--trace", trtLB, "--from", trtLBPlan, "--strategy", "greedy", "--out", out)
@@ -126,4 +136,18 @@ func TestWriteTopology(t *testing.T) {
 	assert.ErrorContains(t, err, "--write-topology: cluster \"x\" has no NIC bandwidth (nic_gbps) for its 2 nodes")
 	_, err = rankCosts(costmodel.Cluster{Name: "y", Nodes: 1, GPUsPerNode: 8})
 	assert.ErrorContains(t, err, "no NVLink bandwidth")
+}
+
+// TestTRTLLMSlotsKeepsSameRankCopies: a load-balancer YAML is read in
+// TensorRT-LLM's slot order, two copies of one expert on one rank kept
+// as two slots (a Plan would merge them and lose the numbering).
+func TestTRTLLMSlotsKeepsSameRankCopies(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dup.trtllm.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("num_slots: 4\ninitial_global_assignments:\n  3: [0, 0, 1, 2]\nlayer_updates_per_iter: 0\n"), 0o644))
+	rows, ok := trtllmSlots(path)
+	require.True(t, ok)
+	assert.Equal(t, [][]routing.Expert{{0, 0, 1, 2}}, rows)
+	assert.True(t, replicated(rows))
+	_, ok = trtllmSlots("testdata/plans/stacks/flame.vllm-map.json")
+	assert.False(t, ok)
 }
