@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 
@@ -31,4 +32,39 @@ func TestReadTRTLLMSlots(t *testing.T) {
 		require.Error(t, err, tc.doc)
 		assert.Contains(t, err.Error(), tc.msg)
 	}
+}
+
+// FuzzReadTRTLLMSlots: whatever ReadTRTLLMSlots accepts has one ascending,
+// non-negative layer per list and num_slots non-negative ids in each, and
+// every file it accepts with a divisor of num_slots as GPU count reads as
+// a plan with no more slots (a Plan merges same-rank copies).
+func FuzzReadTRTLLMSlots(f *testing.F) {
+	f.Add([]byte("num_slots: 6\ninitial_global_assignments:\n  5: [0, 0, 1, 2, 0, 3]\nlayer_updates_per_iter: 0\n"))
+	f.Add([]byte("num_slots: 4\nep_size: 2\ninitial_global_assignments:\n  1: [0, 1, 2, 0]\n  3: [2, 0, 1, 0]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > maxFuzzBytes {
+			t.Skip("input too large")
+		}
+		layers, slots, err := ReadTRTLLMSlots(bytes.NewReader(data))
+		if err != nil {
+			require.Nil(t, slots)
+			return
+		}
+		require.Len(t, slots, len(layers))
+		require.NotEmpty(t, slots)
+		for i, row := range slots {
+			require.Len(t, row, len(slots[0]))
+			require.GreaterOrEqual(t, layers[i], 0)
+			if i > 0 {
+				require.Less(t, layers[i-1], layers[i])
+			}
+			for _, e := range row {
+				require.GreaterOrEqual(t, e, 0)
+			}
+		}
+		if p, err := ReadWith(bytes.NewReader(data), FormatTRTLLM, Layout{GPUs: 1}); err == nil {
+			require.Len(t, p.Layers, len(slots))
+			require.LessOrEqual(t, p.Slots(0), len(slots[0]))
+		}
+	})
 }
