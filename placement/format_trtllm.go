@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
@@ -47,6 +48,16 @@ func encodeTRTLLM(p *Plan, l Layout) ([]byte, error) {
 // one). Two copies of one expert on one rank, which TensorRT-LLM allows,
 // become one slot with their share of the expert's tokens.
 func decodeTRTLLM(data []byte, l Layout) (*Plan, error) {
+	d, err := parseTRTLLM(data)
+	if err != nil {
+		return nil, err
+	}
+	return trtllmPlan(d, l)
+}
+
+// parseTRTLLM decodes the load-balancer YAML strictly (unknown keys are
+// errors, as in TensorRT-LLM's config) and checks what needs no layout.
+func parseTRTLLM(data []byte) (*trtllmDoc, error) {
 	var d trtllmDoc
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -72,6 +83,49 @@ func decodeTRTLLM(data []byte, l Layout) (*Plan, error) {
 	case d.LayerUpdatesPerIter != nil && *d.LayerUpdatesPerIter < 0:
 		return nil, fmt.Errorf("placement: trtllm: layer_updates_per_iter is %d; want 0 (static) or more", *d.LayerUpdatesPerIter)
 	}
+	return &d, nil
+}
+
+// ReadTRTLLMSlots reads a TensorRT-LLM load-balancer YAML as TensorRT-LLM
+// numbers its slots: the decoder layers of initial_global_assignments,
+// ascending, and for each the logical expert of every global slot
+// (rank-major), two copies of one expert on one rank kept as two slots
+// (a Plan merges them into one). It needs no layout: the slot order does
+// not depend on the GPU count. Every list must have num_slots
+// non-negative ids.
+func ReadTRTLLMSlots(r io.Reader) (layers []int, slots [][]int, err error) {
+	data, err := io.ReadAll(io.LimitReader(r, MaxFileBytes+1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("placement: trtllm: read: %w", err)
+	}
+	if len(data) > MaxFileBytes {
+		return nil, nil, fmt.Errorf("placement: trtllm: larger than %d bytes", MaxFileBytes)
+	}
+	d, err := parseTRTLLM(data)
+	if err != nil {
+		return nil, nil, err
+	}
+	layers = slices.Sorted(maps.Keys(d.Assignments))
+	for _, id := range layers {
+		row := d.Assignments[id]
+		if id < 0 {
+			return nil, nil, fmt.Errorf("placement: trtllm: initial_global_assignments has decoder layer %d; keys are decoder-layer indices, 0 or more", id)
+		}
+		if len(row) != *d.NumSlots {
+			return nil, nil, fmt.Errorf("placement: trtllm: initial_global_assignments[%d] has %d entries, want num_slots %d", id, len(row), *d.NumSlots)
+		}
+		for s, e := range row {
+			if e < 0 {
+				return nil, nil, fmt.Errorf("placement: trtllm: initial_global_assignments[%d][%d] is %d; want a logical expert id, 0 or more", id, s, e)
+			}
+		}
+		slots = append(slots, slices.Clone(row))
+	}
+	return layers, slots, nil
+}
+
+// trtllmPlan builds the plan of a parsed load-balancer YAML for layout l.
+func trtllmPlan(d *trtllmDoc, l Layout) (*Plan, error) {
 	gpus := l.GPUs
 	switch {
 	case d.EPSize != nil && (*d.EPSize < 1 || *d.EPSize > MaxGPUs):

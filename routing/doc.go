@@ -207,11 +207,22 @@
 // (any integer dtype). Iterations are steps, r is the source, layer the
 // decoder-layer id; TopK and Tokens come from meta_info. Optional
 // cooccurrence_rank{r}.safetensors ([E, E], diagonal ignored) give
-// CoActivation; token_selected_experts_rank{r}.safetensors ([T, k]) give the
-// per-token trace (source r, step = iteration) when, for every rank and
-// iteration, every layer has the same rows and the tokens add up to the
-// counts; otherwise they are ignored. The safetensors header is checked
-// (dtype, shape, offsets inside the file) before any data is read.
+// CoActivation; token_selected_experts_rank{r}.safetensors and
+// rank{r}_raw.safetensors (expert_statistic.py at 7ce477f: the raw
+// token_selected_experts, [T, k] per key) give the per-token trace (source
+// r, step = iteration) when, for every rank and iteration, every layer has
+// the same rows and the tokens add up to the counts; otherwise a note says
+// they were left out. Without count files the token files alone are the
+// trace. Other .safetensors files in the directory are skipped with a note.
+// Under a load_balancer config TensorRT-LLM records physical slot ids and
+// meta_info.json's num_experts is num_slots: with LoadOptions.SlotExperts
+// (the placement that was serving) the slots fold back to logical experts
+// and Source.Slots says so; without it, a num_experts other than
+// LoadOptions.Experts is an error that says so. When every rank wrote the
+// same data (no attention DP: every rank routes every token) one rank's
+// files are read, with sources unknown, and a note says so. The safetensors
+// header is checked (dtype, shape, offsets inside the file) before any data
+// is read.
 //
 // FormatMegatron (router_trace_rank{r}.jsonl): Megatron-Core's
 // --moe-routing-trace-path, one record per (step, layer): {"step", "block",
@@ -235,7 +246,12 @@
 // #41141's stats, one record per step with physical loads "expert_load"
 // [L][P] and "p2l_map" [L][P]; load of slot p goes to logical expert
 // p2l_map[l][p]. Steps are the records; layers are vLLM's 0-based MoE-layer
-// indices (LayerNames nil). Other record types are skipped.
+// indices (LayerNames nil). The PR's newer files open with an
+// "eplb_load_meta" record (num_ranks, num_groups, num_nodes, num_layers,
+// num_redundant_experts), checked against the loads (layers, slots,
+// redundant slots) and returned as Source.Deployment; as vLLM's loader
+// does, a second one or one after a stats record is an error. Other
+// record types are skipped.
 //
 // FormatMoetunerStats (JSON with "schema": "moetuner.stats/v1"): what
 // WriteStats writes (below), read back with every part it holds.

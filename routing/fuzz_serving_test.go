@@ -91,10 +91,22 @@ func FuzzSafetensors(f *testing.F) {
 		require.NoError(f, err)
 		f.Add(b)
 	}
+	for _, dir := range []string{"trtllm_raw", "trtllm_load_balancer"} {
+		b, err := os.ReadFile(testdataPath(f, "serving-stacks", dir, "rank0_raw.safetensors"))
+		require.NoError(f, err)
+		f.Add(b)
+	}
 	f.Add(safetensorsBytes("100_3", "I32", []int{2, 2}, le32(0, 1, 1, 0), "100_4", "I32", []int{2, 2}, le32(1, 0, 0, 1)))
+	// Slots 0..3 of two layers folded onto experts 0..2. The lone token
+	// file is read with the model's experts, as the CLI's --model does:
+	// without them a mutated id of 1000 makes every per-token reader count
+	// dense 1000² transitions, slow enough to stall the fuzzer.
+	slots := [][]Expert{{0, 1, 2, 0}, {2, 1, 0, 1}}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkRead(t, data, "rank0.safetensors", LoadOptions{})
 		checkRead(t, data, "x.safetensors", LoadOptions{Format: FormatTRTLLM, TopK: 2})
+		checkRead(t, data, "rank0_raw.safetensors", LoadOptions{Experts: 72})
+		checkRead(t, data, "rank1.safetensors", LoadOptions{SlotExperts: slots})
 	})
 }
 
@@ -109,6 +121,9 @@ func FuzzMegatron(f *testing.F) {
 
 func FuzzVLLMLoadStats(f *testing.F) {
 	seedFile(f, "serving-stacks", "vllm_eplb_load_stats.jsonl")
+	seedFile(f, "serving-stacks", "vllm_eplb_load_meta.jsonl")
+	f.Add([]byte(`{"record_type":"eplb_load_meta","version":1,"num_ranks":1,"num_groups":1,"num_nodes":1,"num_layers":1,"num_redundant_experts":1}` + "\n" +
+		`{"record_type":"eplb_load_stats","version":1,"step":0,"expert_load":[[1,2,3]],"p2l_map":[[0,1,0]]}` + "\n"))
 	f.Add([]byte(`{"record_type":"eplb_load_stats","version":1,"step":0,"num_ranks":2,"expert_load":[[1,2,3]],"p2l_map":[[0,1,0]]}` + "\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkRead(t, data, "stats.jsonl", LoadOptions{Format: FormatVLLMLoadStats})

@@ -89,6 +89,17 @@ type LoadOptions struct {
 	// relative standard error of per-token means estimated from the path
 	// sample (0: DefaultPathError; negative: keep every path).
 	PathError float64
+	// SlotExperts is the placement that was serving while a TensorRT-LLM
+	// statistics directory was recorded: SlotExperts[l][s] is the logical
+	// expert of physical slot s (rank-major, as TensorRT-LLM numbers its
+	// slots) of the l-th MoE layer in ascending layer order; nil when
+	// unknown. Under a load_balancer config TensorRT-LLM records slot ids,
+	// not expert ids, and meta_info.json's num_experts is then num_slots:
+	// a directory whose num_experts equals the slots per layer here is
+	// folded back to logical experts (Source.Slots says so); one whose
+	// num_experts is the placement's expert count is read as it is. Other
+	// formats ignore it.
+	SlotExperts [][]Expert
 	// Progress, when set, is called as a file is read: per chunk of about
 	// 8 MiB of ids or 4 MiB of text for the formats read in pieces (NPY,
 	// JSONL), and once with Done set when each file is read. It is called
@@ -116,6 +127,14 @@ type Source struct {
 	Trace *Trace
 	// Stats are the aggregated statistics; never nil on success.
 	Stats *Stats
+	// Deployment is what the file records about the deployment it was
+	// recorded on (vLLM's eplb_load_meta); nil when it records nothing.
+	Deployment *Deployment
+	// Slots is the number of physical slots per layer that a TensorRT-LLM
+	// directory counted under the load balancer and that were folded back
+	// to logical experts through LoadOptions.SlotExperts; 0 when the files
+	// counted logical experts.
+	Slots int
 	// OLMoE is the full OLMoE file (with its skip-layer pair counts) when
 	// Format is FormatOLMoE, else nil.
 	OLMoE *OLMoEFile
@@ -485,11 +504,11 @@ func readFormat(r io.Reader, name string, size int64, opts LoadOptions) (*Source
 		src.Stats.Notes = append(src.Stats.Notes, notes...)
 		return src, nil
 	case FormatVLLMLoadStats:
-		s, err := readVLLMLoadStats(br, name, opts)
+		s, d, err := readVLLMLoadStats(br, name, opts)
 		if err != nil {
 			return nil, err
 		}
-		return statsSource(name, format, s)
+		return statsSource(name, format, s, &Source{Path: name, Format: format, Deployment: d})
 	case FormatSGLangPT, FormatTRTLLM:
 		data, err := io.ReadAll(io.LimitReader(br, maxRandomAccessBytes+1))
 		if err != nil {
@@ -611,7 +630,8 @@ func traceSource(name string, format Format, t *Trace, opts LoadOptions) *Source
 // the NPY magic or .npy; a zip header or .pt (SGLang recorder dump);
 // .safetensors (TensorRT-LLM); a CSV header starting layer_id,token_id or
 // .csv; router_trace_rank<N>.jsonl or a first line with "top_indices"
-// (Megatron); "eplb_load_stats" or a first "eplb_initial_mapping" record
+// (Megatron); "eplb_load_stats" or a first "eplb_initial_mapping" or
+// "eplb_load_meta" record
 // (vLLM); a JSON object
 // with "schema" "moetuner.stats/...", with "routed_experts", with
 // "logical_count" (or a bare JSON array), with "expert_popularity", with
@@ -636,7 +656,7 @@ func Detect(name string, head []byte) (Format, error) {
 		return FormatFLAME, nil
 	case megatronRank(filepath.Base(name)) >= 0 || (len(first) > 0 && first[0] == '{' && has(first, "top_indices")):
 		return FormatMegatron, nil
-	case len(first) > 0 && first[0] == '{' && (bytes.Contains(trimmed, []byte(`"eplb_load_stats"`)) || bytes.Contains(first, []byte(`"eplb_initial_mapping"`))):
+	case len(first) > 0 && first[0] == '{' && (bytes.Contains(trimmed, []byte(`"eplb_load_stats"`)) || bytes.Contains(first, []byte(`"eplb_initial_mapping"`)) || bytes.Contains(first, []byte(`"eplb_load_meta"`))):
 		return FormatVLLMLoadStats, nil
 	case len(trimmed) > 0 && trimmed[0] == '{' && has(trimmed, "schema") && bytes.Contains(trimmed, []byte(`"moetuner.stats/`)):
 		return FormatMoetunerStats, nil

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -19,7 +20,12 @@ import (
 // "num_experts_per_token": k} and per rank r rank{r}.safetensors with keys
 // "{iter}_{layer}" → [E] logical counts; newer versions add
 // cooccurrence_rank{r}.safetensors ([E, E]) and
-// token_selected_experts_rank{r}.safetensors ([T, k]) under the same keys.
+// token_selected_experts_rank{r}.safetensors ([T, k]) under the same keys;
+// tensorrt_llm/_torch/expert_statistic.py at NVIDIA/TensorRT-LLM@7ce477f
+// writes rank{r}_raw.safetensors ([T, k] int32, the raw
+// token_selected_experts; EXPERT_STATISTIC_ITER_RANGE "a-b" records
+// iterations a..b, b included), the newest tree (0fccc5b) only
+// rank{r}.safetensors (iterations a..b-1).
 
 // maxSafetensorsHeader caps the JSON header (the format's own limit).
 const maxSafetensorsHeader = 100 << 20
@@ -211,27 +217,54 @@ func loadTRTLLMFiles(name, dir string, paths []string, opts LoadOptions) (*Sourc
 	return readTRTLLM(name, meta, files, opts)
 }
 
+// trtKind says which of TensorRT-LLM's files a .safetensors name is.
+type trtKind int
+
+const (
+	trtCounts trtKind = iota // rank{r}.safetensors: [E] counts
+	trtCooc                  // cooccurrence_rank{r}.safetensors: [E, E]
+	trtTokens                // token_selected_experts_rank{r} or rank{r}_raw: [T, k] ids
+	trtOther
+)
+
+// trtFileKind classifies a file name; r is its rank (-1 for trtOther).
+// rank{r}_raw.safetensors is what tensorrt_llm/_torch/expert_statistic.py
+// writes next to rank{r}.safetensors at NVIDIA/TensorRT-LLM@7ce477f
+// (self._records, the raw token_selected_experts of each "{iter}_{layer}").
+func trtFileKind(base string) (trtKind, int) {
+	for _, k := range []struct {
+		prefix, suffix string
+		kind           trtKind
+	}{
+		{"rank", ".safetensors", trtCounts},
+		{"rank", "_raw.safetensors", trtTokens},
+		{"cooccurrence_rank", ".safetensors", trtCooc},
+		{"token_selected_experts_rank", ".safetensors", trtTokens},
+	} {
+		if r := rankOf(base, k.prefix, k.suffix); r >= 0 {
+			return k.kind, r
+		}
+	}
+	return trtOther, -1
+}
+
 // readTRTLLM reads rank{r}.safetensors counts (and the co-occurrence and
 // token files when present) into stats: steps are iterations, sources are
-// ranks.
+// ranks. With LoadOptions.SlotExperts, files that count the load
+// balancer's physical slots are folded back to logical experts.
 func readTRTLLM(name string, meta *trtMeta, files []randomFile, opts LoadOptions) (*Source, error) {
-	var counts, cooc, tokens []trtRankFile
+	var lists [trtOther][]trtRankFile
+	var notes []string
 	layerSet := map[int]bool{}
 	for _, f := range files {
 		base := filepath.Base(f.name)
-		var list *[]trtRankFile
-		var r int
-		switch {
-		case rankOf(base, "rank", ".safetensors") >= 0:
-			list, r = &counts, rankOf(base, "rank", ".safetensors")
-		case rankOf(base, "cooccurrence_rank", ".safetensors") >= 0:
-			list, r = &cooc, rankOf(base, "cooccurrence_rank", ".safetensors")
-		case rankOf(base, "token_selected_experts_rank", ".safetensors") >= 0:
-			list, r = &tokens, rankOf(base, "token_selected_experts_rank", ".safetensors")
-		case len(files) == 1:
-			list, r = &counts, -1
-		default:
-			continue
+		kind, r := trtFileKind(base)
+		if kind == trtOther {
+			if len(files) != 1 {
+				notes = append(notes, fmt.Sprintf("%s skipped: not one of TensorRT-LLM's statistics files (rank{r}.safetensors, rank{r}_raw.safetensors, cooccurrence_rank{r}.safetensors, token_selected_experts_rank{r}.safetensors)", f.name))
+				continue
+			}
+			kind = trtCounts // a lone file named otherwise
 		}
 		ts, err := readSafetensors(f)
 		if err != nil {
@@ -244,137 +277,298 @@ func readTRTLLM(name string, meta *trtMeta, files []randomFile, opts LoadOptions
 				return nil, perr(f.name, 0, clip(t.key), "key is not \"{iteration}_{layer}\"")
 			}
 		}
-		*list = append(*list, trtRankFile{f, r, ts})
+		lists[kind] = append(lists[kind], trtRankFile{f, r, ts})
 	}
-	if len(counts) == 0 {
-		return nil, perr(name, 0, "", "no rank{r}.safetensors count files")
+	counts, cooc, tokens := lists[trtCounts], lists[trtCooc], lists[trtTokens]
+	if len(counts) == 0 && len(tokens) == 0 {
+		return nil, perr(name, 0, "", "no rank{r}.safetensors count files and no rank{r}_raw.safetensors token files")
 	}
-	names := slices.Sorted(func(yield func(int) bool) {
-		for l := range layerSet {
-			if !yield(l) {
-				return
-			}
-		}
-	})
+	names := slices.Sorted(maps.Keys(layerSet))
 	row := make(map[int]int, len(names))
 	for i, l := range names {
 		row[l] = i
 	}
-	E, topK := opts.Experts, opts.TopK
-	if meta != nil {
-		if E != 0 && E != meta.Experts {
-			return nil, perr(name, 0, "num_experts", "meta_info.json says %d experts, but LoadOptions.Experts is %d: set LoadOptions.Experts to the model's experts per layer", meta.Experts, E)
-		}
-		E = meta.Experts
-		if topK == 0 {
-			topK = meta.TopK
-		}
-	}
-	var c *countBuilder
-	for _, rf := range counts {
-		for _, t := range rf.tensors {
-			iter, l, _ := iterLayer(t.key)
-			if len(t.shape) != 1 || (E != 0 && t.shape[0] != E) {
-				return nil, perr(rf.f.name, 0, clip(t.key), "shape %v, want [%d]: one count per logical expert", t.shape, E)
-			}
-			if E == 0 {
-				E = t.shape[0]
-			}
-			if E == 0 || E > math.MaxInt16+1 {
-				return nil, perr(rf.f.name, 0, clip(t.key), "%d experts out of range [1,%d]", E, math.MaxInt16+1)
-			}
-			if c == nil {
-				c = newCountBuilder(len(names), E, 0, names)
-			}
-			v, err := t.ints(rf.f)
-			if err != nil {
-				return nil, err
-			}
-			for e, x := range v {
-				if msg := badIntCount(x); msg != "" {
-					return nil, perr(rf.f.name, 0, fmt.Sprintf("%s[%d]", clip(t.key), e), "%s", msg)
-				}
-				if x != 0 {
-					c.add(iter, rf.rank, row[l], e, float64(x))
-				}
-			}
-		}
-	}
-	if c == nil {
-		return nil, perr(name, 0, "", "the rank files hold no counts")
-	}
-	s, err := c.stats(topK, true)
+	ids, err := trtIDSpace(name, meta, counts, tokens, names, opts)
 	if err != nil {
-		return nil, perr(name, 0, "", "%v", err)
+		return nil, err
 	}
-	if len(cooc) > 0 {
-		co := newMatrix(len(names), E*E)
-		for _, rf := range cooc {
+	E, topK := ids.experts, opts.TopK
+	if meta != nil && topK == 0 {
+		topK = meta.TopK
+	}
+	// Without attention DP every rank routes the same tokens
+	// (NVIDIA/TensorRT-LLM#18626): the rank files are then copies.
+	if same, err := sameOnEveryRank(counts, tokens); err != nil {
+		return nil, err
+	} else if same {
+		notes = append(notes, fmt.Sprintf("%s: every rank recorded the same routing, as TensorRT-LLM does without enable_attention_dp (every rank routes every token): each token is counted once, not once per rank, and its source rank is unknown", name))
+		counts, cooc, tokens = firstRank(counts), firstRank(cooc), firstRank(tokens)
+	}
+	src := &Source{Path: name, Format: FormatTRTLLM, Slots: ids.slots}
+	var s *Stats
+	if len(counts) > 0 {
+		c := newCountBuilder(len(names), E, 0, names)
+		for _, rf := range counts {
 			for _, t := range rf.tensors {
-				_, l, _ := iterLayer(t.key)
-				if len(t.shape) != 2 || t.shape[0] != E || t.shape[1] != E {
-					return nil, perr(rf.f.name, 0, clip(t.key), "shape %v, want [%d, %d]", t.shape, E, E)
+				iter, l, _ := iterLayer(t.key)
+				if len(t.shape) != 1 || t.shape[0] != ids.width {
+					return nil, perr(rf.f.name, 0, clip(t.key), "shape %v, want [%d]: one count per %s", t.shape, ids.width, ids.unit())
 				}
 				v, err := t.ints(rf.f)
 				if err != nil {
 					return nil, err
 				}
-				for i, x := range v {
+				for e, x := range v {
 					if msg := badIntCount(x); msg != "" {
-						return nil, perr(rf.f.name, 0, fmt.Sprintf("%s[%d][%d]", clip(t.key), i/E, i%E), "%s", msg)
+						return nil, perr(rf.f.name, 0, fmt.Sprintf("%s[%d]", clip(t.key), e), "%s", msg)
 					}
-					if i/E != i%E { // the diagonal repeats the load
-						co[row[l]][i] += float64(x)
-					}
-				}
-			}
-		}
-		for l, m := range co {
-			for a := range E {
-				for b := a + 1; b < E; b++ {
-					if m[a*E+b] != m[b*E+a] {
-						return nil, perr(name, 0, "cooccurrence", "layer %d: pair (%d,%d) counted %v times one way and %v the other", names[l], a, b, m[a*E+b], m[b*E+a])
+					if x != 0 {
+						c.add(iter, rf.rank, row[l], ids.logical(row[l], e), float64(x))
 					}
 				}
 			}
 		}
-		s.CoActivation = co
+		if s, err = c.stats(topK, true); err != nil {
+			return nil, perr(name, 0, "", "%v", err)
+		}
+		if len(cooc) > 0 {
+			if s.CoActivation, err = trtCoActivation(name, cooc, names, row, ids); err != nil {
+				return nil, err
+			}
+		}
 	}
-	src := &Source{Path: name, Format: FormatTRTLLM}
 	if len(tokens) > 0 {
-		t, ts, err := trtTokens(tokens, names, E, opts)
+		t, ts, err := trtTokenTrace(tokens, names, ids, opts)
 		if err != nil {
 			return nil, err
 		}
-		// The paths are used only when they add up to the counts.
-		if ts != nil && matricesEqual(ts.Load, s.Load) {
+		switch {
+		case ts == nil && s == nil:
+			return nil, perr(name, 0, "", "the per-token files do not line up (an iteration lacks a layer, or layers have different row counts) and there are no rank{r}.safetensors count files")
+		case ts == nil:
+			notes = append(notes, fmt.Sprintf("%s: the per-token files do not line up (an iteration lacks a layer, or layers have different row counts): per-token paths left out", name))
+		case s == nil:
+			src.Trace, s = t, ts
+		case matricesEqual(ts.Load, s.Load):
+			// The paths are used only when they add up to the counts.
 			src.Trace = t
 			ts.SourceLoad, ts.StepLoad = s.SourceLoad, s.StepLoad
 			ts.LayerNames, ts.ModelLayers = s.LayerNames, s.ModelLayers
+			if ts.CoActivation == nil {
+				ts.CoActivation = s.CoActivation
+			}
 			s = ts
+		default:
+			// expert_statistic.py@7ce477f keeps the last call of a layer
+			// in an iteration in rank{r}_raw but adds every call to the
+			// counts.
+			notes = append(notes, fmt.Sprintf("%s: the per-token ids do not add up to the counts (TensorRT-LLM keeps only a layer's last call of an iteration in rank{r}_raw.safetensors): per-token paths left out, the counts used", name))
 		}
 	}
 	s.Sources = paths(files)
+	s.Notes = append(s.Notes, notes...)
 	for _, f := range files {
 		fileDone(opts, f.name, f.size, 0)
 	}
 	return statsSource(name, FormatTRTLLM, s, src)
 }
 
-// trtRankFile is one rank's safetensors file.
-type trtRankFile struct {
-	f       randomFile
-	rank    int
-	tensors []safeTensor
+// trtIDs is the id space of a TensorRT-LLM dump: the files count width ids
+// per layer, logical experts, or, under the load balancer, physical slots
+// that slotExpert folds back to experts logical experts.
+type trtIDs struct {
+	width, experts int
+	slots          int        // width when the ids are slots, else 0
+	slotExpert     [][]Expert // [layer row][slot]; nil for logical ids
 }
 
-// trtTokens builds a trace from token_selected_experts files ([T, k] per
-// "{iter}_{layer}"): per rank and iteration, row t of every layer is one
-// token. It returns nil when the rows do not align (an iteration that lacks
-// a layer, or layers with different row counts). With LoadOptions.StatsOnly
-// the trace is not kept and only its stats are returned.
-func trtTokens(files []trtRankFile, names []int, E int, opts LoadOptions) (*Trace, *Stats, error) {
-	b := newTokenBuilder(opts, E)
+func (d trtIDs) unit() string {
+	if d.slotExpert != nil {
+		return "physical slot (TensorRT-LLM's load balancer)"
+	}
+	return "logical expert"
+}
+
+// logical maps id i of layer row l to its logical expert.
+func (d trtIDs) logical(l, i int) int {
+	if d.slotExpert == nil {
+		return i
+	}
+	return int(d.slotExpert[l][i])
+}
+
+// trtIDSpace decides whether the files count logical experts or slots.
+// Under a load_balancer config, TensorRT-LLM's fused MoE records
+// token_selected_slots with expert_count = num_slots
+// (tensorrt_llm/_torch/modules/fused_moe: "If load balancer is enabled,
+// the statistics are collected from expert slot IDs"), so meta_info.json's
+// num_experts is the slot count and nothing in the dump maps slots to
+// experts: only the placement that was serving does.
+func trtIDSpace(name string, meta *trtMeta, counts, tokens []trtRankFile, names []int, opts LoadOptions) (trtIDs, error) {
+	width, what := 0, "meta_info.json says"
+	switch {
+	case meta != nil:
+		width = meta.Experts
+	case len(counts) > 0 && len(counts[0].tensors) > 0:
+		t := counts[0].tensors[0]
+		if len(t.shape) != 1 {
+			return trtIDs{}, perr(counts[0].f.name, 0, clip(t.key), "shape %v, want [experts]: one count per expert", t.shape)
+		}
+		width, what = t.shape[0], "the count files have"
+	}
+	if width == 0 && len(counts) == 0 {
+		// Token files alone, without meta_info.json: ids up to the
+		// model's experts, or the largest seen.
+		return trtIDs{width: opts.Experts, experts: opts.Experts}, nil
+	}
+	if width == 0 && meta == nil {
+		return trtIDs{}, perr(name, 0, "", "the rank files hold no counts")
+	}
+	if width <= 0 || width > math.MaxInt16+1 {
+		return trtIDs{}, perr(name, 0, "", "%d experts per layer out of range [1,%d]", width, math.MaxInt16+1)
+	}
+	plan := opts.SlotExperts
+	if plan == nil {
+		if opts.Experts != 0 && width != opts.Experts {
+			hint := "set LoadOptions.Experts to the model's experts per layer"
+			if width > opts.Experts {
+				hint = "TensorRT-LLM's load balancer records physical slots, and num_experts is then its num_slots: set LoadOptions.SlotExperts to the placement it was serving, or set LoadOptions.Experts to the model's experts per layer"
+			}
+			return trtIDs{}, perr(name, 0, "num_experts", "%s %d experts, but LoadOptions.Experts is %d: %s", what, width, opts.Experts, hint)
+		}
+		return trtIDs{width: width, experts: width}, nil
+	}
+	logical := opts.Experts
+	for _, row := range plan {
+		for _, e := range row {
+			logical = max(logical, int(e)+1)
+		}
+	}
+	if opts.Experts != 0 {
+		logical = opts.Experts
+	}
+	P := len(plan[0])
+	if width != P {
+		if width == logical {
+			return trtIDs{width: width, experts: width}, nil // logical ids: recorded without the load balancer
+		}
+		return trtIDs{}, perr(name, 0, "num_experts", "%s %d ids per layer, but the placement in LoadOptions.SlotExperts has %d slots of %d experts: give the placement the statistics were recorded under", what, width, P, logical)
+	}
+	if len(plan) != len(names) {
+		return trtIDs{}, perr(name, 0, "", "the files count physical slots of %d MoE layers (%v), but the placement in LoadOptions.SlotExperts has %d layers: give the placement the statistics were recorded under", len(names), names, len(plan))
+	}
+	for l, row := range plan {
+		if len(row) != P {
+			return trtIDs{}, perr(name, 0, "", "LoadOptions.SlotExperts layer %d has %d slots, layer 0 has %d", l, len(row), P)
+		}
+		for s, e := range row {
+			if e < 0 || int(e) >= logical {
+				return trtIDs{}, perr(name, 0, "", "LoadOptions.SlotExperts[%d][%d] is expert %d, out of range [0,%d)", l, s, e, logical)
+			}
+		}
+	}
+	return trtIDs{width: P, experts: logical, slots: P, slotExpert: plan}, nil
+}
+
+// sameOnEveryRank reports whether two or more ranks wrote identical
+// tensors under identical keys (the count files, else the token files).
+// It stops at the first tensor that differs, so dumps of distinct ranks
+// cost one tensor read.
+func sameOnEveryRank(counts, tokens []trtRankFile) (bool, error) {
+	files := counts
+	if len(files) == 0 {
+		files = tokens
+	}
+	if len(files) < 2 {
+		return false, nil
+	}
+	first := files[0]
+	for _, rf := range files[1:] {
+		if len(rf.tensors) != len(first.tensors) {
+			return false, nil
+		}
+		for i, t := range rf.tensors {
+			if t.key != first.tensors[i].key || !slices.Equal(t.shape, first.tensors[i].shape) {
+				return false, nil
+			}
+		}
+	}
+	nonzero := false
+	for i, t0 := range first.tensors {
+		a, err := t0.ints(first.f)
+		if err != nil {
+			return false, err
+		}
+		nonzero = nonzero || slices.ContainsFunc(a, func(v int64) bool { return v != 0 })
+		for _, rf := range files[1:] {
+			b, err := rf.tensors[i].ints(rf.f)
+			if err != nil {
+				return false, err
+			}
+			if !slices.Equal(a, b) {
+				return false, nil
+			}
+		}
+	}
+	return nonzero, nil
+}
+
+// firstRank keeps the lowest rank's file with its source unknown.
+func firstRank(files []trtRankFile) []trtRankFile {
+	if len(files) == 0 {
+		return nil
+	}
+	f := slices.MinFunc(files, func(a, b trtRankFile) int { return cmp.Compare(a.rank, b.rank) })
+	f.rank = -1
+	return []trtRankFile{f}
+}
+
+// trtCoActivation sums the [W, W] co-occurrence files into CoActivation
+// over logical experts (the diagonal repeats the load and is skipped).
+func trtCoActivation(name string, cooc []trtRankFile, names []int, row map[int]int, ids trtIDs) ([][]float64, error) {
+	W, E := ids.width, ids.experts
+	co := newMatrix(len(names), E*E)
+	for _, rf := range cooc {
+		for _, t := range rf.tensors {
+			_, l, _ := iterLayer(t.key)
+			if len(t.shape) != 2 || t.shape[0] != W || t.shape[1] != W {
+				return nil, perr(rf.f.name, 0, clip(t.key), "shape %v, want [%d, %d]", t.shape, W, W)
+			}
+			v, err := t.ints(rf.f)
+			if err != nil {
+				return nil, err
+			}
+			for i, x := range v {
+				if msg := badIntCount(x); msg != "" {
+					return nil, perr(rf.f.name, 0, fmt.Sprintf("%s[%d][%d]", clip(t.key), i/W, i%W), "%s", msg)
+				}
+				a, b := ids.logical(row[l], i/W), ids.logical(row[l], i%W)
+				if a != b {
+					co[row[l]][a*E+b] += float64(x)
+				}
+			}
+		}
+	}
+	for l, m := range co {
+		for a := range E {
+			for b := a + 1; b < E; b++ {
+				if m[a*E+b] != m[b*E+a] {
+					return nil, perr(name, 0, "cooccurrence", "layer %d: pair (%d,%d) counted %v times one way and %v the other", names[l], a, b, m[a*E+b], m[b*E+a])
+				}
+			}
+		}
+	}
+	return co, nil
+}
+
+// trtTokenTrace builds a trace from the [T, k] id files
+// (token_selected_experts_rank{r}, rank{r}_raw) under "{iter}_{layer}":
+// per rank and iteration, row t of every layer is one token. It returns
+// nil stats when the rows do not align (an iteration that lacks a layer,
+// or layers with different row counts). With LoadOptions.StatsOnly the
+// trace is not kept and only its stats are returned.
+func trtTokenTrace(files []trtRankFile, names []int, ids trtIDs, opts LoadOptions) (*Trace, *Stats, error) {
+	b := newTokenBuilder(opts, ids.experts)
 	defer b.close()
 	for _, rf := range files {
 		byIter := map[int64]map[int]safeTensor{}
@@ -385,12 +579,7 @@ func trtTokens(files []trtRankFile, names []int, E int, opts LoadOptions) (*Trac
 			}
 			byIter[iter][l] = t
 		}
-		iters := make([]int64, 0, len(byIter))
-		for it := range byIter {
-			iters = append(iters, it)
-		}
-		slices.Sort(iters)
-		for _, it := range iters {
+		for _, it := range slices.Sorted(maps.Keys(byIter)) {
 			layers := byIter[it]
 			if len(layers) != len(names) {
 				return nil, nil, nil
@@ -406,6 +595,14 @@ func trtTokens(files []trtRankFile, names []int, E int, opts LoadOptions) (*Trac
 				v, err := t.ints(rf.f)
 				if err != nil {
 					return nil, nil, err
+				}
+				if ids.slotExpert != nil {
+					for j, x := range v {
+						if x < 0 || x >= int64(ids.width) {
+							return nil, nil, perr(rf.f.name, 0, fmt.Sprintf("%s[%d][%d]", clip(t.key), j/max(k, 1), j%max(k, 1)), "slot %d out of range [0,%d) (the load balancer's num_slots)", x, ids.width)
+						}
+						v[j] = int64(ids.slotExpert[i][x])
+					}
 				}
 				rows[i] = v
 			}
@@ -431,6 +628,13 @@ func trtTokens(files []trtRankFile, names []int, E int, opts LoadOptions) (*Trac
 		return nil, nil, nil
 	}
 	return t, t.Stats(opts.statsOptions()), nil
+}
+
+// trtRankFile is one rank's safetensors file.
+type trtRankFile struct {
+	f       randomFile
+	rank    int
+	tensors []safeTensor
 }
 
 func matricesEqual(a, b [][]float64) bool {

@@ -16,64 +16,150 @@ import (
 // vLLM #41141's stats JSONL: one record per line, those with
 // "record_type": "eplb_load_stats" carrying "step", "expert_load" [L][P]
 // physical loads and "p2l_map" [L][P]; other record types are skipped.
+// The PR's newer files open with one "eplb_load_meta" record
+// ({"model", "num_ranks", "num_groups", "num_nodes", "num_layers",
+// "num_redundant_experts"}); its loader
+// (vllm/distributed/eplb/stats_loader.py parse_stats_jsonl) refuses a
+// stats record before it and a second one.
 type vllmRecord struct {
 	RecordType string      `json:"record_type"`
 	Version    *int        `json:"version"`
 	Step       *int64      `json:"step"`
 	Load       [][]float64 `json:"expert_load"`
 	P2L        [][]int     `json:"p2l_map"`
+
+	// eplb_load_meta
+	Model            string `json:"model"`
+	Ranks            *int   `json:"num_ranks"`
+	Groups           *int   `json:"num_groups"`
+	Nodes            *int   `json:"num_nodes"`
+	Layers           *int   `json:"num_layers"`
+	RedundantExperts *int   `json:"num_redundant_experts"`
 }
 
-func readVLLMLoadStats(r io.Reader, file string, opts LoadOptions) (*Stats, error) {
+// Deployment is what a dump records about the deployment it was recorded
+// on (vLLM #41141's eplb_load_meta record): a plan for that deployment
+// uses the same ranks, nodes, expert groups and redundant slots.
+type Deployment struct {
+	// File and Line name the record.
+	File string
+	Line int
+	// Model is the model name the stack recorded ("" when unknown).
+	Model string
+	// Ranks is the expert-parallel size (num_ranks), at least 1.
+	Ranks int
+	// Nodes is the number of nodes (num_nodes), dividing Ranks.
+	Nodes int
+	// Groups is the number of expert groups (num_groups); 1 means the
+	// model routes freely.
+	Groups int
+	// RedundantExperts is the number of slots per layer beyond one per
+	// logical expert (num_redundant_experts).
+	RedundantExperts int
+}
+
+// vllmMeta checks an eplb_load_meta record's fields.
+func vllmMeta(rec *vllmRecord, file string, line int) (*Deployment, error) {
+	d := &Deployment{File: file, Line: line, Model: rec.Model}
+	for _, f := range []struct {
+		name string
+		v    *int
+		min  int
+		dst  *int
+	}{
+		{"num_ranks", rec.Ranks, 1, &d.Ranks},
+		{"num_nodes", rec.Nodes, 1, &d.Nodes},
+		{"num_groups", rec.Groups, 1, &d.Groups},
+		{"num_layers", rec.Layers, 1, nil},
+		{"num_redundant_experts", rec.RedundantExperts, 0, &d.RedundantExperts},
+	} {
+		switch {
+		case f.v == nil:
+			return nil, perr(file, line, f.name, "missing from the eplb_load_meta record")
+		case *f.v < f.min || *f.v > 1<<20:
+			return nil, perr(file, line, f.name, "%d out of range [%d,%d]", *f.v, f.min, 1<<20)
+		case f.dst != nil:
+			*f.dst = *f.v
+		}
+	}
+	if d.Ranks%d.Nodes != 0 {
+		return nil, perr(file, line, "num_nodes", "%d nodes do not divide %d ranks evenly", d.Nodes, d.Ranks)
+	}
+	return d, nil
+}
+
+// readVLLMLoadStats reads the eplb_load_stats records into logical loads
+// per step (sources unknown) and returns the eplb_load_meta record, nil
+// when the file has none (the PR's first files).
+func readVLLMLoadStats(r io.Reader, file string, opts LoadOptions) (*Stats, *Deployment, error) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var c *countBuilder
 	var L, P int
 	E := opts.Experts
 	seen := map[int64]int{}
+	var meta *Deployment
+	metaLayers, firstStats := 0, 0
 	for lineNo := 1; ; lineNo++ {
 		line, err := readLine(br)
 		if err != nil && !errors.Is(err, io.EOF) {
 			if errors.Is(err, bufio.ErrBufferFull) {
-				return nil, perr(file, lineNo, "", "line longer than %d bytes", maxLineBytes)
+				return nil, nil, perr(file, lineNo, "", "line longer than %d bytes", maxLineBytes)
 			}
-			return nil, perr(file, lineNo, "", "read: %v", err)
+			return nil, nil, perr(file, lineNo, "", "read: %v", err)
 		}
 		if trimmed := bytes.TrimSpace(line); len(trimmed) > 0 {
 			var rec vllmRecord
 			if derr := json.Unmarshal(trimmed, &rec); derr != nil {
-				return nil, lineJSONError(file, lineNo, trimmed, derr, "each line must be one record")
+				return nil, nil, lineJSONError(file, lineNo, trimmed, derr, "each line must be one record")
+			}
+			if rec.RecordType == "eplb_load_meta" {
+				switch {
+				case meta != nil:
+					return nil, nil, perr(file, lineNo, "record_type", "a second eplb_load_meta record (the first is on line %d): keep one server's stats per file", meta.Line)
+				case firstStats != 0:
+					return nil, nil, perr(file, lineNo, "record_type", "eplb_load_meta after the eplb_load_stats record on line %d: vLLM writes it first", firstStats)
+				}
+				m, merr := vllmMeta(&rec, file, lineNo)
+				if merr != nil {
+					return nil, nil, merr
+				}
+				meta = m
+				metaLayers = *rec.Layers
 			}
 			if rec.RecordType == "eplb_load_stats" {
+				if firstStats == 0 {
+					firstStats = lineNo
+				}
 				if rec.Version != nil && *rec.Version != 1 {
-					return nil, perr(file, lineNo, "version", "%d: this reader knows version 1", *rec.Version)
+					return nil, nil, perr(file, lineNo, "version", "%d: this reader knows version 1", *rec.Version)
 				}
 				if rec.Step == nil {
-					return nil, perr(file, lineNo, "step", "missing")
+					return nil, nil, perr(file, lineNo, "step", "missing")
 				}
 				if prev, dup := seen[*rec.Step]; dup {
-					return nil, perr(file, lineNo, "step", "step %d already recorded on line %d", *rec.Step, prev)
+					return nil, nil, perr(file, lineNo, "step", "step %d already recorded on line %d", *rec.Step, prev)
 				}
 				seen[*rec.Step] = lineNo
 				if len(rec.Load) == 0 || len(rec.Load[0]) == 0 {
-					return nil, perr(file, lineNo, "expert_load", "missing or empty: want [layers][slots]")
+					return nil, nil, perr(file, lineNo, "expert_load", "missing or empty: want [layers][slots]")
 				}
 				if c == nil {
 					L, P = len(rec.Load), len(rec.Load[0])
 					if L*P > maxCountEntries {
-						return nil, perr(file, lineNo, "expert_load", "%d × %d loads: too many", L, P)
+						return nil, nil, perr(file, lineNo, "expert_load", "%d × %d loads: too many", L, P)
 					}
 				}
 				if len(rec.Load) != L || len(rec.P2L) != L {
-					return nil, perr(file, lineNo, "", "%d layers of expert_load and %d of p2l_map, want %d like the first record", len(rec.Load), len(rec.P2L), L)
+					return nil, nil, perr(file, lineNo, "", "%d layers of expert_load and %d of p2l_map, want %d like the first record", len(rec.Load), len(rec.P2L), L)
 				}
 				maxID := -1
 				for l := range L {
 					if len(rec.Load[l]) != P || len(rec.P2L[l]) != P {
-						return nil, perr(file, lineNo, fmt.Sprintf("expert_load[%d]", l), "%d loads and %d p2l entries, want %d slots", len(rec.Load[l]), len(rec.P2L[l]), P)
+						return nil, nil, perr(file, lineNo, fmt.Sprintf("expert_load[%d]", l), "%d loads and %d p2l entries, want %d slots", len(rec.Load[l]), len(rec.P2L[l]), P)
 					}
 					for p, e := range rec.P2L[l] {
 						if limit := cmp.Or(opts.Experts, math.MaxInt16+1); e < 0 || e >= limit {
-							return nil, perr(file, lineNo, fmt.Sprintf("p2l_map[%d][%d]", l, p), "logical expert %d out of range [0,%d): fix the id, or set LoadOptions.Experts to the model's experts per layer", e, limit)
+							return nil, nil, perr(file, lineNo, fmt.Sprintf("p2l_map[%d][%d]", l, p), "logical expert %d out of range [0,%d): fix the id, or set LoadOptions.Experts to the model's experts per layer", e, limit)
 						}
 						maxID = max(maxID, e)
 					}
@@ -85,15 +171,15 @@ func readVLLMLoadStats(r io.Reader, file string, opts LoadOptions) (*Stats, erro
 					c = newCountBuilder(L, E, 0, nil)
 					c.sources = nil
 				} else if opts.Experts == 0 && maxID+1 != E {
-					return nil, perr(file, lineNo, "p2l_map", "maps to %d logical experts, earlier records to %d: set LoadOptions.Experts to the model's experts per layer", maxID+1, E)
+					return nil, nil, perr(file, lineNo, "p2l_map", "maps to %d logical experts, earlier records to %d: set LoadOptions.Experts to the model's experts per layer", maxID+1, E)
 				}
 				for l := range L {
 					for p, v := range rec.Load[l] {
 						if msg := badCount(v); msg != "" {
-							return nil, perr(file, lineNo, fmt.Sprintf("expert_load[%d][%d]", l, p), "%s", msg)
+							return nil, nil, perr(file, lineNo, fmt.Sprintf("expert_load[%d][%d]", l, p), "%s", msg)
 						}
 						if v != math.Trunc(v) {
-							return nil, perr(file, lineNo, fmt.Sprintf("expert_load[%d][%d]", l, p), "%v is not an integer count", v)
+							return nil, nil, perr(file, lineNo, fmt.Sprintf("expert_load[%d][%d]", l, p), "%v is not an integer count", v)
 						}
 						if v != 0 {
 							c.add(*rec.Step, -1, l, rec.P2L[l][p], v)
@@ -107,13 +193,25 @@ func readVLLMLoadStats(r io.Reader, file string, opts LoadOptions) (*Stats, erro
 		}
 	}
 	if c == nil {
-		return nil, perr(file, 0, "", "no \"eplb_load_stats\" records")
+		return nil, nil, perr(file, 0, "", "no \"eplb_load_stats\" records")
+	}
+	if meta != nil {
+		switch {
+		case metaLayers != L:
+			return nil, nil, perr(file, meta.Line, "num_layers", "%d, but the eplb_load_stats records have %d layers", metaLayers, L)
+		case P%meta.Ranks != 0:
+			return nil, nil, perr(file, meta.Line, "num_ranks", "%d ranks do not divide the %d physical slots of expert_load", meta.Ranks, P)
+		case P-meta.RedundantExperts != E:
+			return nil, nil, perr(file, meta.Line, "num_redundant_experts", "%d, but expert_load has %d slots for %d logical experts (p2l_map): %d redundant", meta.RedundantExperts, P, E, P-E)
+		case E%meta.Groups != 0:
+			return nil, nil, perr(file, meta.Line, "num_groups", "%d groups do not divide %d logical experts", meta.Groups, E)
+		}
 	}
 	s, err := c.stats(opts.TopK, true)
 	if err != nil {
-		return nil, perr(file, 0, "", "%v", err)
+		return nil, nil, perr(file, 0, "", "%v", err)
 	}
-	return s, nil
+	return s, meta, nil
 }
 
 // SGLang's return_routed_experts: meta_info["routed_experts"] is base64 of

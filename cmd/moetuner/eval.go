@@ -19,6 +19,7 @@ func cmdEval(args []string, stdout, stderr io.Writer) error {
 	if *planPath == "" {
 		return usagef("eval needs --plan FILE")
 	}
+	c.serving = servingPlan{path: *planPath, flag: "--plan", replicatedOnly: true}
 	pr, stdout, _ := c.startProgress(stdout, stderr)
 	defer pr.close()
 	p, _, err := c.setup(false)

@@ -27,6 +27,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	choiceVar(fs, &format, "format", "", formatNames(), "placement format: moetuner (JSON), yaml, sglang (--init-expert-location), sglang-pt (the same as a torch.save .pt), eplb, vllm (expert_to_ep_rank), vllm-map (initial_expert_map_path), vllm-mapping (offline-EPLB JSONL), vllm-ascend, trtllm (moe_load_balancer YAML) (default: from --out's extension: .yaml, .sglang.json, .pt, .eplb.json, .vllm.json, .vllm-map.json, .vllm-mapping.jsonl, .vllm-ascend.json, .trtllm.yaml, else moetuner JSON)")
 	writeLP := fs.String("write-model", "", "also write the joint ILP(s) for debugging to PREFIX<i>.lp (CPLEX LP, written in Go) or, with a .mps suffix (PREFIX.mps), PREFIX<i>.mps via HiGHS")
 	dispatchMap := fs.String("dispatch-map", "", "also write, for --dispatch local, each rank's static dispatch table [rank][layer][expert] → physical slot (GPU-major numbering as in the sglang/eplb files) to this JSON file")
+	topology := fs.String("write-topology", "", "also write the cluster's EP-rank cost matrix, {\"rank_cost_matrix\": [[...]]} in picoseconds per byte (one-way NVLink within a node, the NIC across nodes), for SGLang's --eplb-algorithm topology_aware --eplb-topology FILE")
 	quiet := &c.quiet
 	if err := parse(fs, args); err != nil {
 		return err
@@ -143,6 +144,15 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		"status":    res.Status.String(),
 		"traces":    sourceList(sources),
 	}
+	var costs [][]float64
+	if *topology != "" {
+		if costs, err = rankCosts(p.Cluster); err != nil {
+			return err
+		}
+		if _, err := placement.EncodeRankCostMatrix(costs); err != nil {
+			return err
+		}
+	}
 	var dm *placement.DispatchMap
 	if *dispatchMap != "" {
 		// Check before writing anything: both files or neither.
@@ -156,6 +166,17 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if dm != nil {
 		if err := placement.WriteDispatchMap(*dispatchMap, plan, p.Cluster.GPUsPerNode); err != nil {
 			return err
+		}
+	}
+	if costs != nil {
+		if err := placement.WriteRankCostMatrix(*topology, costs); err != nil {
+			return err
+		}
+		if !*quiet {
+			fmt.Fprintf(stdout, "wrote %s: rank_cost_matrix of %d EP ranks, picoseconds per byte (%s); for SGLang's --eplb-algorithm topology_aware --eplb-topology %s\n", *topology, len(costs), topologyWords(p.Cluster, costs), *topology)
+		}
+		if len(plan.Layers) > 0 && plan.Slots(0) != plan.Experts && !*quiet {
+			fmt.Fprintf(stderr, "moetuner: note: SGLang's topology_aware EPLB places no redundant experts (--ep-num-redundant-experts 0); this plan has %d slots for %d experts\n", plan.Slots(0), plan.Experts)
 		}
 	}
 	results := []*solver.Result{base}

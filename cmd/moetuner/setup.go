@@ -75,6 +75,10 @@ type common struct {
 	// decoderFromTrace says the layout's decoder-layer count is the
 	// trace's (else the model's), for error messages.
 	decoderFromTrace bool
+	// serving is the placement that was serving while the traces were
+	// recorded (plan's --from, eval's --plan), for TensorRT-LLM's
+	// load-balancer statistics, which count its slots.
+	serving servingPlan
 	// solving says the command solves (plan, compare): the slots of its
 	// plans come from the flags, which must fill the GPUs. The others
 	// read the slots from their --plan files.
@@ -165,14 +169,23 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if err := c.modelLoadOptions(&lo); err != nil {
 		return p, nil, err
 	}
+	if c.serving.path == "" && c.from != "" {
+		c.serving = servingPlan{path: c.from, flag: "--from"}
+	}
+	var servingErr error
+	lo.SlotExperts, servingErr = c.serving.slotExperts(c.flagGPUs(), lo.Experts)
 	rd := c.progress.reading(traces)
 	stats, sources, err := routing.LoadAll(traces, rd.options(lo))
 	rd.end(stats, err)
 	if err != nil {
+		if servingErr != nil && strings.Contains(err.Error(), "load balancer") {
+			return p, nil, fmt.Errorf("%w (%s %s could not be read as the placement that was serving: %v)", routingError(err), c.serving.flag, c.serving.path, servingErr)
+		}
 		return p, nil, routingError(err)
 	}
 	if !c.quiet {
 		printNotes(c.stderr, stats.Notes)
+		printSlotNotes(c.stderr, sources, c.serving, stats.Experts)
 	}
 	if c.holdout > 0 {
 		train, test, cut, err := holdoutSplit(sources, c.holdout, routing.StatsOptions{Transitions: lo.Transitions, PathError: lo.PathError})
@@ -199,9 +212,21 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if c.nodes > 0 {
 		cluster = cluster.WithNodes(c.nodes)
 	}
-	if c.gpusPerNode > 0 {
+	dep, err := deploymentOf(sources)
+	if err != nil {
+		return p, nil, err
+	}
+	switch {
+	case dep != nil:
+		if err := c.applyDeployment(&cluster, dep); err != nil {
+			return p, nil, err
+		}
+		if !c.quiet && c.stderr != nil {
+			fmt.Fprintf(c.stderr, "moetuner: note: --trace %s records its deployment (vLLM's eplb_load_meta): %d ranks on %d nodes, %d expert groups, %d redundant experts; planned for it\n", dep.File, dep.Ranks, dep.Nodes, dep.Groups, dep.RedundantExperts)
+		}
+	case c.gpusPerNode > 0:
 		cluster = cluster.WithGPUsPerNode(c.gpusPerNode)
-	} else {
+	default:
 		cluster = cluster.FitExperts(stats.Experts)
 	}
 	if c.sigma >= 0 {

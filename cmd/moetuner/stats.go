@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -27,6 +28,8 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	model := fs.String("model", "", "model preset or YAML file: the trace's expert ids are checked against its experts, and with --format logical-count it says the decoder layers when the trace does not (default: the preset matching the trace's shape)")
 	pathError := fs.Float64("path-error", routing.DefaultPathError, "per-token traces: target relative standard error of the per-token means estimated from the sample of token paths kept for long traces (0: keep every path)")
 	ppOffsets := fs.String("pp-layer-offset", "", ppOffsetUsage)
+	servingPath := fs.String("plan", "", "the placement that was serving while the trace was recorded: TensorRT-LLM's load balancer records physical slot ids (meta_info.json's num_experts is then num_slots), which it folds back to logical experts (a static placement, in any format moetuner reads)")
+	epSize := fs.Int("ep-size", 0, "the expert-parallel size the --plan served on, for placement files that do not record it (SGLang, vLLM maps; a TensorRT-LLM file needs none)")
 	quiet := fs.Bool("quiet", false, "print only errors (no notes on what the statistics left out, no progress)")
 	// Flags may follow the traces (moetuner stats a.pt b.pt --out s.json).
 	var traces []string
@@ -73,6 +76,13 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	if err := (&common{model: *model}).modelLoadOptions(&lo); err != nil {
 		return err
 	}
+	serving := servingPlan{path: *servingPath, flag: "--plan"}
+	if *servingPath != "" {
+		var err error
+		if lo.SlotExperts, err = statsServingSlots(*servingPath, *epSize, lo.Experts); err != nil {
+			return err
+		}
+	}
 	pr, stdout, stderr := startProgress(stdout, stderr, *quiet)
 	defer pr.close()
 	rd := pr.reading(traces)
@@ -83,6 +93,7 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 	}
 	if !*quiet {
 		printNotes(stderr, stats.Notes)
+		printSlotNotes(stderr, sources, serving, stats.Experts)
 	}
 	sum := routing.Summary(stats)
 	for _, s := range sources {
@@ -136,6 +147,31 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return writeJSON(*jsonOut, sum)
+}
+
+// statsServingSlots reads stats' --plan, saying what is missing: stats has
+// no cluster flags, so --ep-size gives the GPU count a file may not record
+// (a TensorRT-LLM load-balancer YAML is read in its own slot order and
+// needs none).
+func statsServingSlots(path string, epSize, experts int) ([][]routing.Expert, error) {
+	if epSize < 0 {
+		return nil, usagef("--ep-size %d: want the expert-parallel size the --plan served on", epSize)
+	}
+	if rows, ok := trtllmSlots(path); ok {
+		return rows, nil
+	}
+	p, err := placement.ReadFileWith(path, placement.Layout{GPUs: epSize, Experts: experts})
+	if errors.Is(err, placement.ErrNeedGPUs) {
+		return nil, fmt.Errorf("--plan %s does not record its GPU count: add --ep-size N, the expert-parallel size it served on", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--plan %s: %w", path, err)
+	}
+	out, err := rankMajorSlots(p)
+	if err != nil {
+		return nil, fmt.Errorf("--plan %s: %w (TensorRT-LLM numbers its slots rank-major, the same number on every rank)", path, err)
+	}
+	return out, nil
 }
 
 func optPct(ok bool, v float64) string {

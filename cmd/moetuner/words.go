@@ -135,6 +135,8 @@ func routingError(err error) error {
 // routingWords rewords the routing package's advice. Longer phrases come
 // first: strings.Replacer tries them in order at each position.
 var routingWords = strings.NewReplacer(
+	"set LoadOptions.SlotExperts to the placement it was serving", "give the placement it was serving with --plan (stats, eval) or --from (plan)",
+	"the placement in LoadOptions.SlotExperts", "the serving placement (--plan, --from)",
 	"set LoadOptions.Experts to the model's experts per layer", "pass the --model the trace was recorded with",
 	"LoadOptions.Experts is", "--model has",
 	"leave LoadOptions.TopK 0", "drop --top-k",
