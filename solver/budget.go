@@ -207,3 +207,35 @@ func at(start time.Time, limit time.Duration, share float64) time.Time {
 func of(limit time.Duration, share float64) time.Duration {
 	return time.Duration(share * float64(limit))
 }
+
+// imbalanceEvals is how many evaluations of the plan the repair behind
+// Problem.MaxImbalance is given at the end of a solve (0 without a cap):
+// building its evaluator (up to two), scoring the repaired plan (one),
+// and one step on a quarter of the layers, a step pricing one swap
+// towards each node at about a layer's part of an evaluation each
+// (Nodes/4 evaluations in all). On the 32k DeepSeek-V3 trace, 4 × 8 GPUs,
+// the search left 13 of 58 layers above a cap of 1.004 (home flow, 32
+// redundant slots, static dispatch) and 4 above 1.2 (chain flow). Layers
+// the time does not reach take the balance-first baseline's layer
+// (capfix.Cap), which costs a layer's part of an evaluation.
+func imbalanceEvals(p Problem) float64 {
+	if p.MaxImbalance <= 0 {
+		return 0
+	}
+	return 3 + float64(p.Cluster.Nodes)/4
+}
+
+// affinityAfter is, in evaluations of the plan, what follows the affinity
+// search within the limit: evaluating its plan (the facade reuses that
+// report), about as long as one evaluation, and as much again for the
+// layers' last moves and the certificate; the repair to
+// Problem.MaxImbalance when there is a cap; and under an optimal split
+// the optimal splits' flows (about one evaluation) and the plan's
+// evaluation after them.
+func (b budget) affinityAfter(p Problem) float64 {
+	after := 2 + imbalanceEvals(p)
+	if p.Split == SplitOptimal {
+		after += 2
+	}
+	return after
+}
