@@ -67,11 +67,6 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		}
 		evalTime = time.Since(t0)
 	}
-	tb := p.Model.TokenBytes()
-	exact := 0.0
-	for _, lr := range rep.Layers {
-		exact += lr.CrossNodeBytes / tb
-	}
 	var spare int64 // work the proxy cannot use, for the exact polish
 	if p.budgeted() {
 		// Under a move budget the proxy (which relabels whole nodes) and
@@ -80,60 +75,9 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		// (the polish's tenth on top of it, as always).
 		spare = opts.Limit.Work - opts.Limit.Work/10
 	} else if cut := cp.cost(); cut > 0 && c.Nodes > 1 {
-		perTok, _ := c.Coefficients(p.Model)
-		lim := opts.Limit
-		if !lim.ByWork() {
-			lim.Deadline = time.Now().Add(time.Duration(proxyShare * float64(time.Until(lim.Deadline))))
-		} else {
-			// Past annealSweeps sweeps of its neighbourhood (every copy to
-			// every GPU in every layer) the proxy's annealing has seen
-			// all it can; exact moves are worth more than more of it.
-			V := 0
-			for l := range cp.exp {
-				V += len(cp.exp[l])
-			}
-			need := (int64(annealSweeps)*int64(V)*int64(G) + chainProxyPerUnit - 1) / chainProxyPerUnit
-			if lim.Work > need {
-				spare, lim.Work = lim.Work-need, need
-			}
-		}
-		cp.pricePorts(rep, tb/c.NICBytesPerSec())
-		// Blocks of six layers or more: four searched a round.
-		scs := blockSchedules(ctx, lim, opts.Parallel, L, 6, chainProxyPerUnit)
-		kind := nodeKinds(p.Slots, cp.speed, c.Nodes, c.GPUsPerNode)
-		// Relabels during the annealing, relabelsMax by work; by time as
-		// many as fit in a tenth of its share, at what the start's took
-		// (the start is the balancer's plan: its relabel moves little).
-		relabels := relabelsMax
-		if !lim.ByWork() {
-			t0 := time.Now()
-			cp.relabel(kind)
-			if took := time.Since(t0); took > 0 {
-				relabels = min(relabelsMax, int(time.Until(lim.Deadline)/(10*took)))
-			}
-		}
-		moves := cp.anneal(uint64(L), scs, opts.Parallel, exact/cut, perTok, tb/c.NICBytesPerSec()/float64(G), kind, relabels)
-		cp.relabel(kind)
-		res.Tries = moves / chainProxyPerUnit
-		// No layer ends less balanced than it started (the start is the
-		// balancer's plan): the proxy prices the cut as an average over
-		// the NIC ports, which the busiest port exceeds, so its trades of
-		// balance for transitions are dearer on the exact cost than it
-		// sees. A layer whose busiest GPU the time left did not bring
-		// back keeps its start; one where no swap lowers it further keeps
-		// what the swaps reached (reverting it would give back all of its
-		// gain for the little its balance lacks).
-		var dl time.Time
-		if !opts.Limit.ByWork() {
-			dl = opts.Limit.Deadline
-		}
-		for l := 0; l < L; l++ {
-			n, ok := cp.capPeak(l, startPeak[l], exact/cut, tb/c.NICBytesPerSec()/float64(G), dl)
-			res.Tries += int64(n)
-			if !ok && !dl.IsZero() && !time.Now().Before(dl) {
-				keep[l] = true
-			}
-		}
+		var tries int64
+		spare, tries = proxyChain(ctx, p, opts, cp, rep, cut, startPeak, keep)
+		res.Tries += tries
 	}
 	speed := make([]float64, G)
 	for g := range speed {
@@ -161,6 +105,77 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	spare = exactChain(ctx, p, opts, spare, res, rep, evalTime)
 	polishChain(ctx, p, opts, spare, res, rep, evalTime)
 	return res, nil
+}
+
+// proxyChain runs the cross-layer proxy's annealing on cp (cut its
+// cost, rep the start's report), within proxyShare of the time left or
+// the work that saturates it, then brings every layer's busiest GPU back
+// to its start's (startPeak), marking in keep the layers the time left
+// could not. It returns the work the proxy could not use and the moves
+// tried.
+func proxyChain(ctx context.Context, p Problem, opts Options, cp *chainProxy, rep *costmodel.Report, cut float64, startPeak []float64, keep []bool) (spare, tries int64) {
+	c := p.Cluster
+	G, L := c.GPUs(), p.Stats.Layers
+	tb := p.Model.TokenBytes()
+	exact := 0.0
+	for _, lr := range rep.Layers {
+		exact += lr.CrossNodeBytes / tb
+	}
+	perTok, _ := c.Coefficients(p.Model)
+	lim := opts.Limit
+	if !lim.ByWork() {
+		lim.Deadline = time.Now().Add(time.Duration(proxyShare * float64(time.Until(lim.Deadline))))
+	} else {
+		// Past annealSweeps sweeps of its neighbourhood (every copy to
+		// every GPU in every layer) the proxy's annealing has seen
+		// all it can; exact moves are worth more than more of it.
+		V := 0
+		for l := range cp.exp {
+			V += len(cp.exp[l])
+		}
+		need := (int64(annealSweeps)*int64(V)*int64(G) + chainProxyPerUnit - 1) / chainProxyPerUnit
+		if lim.Work > need {
+			spare, lim.Work = lim.Work-need, need
+		}
+	}
+	cp.pricePorts(rep, tb/c.NICBytesPerSec())
+	// Blocks of six layers or more: four searched a round.
+	scs := blockSchedules(ctx, lim, opts.Parallel, L, 6, chainProxyPerUnit)
+	kind := nodeKinds(p.Slots, cp.speed, c.Nodes, c.GPUsPerNode)
+	// Relabels during the annealing, relabelsMax by work; by time as
+	// many as fit in a tenth of its share, at what the start's took
+	// (the start is the balancer's plan: its relabel moves little).
+	relabels := relabelsMax
+	if !lim.ByWork() {
+		t0 := time.Now()
+		cp.relabel(kind)
+		if took := time.Since(t0); took > 0 {
+			relabels = min(relabelsMax, int(time.Until(lim.Deadline)/(10*took)))
+		}
+	}
+	moves := cp.anneal(uint64(L), scs, opts.Parallel, exact/cut, perTok, tb/c.NICBytesPerSec()/float64(G), kind, relabels)
+	cp.relabel(kind)
+	tries = moves / chainProxyPerUnit
+	// No layer ends less balanced than it started (the start is the
+	// balancer's plan): the proxy prices the cut as an average over
+	// the NIC ports, which the busiest port exceeds, so its trades of
+	// balance for transitions are dearer on the exact cost than it
+	// sees. A layer whose busiest GPU the time left did not bring
+	// back keeps its start; one where no swap lowers it further keeps
+	// what the swaps reached (reverting it would give back all of its
+	// gain for the little its balance lacks).
+	var dl time.Time
+	if !opts.Limit.ByWork() {
+		dl = opts.Limit.Deadline
+	}
+	for l := 0; l < L; l++ {
+		n, ok := cp.capPeak(l, startPeak[l], exact/cut, tb/c.NICBytesPerSec()/float64(G), dl)
+		tries += int64(n)
+		if !ok && !dl.IsZero() && !time.Now().Before(dl) {
+			keep[l] = true
+		}
+	}
+	return spare, tries
 }
 
 // chainProxyPerUnit is how many chain proxy moves one work unit (one

@@ -48,27 +48,7 @@ func (cp *chainProxy) anneal(seed uint64, scs []*schedule, procs int, scale, per
 	}
 	index()
 	mark := 1
-	delta := func(l, x, y int) float64 {
-		gl := cp.gload[l]
-		gx, gy := cp.gpu[l][x], cp.gpu[l][y]
-		d := cp.load[l][y] - cp.load[l][x]
-		before, after := 0.0, 0.0
-		for g, v := range gl {
-			before = max(before, v)
-			switch g {
-			case gx:
-				v += d / cp.speed[gx]
-			case gy:
-				v -= d / cp.speed[gy]
-			}
-			after = max(after, v)
-		}
-		cut := cp.swapDelta(l, x, y) * scale * copySec
-		if cp.portSec != nil && cp.portSec[l] > 0 {
-			cut += cp.portExcess(l, x, y) * cp.portSec[l]
-		}
-		return cut + (after-before)*perTok
-	}
+	delta := func(l, x, y int) float64 { return cp.annealDelta(l, x, y, scale, perTok, copySec) }
 	// One move in P stays within a node (P−1 GPUs of the N·P−1 others
 	// would be fewer when nodes are many).
 	pick := func(rng *rand.Rand, l int) (a, b, x, y int, ok bool) {
@@ -148,6 +128,32 @@ func (cp *chainProxy) anneal(seed uint64, scs []*schedule, procs int, scale, per
 		n += sc.done
 	}
 	return n
+}
+
+// annealDelta is what swapping copies x and y of layer l changes in the
+// annealing's cost: the cut (scale copies per unit, copySec each), the
+// ports' excess where they are priced, and the busiest GPU's tokens
+// (perTok seconds each).
+func (cp *chainProxy) annealDelta(l, x, y int, scale, perTok, copySec float64) float64 {
+	gl := cp.gload[l]
+	gx, gy := cp.gpu[l][x], cp.gpu[l][y]
+	d := cp.load[l][y] - cp.load[l][x]
+	before, after := 0.0, 0.0
+	for g, v := range gl {
+		before = max(before, v)
+		switch g {
+		case gx:
+			v += d / cp.speed[gx]
+		case gy:
+			v -= d / cp.speed[gy]
+		}
+		after = max(after, v)
+	}
+	cut := cp.swapDelta(l, x, y) * scale * copySec
+	if cp.portSec != nil && cp.portSec[l] > 0 {
+		cut += cp.portExcess(l, x, y) * cp.portSec[l]
+	}
+	return cut + (after-before)*perTok
 }
 
 // peak is layer l's busiest GPU load (tokens over speed).

@@ -98,30 +98,9 @@ func (cx *chainExact) anneal(seed uint64, scs []*schedule, procs int, canSweep f
 			if cx.gpu[l][e] == cx.gpu[l][f] {
 				return
 			}
-			var b *chainBudget
-			dc := 0
-			if cx.bud != nil {
-				b = cx.bud[l]
-				// Under a nearly spent budget half the swaps take a
-				// moved expert, and half of those a moved partner (a
-				// swap of two moved experts never adds to the count).
-				if b.Max > 0 && b.changed >= b.Max-1 && rng.IntN(2) == 0 {
-					if x, ok := cx.movedExpert(l, b, rng); ok {
-						e = x
-						if rng.IntN(2) == 0 {
-							if y, ok := cx.movedExpert(l, b, rng); ok {
-								f = y
-							}
-						}
-					}
-					if e == f || cx.gpu[l][e] == cx.gpu[l][f] {
-						return
-					}
-				}
-				dc = b.SwapChanged(int(cx.gpu[l][e]), e, int(cx.gpu[l][f]), f)
-				if b.Max > 0 && b.changed+dc > b.Max {
-					return
-				}
+			b, e, f, dc, ok := cx.budgeted(rng, l, e, f)
+			if !ok {
+				return
 			}
 			d, tl, tn, ok := cx.trial(s, l, e, f)
 			if b != nil {
@@ -155,6 +134,36 @@ func (cx *chainExact) anneal(seed uint64, scs []*schedule, procs int, canSweep f
 		tries += n
 	}
 	return bestGPU, tries
+}
+
+// budgeted is the move budget's say on a swap of experts e and f in
+// layer l: the layer's budget (nil: none), the swap it becomes, the slots
+// it changes and whether it may be tried. Under a nearly spent budget
+// half the swaps take a moved expert, and half of those a moved partner
+// (a swap of two moved experts never adds to the count).
+func (cx *chainExact) budgeted(rng *rand.Rand, l, e, f int) (b *chainBudget, e2, f2, dc int, ok bool) {
+	if cx.bud == nil {
+		return nil, e, f, 0, true
+	}
+	b = cx.bud[l]
+	if b.Max > 0 && b.changed >= b.Max-1 && rng.IntN(2) == 0 {
+		if x, ok := cx.movedExpert(l, b, rng); ok {
+			e = x
+			if rng.IntN(2) == 0 {
+				if y, ok := cx.movedExpert(l, b, rng); ok {
+					f = y
+				}
+			}
+		}
+		if e == f || cx.gpu[l][e] == cx.gpu[l][f] {
+			return b, e, f, 0, false
+		}
+	}
+	dc = b.SwapChanged(int(cx.gpu[l][e]), e, int(cx.gpu[l][f]), f)
+	if b.Max > 0 && b.changed+dc > b.Max {
+		return b, e, f, dc, false
+	}
+	return b, e, f, dc, true
 }
 
 // ports is phase ph's busiest NIC port with the changes s.d…[d] (d −1:

@@ -61,112 +61,12 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 	}
 	rng := rand.New(rand.NewPCG(uint64(L), 0x706f6c))
 	bud := newChainBudgets(p, res.Copies)
-	// changed is the move budget's count of a slot swap (0 without one).
-	changed := func(l int, lp placement.LayerPlan, a, b int) int {
-		if bud == nil {
-			return 0
-		}
-		return bud[l].SwapChanged(int(lp.SlotGPU[a]), int(lp.SlotExpert[a]), int(lp.SlotGPU[b]), int(lp.SlotExpert[b]))
-	}
-	// movedSlot is a random slot of lp whose copy the running plan does
-	// not have there, or −1.
-	movedSlot := func(l int, lp placement.LayerPlan) int {
-		b := bud[l]
-		if b.changed == 0 {
-			return -1
-		}
-		n := rng.IntN(b.changed)
-		for i, e := range lp.SlotExpert {
-			if b.Off(int(lp.SlotGPU[i]), int(e)) == 1 {
-				if n == 0 {
-					return i
-				}
-				n--
-			}
-		}
-		return -1
-	}
-	// pick draws a swap of two slots of one layer that keeps the plan
-	// valid (different GPUs, different experts, neither already on the
-	// other's GPU) and within the move budget, with its count; under a
-	// nearly spent budget half of them start from a moved slot, and half
-	// of those take a moved partner (such a swap never adds to the
-	// count).
-	pick := func() (costmodel.Move, int, bool) {
-		for range 64 {
-			l := rng.IntN(L)
-			lp := ev.Layer(l)
-			n := len(lp.SlotGPU)
-			if n < 2 {
-				continue
-			}
-			a, b := rng.IntN(n), rng.IntN(n)
-			if bud != nil && bud[l].Max > 0 && bud[l].changed >= bud[l].Max-1 && rng.IntN(2) == 0 {
-				if a = movedSlot(l, lp); a < 0 {
-					continue
-				}
-				if rng.IntN(2) == 0 {
-					if b = movedSlot(l, lp); b < 0 {
-						continue
-					}
-				}
-			}
-			ga, gb, ea, eb := lp.SlotGPU[a], lp.SlotGPU[b], lp.SlotExpert[a], lp.SlotExpert[b]
-			if ga == gb || ea == eb {
-				continue
-			}
-			dc := changed(l, lp, a, b)
-			if bud != nil && bud[l].Max > 0 && bud[l].changed+dc > bud[l].Max {
-				continue
-			}
-			clash := false
-			for s := range lp.SlotGPU {
-				if (lp.SlotGPU[s] == gb && lp.SlotExpert[s] == ea) || (lp.SlotGPU[s] == ga && lp.SlotExpert[s] == eb) {
-					clash = true
-					break
-				}
-			}
-			if !clash {
-				return costmodel.Move{Kind: costmodel.MoveSwap, Layer: l, Slot: a, Other: b}, dc, true
-			}
-		}
-		return costmodel.Move{}, 0, false
-	}
-	// sec is a changed slot's charge in layer l.
-	sec := func(l int) float64 {
-		if bud == nil {
-			return 0
-		}
-		return bud[l].SlotSec
-	}
-	t0, n0 := 0.0, 0
-	t1 := time.Now()
-	for range 4 * L {
-		if m, _, ok := pick(); ok {
-			if d, err := ev.Delta(m); err == nil {
-				t0 += math.Abs(d)
-				n0++
-			}
-		}
-	}
-	// Swaps per second, from that sample.
-	rate := float64(4*L) / max(time.Since(t1).Seconds(), 1e-9)
-	if n0 == 0 || t0 == 0 {
+	pl := &chainPolisher{ev: ev, rng: rng, bud: bud, L: L}
+	t0, ok := pl.temperature(p, lim)
+	if !ok {
 		return
 	}
-	t0 /= float64(n0)
-	slots := 0
-	for _, v := range p.Slots {
-		slots += v
-	}
 	sc := newSchedule(ctx, lim, 1)
-	if lim.ByWork() {
-		if float64(lim.Work) < annealSweeps*float64(L*slots*G) {
-			t0 *= coolTo
-		}
-	} else if rate*time.Until(lim.Deadline).Seconds() < annealSweeps*float64(L*slots*G) {
-		t0 *= coolTo
-	}
 	// The walk may pass through plans with a layer over its cap, paying
 	// the excess tail once more on top of the time it adds; only plans
 	// within every cap can become the best kept.
@@ -183,7 +83,7 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 		if !ok {
 			break
 		}
-		m, dc, ok := pick()
+		m, dc, ok := pl.pick()
 		if !ok {
 			break
 		}
@@ -191,7 +91,7 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 		if err != nil {
 			return
 		}
-		d += sec(m.Layer) * float64(dc)
+		d += pl.sec(m.Layer) * float64(dc)
 		temp := t0 * math.Pow(coolTo, prog)
 		u := rng.Float64()
 		accept := func(x float64) bool { return x <= 0 || u < math.Exp(-x/temp) }
@@ -238,4 +138,131 @@ func polishChain(ctx context.Context, p Problem, opts Options, spare int64, res 
 	for l := range res.Copies {
 		res.Copies[l] = out.ExpertGPUs(l)
 	}
+}
+
+// chainPolisher draws polishChain's moves: swaps of two slots of one
+// layer of ev, within the move budget bud (nil: none).
+type chainPolisher struct {
+	ev  *costmodel.Evaluator
+	rng *rand.Rand
+	bud []*chainBudget
+	L   int
+}
+
+// changed is the move budget's count of a slot swap (0 without one).
+func (pl *chainPolisher) changed(l int, lp placement.LayerPlan, a, b int) int {
+	if pl.bud == nil {
+		return 0
+	}
+	return pl.bud[l].SwapChanged(int(lp.SlotGPU[a]), int(lp.SlotExpert[a]), int(lp.SlotGPU[b]), int(lp.SlotExpert[b]))
+}
+
+// movedSlot is a random slot of lp whose copy the running plan does not
+// have there, or −1.
+func (pl *chainPolisher) movedSlot(l int, lp placement.LayerPlan) int {
+	b := pl.bud[l]
+	if b.changed == 0 {
+		return -1
+	}
+	n := pl.rng.IntN(b.changed)
+	for i, e := range lp.SlotExpert {
+		if b.Off(int(lp.SlotGPU[i]), int(e)) == 1 {
+			if n == 0 {
+				return i
+			}
+			n--
+		}
+	}
+	return -1
+}
+
+// pick draws a swap of two slots of one layer that keeps the plan valid
+// (different GPUs, different experts, neither already on the other's
+// GPU) and within the move budget, with its count; under a nearly spent
+// budget half of them start from a moved slot, and half of those take a
+// moved partner (such a swap never adds to the count).
+func (pl *chainPolisher) pick() (costmodel.Move, int, bool) {
+	rng, bud := pl.rng, pl.bud
+	for range 64 {
+		l := rng.IntN(pl.L)
+		lp := pl.ev.Layer(l)
+		n := len(lp.SlotGPU)
+		if n < 2 {
+			continue
+		}
+		a, b := rng.IntN(n), rng.IntN(n)
+		if bud != nil && bud[l].Max > 0 && bud[l].changed >= bud[l].Max-1 && rng.IntN(2) == 0 {
+			if a = pl.movedSlot(l, lp); a < 0 {
+				continue
+			}
+			if rng.IntN(2) == 0 {
+				if b = pl.movedSlot(l, lp); b < 0 {
+					continue
+				}
+			}
+		}
+		ga, gb, ea, eb := lp.SlotGPU[a], lp.SlotGPU[b], lp.SlotExpert[a], lp.SlotExpert[b]
+		if ga == gb || ea == eb {
+			continue
+		}
+		dc := pl.changed(l, lp, a, b)
+		if bud != nil && bud[l].Max > 0 && bud[l].changed+dc > bud[l].Max {
+			continue
+		}
+		clash := false
+		for s := range lp.SlotGPU {
+			if (lp.SlotGPU[s] == gb && lp.SlotExpert[s] == ea) || (lp.SlotGPU[s] == ga && lp.SlotExpert[s] == eb) {
+				clash = true
+				break
+			}
+		}
+		if !clash {
+			return costmodel.Move{Kind: costmodel.MoveSwap, Layer: l, Slot: a, Other: b}, dc, true
+		}
+	}
+	return costmodel.Move{}, 0, false
+}
+
+// sec is a changed slot's charge in layer l.
+func (pl *chainPolisher) sec(l int) float64 {
+	if pl.bud == nil {
+		return 0
+	}
+	return pl.bud[l].SlotSec
+}
+
+// temperature is the polish's starting temperature, the mean |Δ| of a
+// sample of 4·L swaps, cooled to coolTo of it unless lim lets the
+// annealing try every swap of the neighbourhood annealSweeps times (by
+// the sample's rate when by time); false when the sample saw no change.
+func (pl *chainPolisher) temperature(p Problem, lim task.Limit) (float64, bool) {
+	L, G := pl.L, p.Cluster.GPUs()
+	t0, n0 := 0.0, 0
+	t1 := time.Now()
+	for range 4 * L {
+		if m, _, ok := pl.pick(); ok {
+			if d, err := pl.ev.Delta(m); err == nil {
+				t0 += math.Abs(d)
+				n0++
+			}
+		}
+	}
+	// Swaps per second, from that sample.
+	rate := float64(4*L) / max(time.Since(t1).Seconds(), 1e-9)
+	if n0 == 0 || t0 == 0 {
+		return 0, false
+	}
+	t0 /= float64(n0)
+	slots := 0
+	for _, v := range p.Slots {
+		slots += v
+	}
+	if lim.ByWork() {
+		if float64(lim.Work) < annealSweeps*float64(L*slots*G) {
+			t0 *= coolTo
+		}
+	} else if rate*time.Until(lim.Deadline).Seconds() < annealSweeps*float64(L*slots*G) {
+		t0 *= coolTo
+	}
+	return t0, true
 }
