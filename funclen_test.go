@@ -23,25 +23,14 @@ const maxFuncLines = 120
 // new long function, on one that grew, and on an entry that no longer
 // needs its place.
 var longFuncs = map[string]int{
-	"cmd/moetuner/compare.go:cmdCompare":                        134,
-	"cmd/moetuner/plan.go:cmdPlan":                              140,
-	"cmd/moetuner/replay.go:cmdReplay":                          146,
-	"cmd/moetuner/setup.go:common.setup":                        180,
-	"internal/torchpt/scan.go:scanPickle":                       217,
-	"replay/gpu.go:GPU.Run":                                     209,
-	"routing/stream.go:readNPYTrace":                            133,
-	"routing/trtllm.go:readTRTLLM":                              146,
-	"solver/internal/jointilp/descent.go:Model.buildChainLayer": 150,
-	"solver/internal/onenode/search.go:Layer.heuristicColumns":  127,
-	"solver/internal/onenode/swap.go:Layer.swapColumns":         169,
-	"solver/internal/replica/exact.go:exactPack":                225,
-	"solver/internal/replica/packer.go:packer.improveCost":      123,
-	"solver/internal/replica/pairs.go:pairFeasible":             147,
-	"solver/internal/replica/place.go:placeLayer":               136,
-	"solver/internal/replica/spread.go:spreadNodes":             163,
-	"solver/internal/replica/static.go:staticSwap":              121,
-	"solver/internal/search/polish.go:Polish":                   134,
-	"solver/joint.go:solveJoint":                                175,
+	"cmd/moetuner/compare.go:cmdCompare":  134,
+	"cmd/moetuner/plan.go:cmdPlan":        140,
+	"cmd/moetuner/replay.go:cmdReplay":    146,
+	"cmd/moetuner/setup.go:common.setup":  180,
+	"internal/torchpt/scan.go:scanPickle": 217,
+	"replay/gpu.go:GPU.Run":               209,
+	"routing/stream.go:readNPYTrace":      133,
+	"routing/trtllm.go:readTRTLLM":        146,
 }
 
 // TestFunctionLength keeps non-test functions short enough to read

@@ -43,46 +43,9 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 			return nil, LayerBalance{}, err
 		}
 	} else {
-		experts := make([]int, E)
-		for e := range experts {
-			experts[e] = e
-		}
-		cnt, err := apportion(agg, experts, lay.total, G)
-		if err != nil {
+		var err error
+		if pk, err = packFresh(p, l, pk, agg, lay, all, static, len(w), m); err != nil {
 			return nil, LayerBalance{}, err
-		}
-		// Local dispatch: at most one copy per node keeps every copy's
-		// share exact and each node's tokens local, when the cap does not
-		// raise the largest replica above the balance bound.
-		if N := p.Cluster.Nodes; p.Dispatch.Closed() == placement.DispatchLocal && N > 1 && N < G {
-			if capped, err := apportion(agg, experts, lay.total, N); err == nil {
-				mean := 0.0
-				for _, v := range agg {
-					mean += v / float64(G)
-				}
-				if maxReplica(agg, capped) <= math.Max(maxReplica(agg, cnt), mean)*(1+1e-9) {
-					pk.maxCopies, pk.perNode = N, p.Cluster.GPUsPerNode
-					if pk.pack(capped, all) == nil {
-						cnt = nil // packed with copies on distinct nodes
-					} else {
-						pk.maxCopies, pk.perNode = G, 0
-					}
-				}
-			}
-		}
-		if cnt != nil {
-			if err := pk.pack(cnt, all); err != nil {
-				return nil, LayerBalance{}, err
-			}
-		}
-		if !static {
-			// Under static dispatch the swaps below balance the split
-			// the cost model counts, as well from the packing alone and
-			// sooner (58 DeepSeek-V3 layers, 32 or 64 redundant slots).
-			pk.improve(all, m, 0)
-		}
-		if pk.perNode > 0 && len(w) == 1 {
-			pk = trafficFirst(pk, agg, lay, all, m)
 		}
 	}
 	if cp == nil {
@@ -147,6 +110,58 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 		b.Bound = math.Max(b.Bound, math.Min(bound, b.Busiest))
 	}
 	return cp, b, nil
+}
+
+// packFresh packs layer l afresh on pk (agg its aggregate weights, all
+// its GPUs): copy counts apportioned to the weights, at most one copy per
+// node under local dispatch where that costs no balance, swaps to
+// balance (not under static dispatch, whose swaps follow) and, with
+// copies on distinct nodes and one workload, traffic first. It returns
+// the packer that holds the plan.
+func packFresh(p Problem, l int, pk *packer, agg []float64, lay replicaLayout, all []int, static bool, workloads int, m *task.Meter) (*packer, error) {
+	E, G := p.Stats.Experts, p.Cluster.GPUs()
+	experts := make([]int, E)
+	for e := range experts {
+		experts[e] = e
+	}
+	cnt, err := apportion(agg, experts, lay.total, G)
+	if err != nil {
+		return nil, err
+	}
+	// Local dispatch: at most one copy per node keeps every copy's
+	// share exact and each node's tokens local, when the cap does not
+	// raise the largest replica above the balance bound.
+	if N := p.Cluster.Nodes; p.Dispatch.Closed() == placement.DispatchLocal && N > 1 && N < G {
+		if capped, err := apportion(agg, experts, lay.total, N); err == nil {
+			mean := 0.0
+			for _, v := range agg {
+				mean += v / float64(G)
+			}
+			if maxReplica(agg, capped) <= math.Max(maxReplica(agg, cnt), mean)*(1+1e-9) {
+				pk.maxCopies, pk.perNode = N, p.Cluster.GPUsPerNode
+				if pk.pack(capped, all) == nil {
+					cnt = nil // packed with copies on distinct nodes
+				} else {
+					pk.maxCopies, pk.perNode = G, 0
+				}
+			}
+		}
+	}
+	if cnt != nil {
+		if err := pk.pack(cnt, all); err != nil {
+			return nil, err
+		}
+	}
+	if !static {
+		// Under static dispatch the swaps below balance the split
+		// the cost model counts, as well from the packing alone and
+		// sooner (58 DeepSeek-V3 layers, 32 or 64 redundant slots).
+		pk.improve(all, m, 0)
+	}
+	if pk.perNode > 0 && workloads == 1 {
+		pk = trafficFirst(pk, agg, lay, all, m)
+	}
+	return pk, nil
 }
 
 // trafficFirst tries, under local dispatch with copies on distinct nodes,
