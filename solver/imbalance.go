@@ -24,9 +24,9 @@ func capProblem(p Problem, opts Options) capfix.Problem {
 	}
 }
 
-// refuseBeforeSolve returns an *InfeasibleError (as a task.Infeasible for
-// public), before any search, when some layer cannot meet p.MaxImbalance
-// with p's slots per GPU (capfix.Refuse).
+// refuseBeforeSolve returns a *task.Infeasible (which public makes an
+// *InfeasibleError), before any search, when some layer cannot meet
+// p.MaxImbalance with p's slots per GPU (capfix.Refuse).
 func refuseBeforeSolve(p Problem) error {
 	return capfix.Refuse(capProblem(p, Options{}), replicaProblem(p, Options{}))
 }
