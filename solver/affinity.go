@@ -123,6 +123,7 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	pr, err := affinitypath.Run(ctx, ap, affinitypath.Options{
 		Start: start, Limit: limit, Work: W, Reserve: reserve,
 		StartShare: b.AffinityStart, BoundShare: b.AffinityBound,
+		BoundCappedPasses: b.AffinityCappedPasses, BoundStepRounds: b.AffinityStepRounds,
 		Parallel: opts.Parallel, MinLayer: b.MinLayer, Shares: b.Affinity,
 	})
 	if err != nil {

@@ -84,6 +84,18 @@ type budget struct {
 	// shift steps (a third more work) tightens each layer's bound: 2.7 %
 	// on 4 × 8 home, 8.8 % on the 4 × 8 chain at a 60 s limit.
 	AffinityBound float64
+	// AffinityCappedPasses: with a cap (home flow) the bound's pass over
+	// the plans that meet it runs alone when the bound's share holds this
+	// many first passes (it takes about three times a first pass, with
+	// the shift steps about six: 29, 91 and 165 ms a layer on the 32k
+	// trace, 4 × 8, 32 slots, static dispatch, one core); else it runs
+	// after the steps pass, in what is left.
+	AffinityCappedPasses float64
+	// AffinityStepRounds: without the capped pass alone, the pass with
+	// the spectral shift steps (a third more work than the first) runs
+	// when the share left holds this many rounds of layers at the first
+	// pass's time.
+	AffinityStepRounds float64
 	// Affinity splits each layer's share among the search's phases: the
 	// node-level proxy annealing, the exact node-level swaps, balancing
 	// within nodes, and the exact annealing (the rest). Chosen on the
@@ -167,9 +179,11 @@ var defaultBudget = budget{
 		PairProofShare: 0.5,
 	},
 
-	AffinityStart: 0.05,
-	AffinityBound: 0.1,
-	Affinity:      affinity.Shares{Proxy: 0.4, Nodes: 0.25, GPUs: 0.15},
+	AffinityStart:        0.05,
+	AffinityBound:        0.1,
+	AffinityCappedPasses: 6,
+	AffinityStepRounds:   2,
+	Affinity:             affinity.Shares{Proxy: 0.4, Nodes: 0.25, GPUs: 0.15},
 
 	NodeWork:        1000,
 	BoundTimeFactor: 3,

@@ -62,18 +62,20 @@ func remoteBound(ctx context.Context, p Problem, opts Options, res *Result) {
 	// static, one core, layers 0, 20, 40): 29 ms a layer for the
 	// first pass (0.92 remote nodes per token), 91 ms with the cap
 	// (1.15), 165 ms with the cap and the steps (1.27). So when the
-	// share holds six first passes it runs alone; else the steps pass
+	// share holds BoundCappedPasses (six) first passes it runs alone;
+	// else the steps pass
 	// over every plan comes first, as without a cap, and the capped
 	// pass takes what is left (a layer it does not reach keeps the
 	// larger of the others), so a cap never leaves the bound below
 	// the one without it.
 	capOn := p.Flow == costmodel.FlowHome && p.BoundCap > 0
 	dl, timed := bctx.Deadline()
-	cappedFits := capOn && (opts.Work > 0 || timed && time.Until(dl) > 6*pass)
-	if timed && err == nil && opts.Work == 0 && !cappedFits && time.Until(dl) > 2*layerTime {
+	cappedFits := capOn && (opts.Work > 0 || timed && time.Until(dl) > times(opts.BoundCappedPasses, pass))
+	if timed && err == nil && opts.Work == 0 && !cappedFits && time.Until(dl) > times(opts.BoundStepRounds, layerTime) {
 		// Every layer is bounded, and the share holds a round of
 		// layers with the spectral shift steps (a third more work),
-		// twice over: the steps tighten each layer's bound.
+		// BoundStepRounds (twice) over: the steps tighten each layer's
+		// bound.
 		bo.ShiftSteps = 0
 		again(bo)
 	}
@@ -118,4 +120,9 @@ func nodeSpeedPeak(c costmodel.Cluster) float64 {
 		return 1
 	}
 	return max(1, peak*float64(c.Nodes)/total)
+}
+
+// times is f·d.
+func times(f float64, d time.Duration) time.Duration {
+	return time.Duration(f * float64(d))
 }

@@ -49,8 +49,13 @@ type Options struct {
 	// plan had; BoundShare the bound's share of the limit, from when it
 	// starts.
 	StartShare, BoundShare float64
-	Parallel               int
-	MinLayer               time.Duration
+	// BoundCappedPasses: the capped bound pass runs alone when the
+	// bound's share holds this many first passes; BoundStepRounds: the
+	// pass with the spectral shift steps runs when the share left holds
+	// this many rounds of layers.
+	BoundCappedPasses, BoundStepRounds float64
+	Parallel                           int
+	MinLayer                           time.Duration
 	// Shares split each layer's share among the search's phases.
 	Shares affinity.Shares
 }
