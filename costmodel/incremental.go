@@ -215,11 +215,6 @@ func (ev *engine) addTransDiffOut(pt *routing.Pattern, d *probDiff, pc *probBuf,
 	}
 }
 
-type patternIndex struct {
-	start []int32
-	ids   []int32
-}
-
 // NewEvaluator prepares an Evaluator for plan (copied) under s. It fails
 // when s or plan is invalid for the cost model (see Evaluate) or plan
 // carries slot shares, which moves cannot keep consistent.
@@ -611,59 +606,6 @@ func (ev *Evaluator) trialStates(l int) {
 	if next != nil {
 		t.times[1] = eng.finish(l+1, &ev.sh[l+1], next, nil)
 	}
-}
-
-// affected returns the patterns that use one of experts at layer l, each
-// once.
-func (ev *Evaluator) affected(l int, experts []int) []int32 {
-	idx := ev.layerIndex(l)
-	ev.gen++
-	if ev.gen == 0 {
-		clear(ev.stamp)
-		ev.gen = 1
-	}
-	ev.pats = ev.pats[:0]
-	for _, e := range experts {
-		for _, i := range idx.ids[idx.start[e]:idx.start[e+1]] {
-			if ev.stamp[i] != ev.gen {
-				ev.stamp[i] = ev.gen
-				ev.pats = append(ev.pats, i)
-			}
-		}
-	}
-	return ev.pats
-}
-
-func (ev *Evaluator) layerIndex(l int) *patternIndex {
-	idx := &ev.index[l]
-	if idx.start != nil {
-		return idx
-	}
-	eng := ev.eng
-	E, k := eng.e, eng.k
-	idx.start = make([]int32, E+1)
-	pats := eng.stats.Patterns
-	for i := range pats {
-		for j, e := range pats[i].Experts[l*k : (l+1)*k] {
-			if !slices.Contains(pats[i].Experts[l*k:l*k+j], e) {
-				idx.start[e+1]++
-			}
-		}
-	}
-	for e := 0; e < E; e++ {
-		idx.start[e+1] += idx.start[e]
-	}
-	idx.ids = make([]int32, idx.start[E])
-	fill := slices.Clone(idx.start[:E])
-	for i := range pats {
-		for j, e := range pats[i].Experts[l*k : (l+1)*k] {
-			if !slices.Contains(pats[i].Experts[l*k:l*k+j], e) {
-				idx.ids[fill[e]] = int32(i)
-				fill[e]++
-			}
-		}
-	}
-	return idx
 }
 
 // SetLayer replaces layer l's slots by lp (copied) and recomputes the

@@ -84,6 +84,18 @@ type budget struct {
 	// shift steps (a third more work) tightens each layer's bound: 2.7 %
 	// on 4 × 8 home, 8.8 % on the 4 × 8 chain at a 60 s limit.
 	AffinityBound float64
+	// AffinityCappedPasses: with a cap (home flow) the bound's pass over
+	// the plans that meet it runs alone when the bound's share holds this
+	// many first passes (it takes about three times a first pass, with
+	// the shift steps about six: 29, 91 and 165 ms a layer on the 32k
+	// trace, 4 × 8, 32 slots, static dispatch, one core); else it runs
+	// after the steps pass, in what is left.
+	AffinityCappedPasses float64
+	// AffinityStepRounds: without the capped pass alone, the pass with
+	// the spectral shift steps (a third more work than the first) runs
+	// when the share left holds this many rounds of layers at the first
+	// pass's time.
+	AffinityStepRounds float64
 	// Affinity splits each layer's share among the search's phases: the
 	// node-level proxy annealing, the exact node-level swaps, balancing
 	// within nodes, and the exact annealing (the rest). Chosen on the
@@ -167,9 +179,11 @@ var defaultBudget = budget{
 		PairProofShare: 0.5,
 	},
 
-	AffinityStart: 0.05,
-	AffinityBound: 0.1,
-	Affinity:      affinity.Shares{Proxy: 0.4, Nodes: 0.25, GPUs: 0.15},
+	AffinityStart:        0.05,
+	AffinityBound:        0.1,
+	AffinityCappedPasses: 6,
+	AffinityStepRounds:   2,
+	Affinity:             affinity.Shares{Proxy: 0.4, Nodes: 0.25, GPUs: 0.15},
 
 	NodeWork:        1000,
 	BoundTimeFactor: 3,
@@ -206,4 +220,36 @@ func at(start time.Time, limit time.Duration, share float64) time.Time {
 // of returns share·limit.
 func of(limit time.Duration, share float64) time.Duration {
 	return time.Duration(share * float64(limit))
+}
+
+// imbalanceEvals is how many evaluations of the plan the repair behind
+// Problem.MaxImbalance is given at the end of a solve (0 without a cap):
+// building its evaluator (up to two), scoring the repaired plan (one),
+// and one step on a quarter of the layers, a step pricing one swap
+// towards each node at about a layer's part of an evaluation each
+// (Nodes/4 evaluations in all). On the 32k DeepSeek-V3 trace, 4 × 8 GPUs,
+// the search left 13 of 58 layers above a cap of 1.004 (home flow, 32
+// redundant slots, static dispatch) and 4 above 1.2 (chain flow). Layers
+// the time does not reach take the balance-first baseline's layer
+// (capfix.Cap), which costs a layer's part of an evaluation.
+func imbalanceEvals(p Problem) float64 {
+	if p.MaxImbalance <= 0 {
+		return 0
+	}
+	return 3 + float64(p.Cluster.Nodes)/4
+}
+
+// affinityAfter is, in evaluations of the plan, what follows the affinity
+// search within the limit: evaluating its plan (the facade reuses that
+// report), about as long as one evaluation, and as much again for the
+// layers' last moves and the certificate; the repair to
+// Problem.MaxImbalance when there is a cap; and under an optimal split
+// the optimal splits' flows (about one evaluation) and the plan's
+// evaluation after them.
+func (b budget) affinityAfter(p Problem) float64 {
+	after := 2 + imbalanceEvals(p)
+	if p.Split == SplitOptimal {
+		after += 2
+	}
+	return after
 }

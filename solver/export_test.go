@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/solver/internal/capfix"
 	"github.com/moetuner/moetuner/solver/internal/onenode"
 )
 
@@ -43,7 +44,7 @@ func RepairImbalance(p Problem, opts Options, plan *placement.Plan) (int, error)
 	if err != nil {
 		return 0, err
 	}
-	n, err := capImbalance(context.Background(), p, opts, plan, nil, nil, nil, time.Now().Add(time.Hour))
+	n, err := capfix.Cap(context.Background(), capProblem(p, opts), plan, nil, nil, nil, time.Now().Add(time.Hour))
 	return n, public(err)
 }
 

@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/mip"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/solver/internal/jointilp"
@@ -137,44 +138,16 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 		res.Status = StatusFeasible
 	}
 	if jm.Chain() && !opts.NoPolish {
-		// The monolithic ILP keeps only the heaviest transition pairs; with
-		// neighbours fixed every pair is linear, so descend layer by layer.
-		better, err := jm.Descent(ctx, sc, backend, assign, jointilp.DescentOptions{
-			Deadline:  at(start, limit, b.ChainDescentEnd),
-			StepLimit: max(limit/time.Duration(b.DescentSteps*jm.Layers()), b.DescentStepMin),
-			MinLeft:   b.DescentMinLeft,
-			StepNodes: b.nodes(W, (b.ChainDescentEnd-b.ChainILP)/float64(b.DescentRounds*jm.Layers())),
-			MaxRounds: b.DescentRounds,
-			MIP:       mipSettings(opts),
-		})
-		if err != nil {
+		if assign, err = chainDescent(ctx, jm, sc, backend, assign, opts, b, start, limit, res); err != nil {
 			return nil, err
 		}
-		if mo := jm.Objective(better) / 1e6; mo != res.ModelObjective {
-			res.ModelObjective = mo
-			if mo > 0 {
-				res.Gap = math.Max(0, (mo-res.Bound)/mo)
-			}
-		}
-		assign = better
 		report("descent", res.ModelObjective, res.Bound)
 	}
 	plan := jointilp.AssignPlan(jm.GPUs(), assign, string(StrategyJoint))
 	// The ILP's model is a proxy for the exact cost model where tokens
 	// share GPUs beyond pairs; a local search on the exact model, started
 	// from the ILP plan and from the baseline, keeps the best.
-	best, bestObj := plan, math.Inf(1)
-	// keep scores cand on the exact cost model and keeps the better plan.
-	keep := func(cand *placement.Plan) error {
-		rep, err := sc.Evaluate(cand)
-		if err != nil {
-			return err
-		}
-		if rep.TimeSec < bestObj-1e-15 {
-			best, bestObj = cand, rep.TimeSec
-		}
-		return nil
-	}
+	k := &bestPlan{sc: sc, plan: plan, obj: math.Inf(1)}
 	for _, c := range []*placement.Plan{plan, basePlan} {
 		cand := c
 		if !opts.NoPolish {
@@ -184,46 +157,17 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 				return nil, err
 			}
 		}
-		if err := keep(cand); err != nil {
+		if err := k.keep(cand); err != nil {
 			return nil, err
 		}
 	}
-	report("polish", bestObj, math.NaN())
+	report("polish", k.obj, math.NaN())
 	if exactHome {
-		moves := b.AnnealMovesPerExpert * p.Stats.Experts
-		annealLim := task.Limit{Deadline: at(start, limit, b.OneNodeAnnealEnd), Work: work(W, b.OneNodeAnnealEnd-b.OneNodePolishEnd)}
-		annealed, _ := search.HomeAnneal(ctx, sc, cls, best, moves, b.AnnealRestarts, opts.Parallel, annealLim, b.MinLayer, uint64(opts.Seed))
-		if err := keep(annealed); err != nil {
+		if res.corners, err = oneNodeFinish(ctx, p, backend, opts, b, start, limit, cls, k, report); err != nil {
 			return nil, err
-		}
-		report("anneal", bestObj, math.NaN())
-		boundEnd := start.Add(limit)
-		if W > 0 {
-			// The bound does not change the plan: it keeps to the clock,
-			// in proportion to what the work before it took.
-			boundEnd = time.Now().Add(time.Duration(b.BoundTimeFactor * float64(time.Since(start))))
-		}
-		res.corners, err = onenode.Bottleneck(ctx, sc, cls, backend, best, boundEnd, opts.Parallel, uint64(opts.Seed), b.Bound)
-		if err != nil {
-			return nil, err
-		}
-		if opts.Progress != nil {
-			if lb, ok := onenode.LowerBound(sc, res.corners); ok && lb > 0 {
-				report("bound", bestObj, lb)
-			}
-		}
-		// Layers whose bound converged early leave time: anneal again
-		// from the best plan (not under a work budget, where what is left
-		// depends on the machine).
-		if left := time.Until(start.Add(limit)); W == 0 && left > of(limit, b.ReAnnealLeft) && ctx.Err() == nil {
-			again, _ := search.HomeAnneal(ctx, sc, cls, best, moves, 1, opts.Parallel, task.Limit{Deadline: start.Add(limit)}, b.MinLayer, uint64(opts.Seed)+1)
-			if err := keep(again); err != nil {
-				return nil, err
-			}
-			report("anneal", bestObj, math.NaN())
 		}
 	}
-	if best != plan {
+	if best := k.plan; best != plan {
 		// The returned plan differs from the ILP's; report the ILP model
 		// objective of the returned plan, and the bound stays valid.
 		res.ModelObjective = jm.Objective(jointilp.PlanAssign(best)) / 1e6
@@ -231,7 +175,7 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 			res.Gap = math.Max(0, (res.ModelObjective-res.Bound)/res.ModelObjective)
 		}
 	}
-	res.Plan = best
+	res.Plan = k.plan
 	return res, nil
 }
 
@@ -269,3 +213,92 @@ type noSolution struct{ err error }
 
 func (e noSolution) Error() string   { return e.err.Error() }
 func (e noSolution) Unwrap() []error { return []error{e.err, ErrNoSolution} }
+
+// bestPlan is the best plan scored so far on the exact cost model.
+type bestPlan struct {
+	sc   costmodel.Scenario
+	plan *placement.Plan
+	obj  float64
+}
+
+// keep scores cand on the exact cost model and keeps the better plan.
+func (k *bestPlan) keep(cand *placement.Plan) error {
+	rep, err := k.sc.Evaluate(cand)
+	if err != nil {
+		return err
+	}
+	if rep.TimeSec < k.obj-1e-15 {
+		k.plan, k.obj = cand, rep.TimeSec
+	}
+	return nil
+}
+
+// oneNodeFinish is the joint path's end on one node, home flow, per-token
+// patterns (cls the layers' token bitsets): an exact annealing from k's
+// plan within its share, the certified corners of the one-node bound,
+// and, when the bound converged early, another annealing; k keeps the
+// best plan. It returns the corners.
+func oneNodeFinish(ctx context.Context, p Problem, backend mip.Backend, opts Options, b budget, start time.Time, limit time.Duration, cls []*onenode.Layer, k *bestPlan, report func(string, float64, float64)) ([][]onenode.Corner, error) {
+	sc := p.Scenario()
+	W := int64(opts.Effort) * 1_000_000
+	moves := b.AnnealMovesPerExpert * p.Stats.Experts
+	annealLim := task.Limit{Deadline: at(start, limit, b.OneNodeAnnealEnd), Work: work(W, b.OneNodeAnnealEnd-b.OneNodePolishEnd)}
+	annealed, _ := search.HomeAnneal(ctx, sc, cls, k.plan, moves, b.AnnealRestarts, opts.Parallel, annealLim, b.MinLayer, uint64(opts.Seed))
+	if err := k.keep(annealed); err != nil {
+		return nil, err
+	}
+	report("anneal", k.obj, math.NaN())
+	boundEnd := start.Add(limit)
+	if W > 0 {
+		// The bound does not change the plan: it keeps to the clock,
+		// in proportion to what the work before it took.
+		boundEnd = time.Now().Add(time.Duration(b.BoundTimeFactor * float64(time.Since(start))))
+	}
+	corners, err := onenode.Bottleneck(ctx, sc, cls, backend, k.plan, boundEnd, opts.Parallel, uint64(opts.Seed), b.Bound)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Progress != nil {
+		if lb, ok := onenode.LowerBound(sc, corners); ok && lb > 0 {
+			report("bound", k.obj, lb)
+		}
+	}
+	// Layers whose bound converged early leave time: anneal again
+	// from the best plan (not under a work budget, where what is left
+	// depends on the machine).
+	if left := time.Until(start.Add(limit)); W == 0 && left > of(limit, b.ReAnnealLeft) && ctx.Err() == nil {
+		again, _ := search.HomeAnneal(ctx, sc, cls, k.plan, moves, 1, opts.Parallel, task.Limit{Deadline: start.Add(limit)}, b.MinLayer, uint64(opts.Seed)+1)
+		if err := k.keep(again); err != nil {
+			return nil, err
+		}
+		report("anneal", k.obj, math.NaN())
+	}
+	return corners, nil
+}
+
+// chainDescent improves the chain flow's ILP assignment layer by layer
+// (jointilp's descent) within its share, and updates res's model
+// objective and gap to the assignment it returns.
+func chainDescent(ctx context.Context, jm *jointilp.Model, sc costmodel.Scenario, backend mip.Backend, assign [][]int, opts Options, b budget, start time.Time, limit time.Duration, res *Result) ([][]int, error) {
+	W := int64(opts.Effort) * 1_000_000
+	// The monolithic ILP keeps only the heaviest transition pairs; with
+	// neighbours fixed every pair is linear, so descend layer by layer.
+	better, err := jm.Descent(ctx, sc, backend, assign, jointilp.DescentOptions{
+		Deadline:  at(start, limit, b.ChainDescentEnd),
+		StepLimit: max(limit/time.Duration(b.DescentSteps*jm.Layers()), b.DescentStepMin),
+		MinLeft:   b.DescentMinLeft,
+		StepNodes: b.nodes(W, (b.ChainDescentEnd-b.ChainILP)/float64(b.DescentRounds*jm.Layers())),
+		MaxRounds: b.DescentRounds,
+		MIP:       mipSettings(opts),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if mo := jm.Objective(better) / 1e6; mo != res.ModelObjective {
+		res.ModelObjective = mo
+		if mo > 0 {
+			res.Gap = math.Max(0, (mo-res.Bound)/mo)
+		}
+	}
+	return better, nil
+}

@@ -139,108 +139,8 @@ func fillEpigraphs(f *form, x []float64) {
 func (jm *Model) buildChainLayer(l int, assign [][]int) (*form, LayerVars) {
 	b := &form{}
 	lv := jm.addLayer(b, l, false)
-	nvs := jm.tb / jm.nv
-	nics := jm.tb / jm.nic / float64(jm.perNode)
 	s := jm.stats
-	// u[e][B]: x summed over node B's GPUs, as (idx, val) terms.
-	nodeTerms := func(e, nb int, coef float64) ([]int, []float64) {
-		var idx []int
-		var val []float64
-		for g := nb * jm.perNode; g < (nb+1)*jm.perNode; g++ {
-			idx, val = append(idx, lv.x[e][g]), append(val, coef)
-		}
-		return idx, val
-	}
-	// transition adds rows td ≥ port loads for traffic R[l'] from layer
-	// src to layer dst, where exactly one of them is layer l (variable)
-	// and the other fixed in assign.
-	transition := func(td int, tl int, srcFixed bool) {
-		R := s.Transitions[tl-1]
-		E := jm.E
-		fixed := assign[tl-1] // the sources, when they are the fixed side
-		if !srcFixed {
-			fixed = assign[tl] // else the destinations
-		}
-		// pairWeight is the transition weight between variable expert e
-		// and the fixed experts f with on(fixed[f]).
-		pairWeight := func(e int, on func(gpu int) bool) float64 {
-			w := 0.0
-			for f := range E {
-				if !on(fixed[f]) {
-					continue
-				}
-				if srcFixed {
-					w += R[f*E+e]
-				} else {
-					w += R[e*E+f]
-				}
-			}
-			return w
-		}
-		for g := range jm.G {
-			// Pairs whose fixed end is on g.
-			var stayIdx []int
-			var stayVal []float64
-			constOut, constIn := 0.0, 0.0
-			var outIdx, inIdx []int
-			var outVal, inVal []float64
-			for e := range E {
-				// weight of variable expert e paired with fixed experts on g
-				w := pairWeight(e, func(gpu int) bool { return gpu == g })
-				if srcFixed {
-					// out of g: fixed sources on g minus those staying;
-					// into g: variable destinations on g minus staying.
-					inIdx, inVal = append(inIdx, lv.x[e][g]), append(inVal, jm.colSum[tl][e])
-					constOut += w
-				} else {
-					outIdx, outVal = append(outIdx, lv.x[e][g]), append(outVal, jm.rowSum[tl][e])
-					constIn += w
-				}
-				if w != 0 {
-					stayIdx, stayVal = append(stayIdx, lv.x[e][g]), append(stayVal, -w)
-				}
-			}
-			// out_g = (const or Σ rowsum·x) − stay; in_g likewise.
-			oi := append(append(append([]int{}, outIdx...), stayIdx...), td)
-			ov := append(append(append([]float64{}, scaledVals(outVal, nvs)...), scaledVals(stayVal, nvs)...), -1)
-			b.Row(fmt.Sprintf("dout_%d_%d_%d", tl, td, g), -mip.Inf, -constOut*nvs, oi, ov)
-			ii := append(append(append([]int{}, inIdx...), stayIdx...), td)
-			iv := append(append(append([]float64{}, scaledVals(inVal, nvs)...), scaledVals(stayVal, nvs)...), -1)
-			b.Row(fmt.Sprintf("din_%d_%d_%d", tl, td, g), -mip.Inf, -constIn*nvs, ii, iv)
-		}
-		if jm.N > 1 {
-			for nb := range jm.N {
-				var idx []int
-				var val []float64
-				constOut, constIn := 0.0, 0.0
-				var vIdx []int
-				var vVal []float64
-				for e := range E {
-					w := pairWeight(e, func(gpu int) bool { return jm.node(gpu) == nb })
-					if srcFixed {
-						i2, v2 := nodeTerms(e, nb, jm.colSum[tl][e])
-						vIdx, vVal = append(vIdx, i2...), append(vVal, v2...)
-						constOut += w
-					} else {
-						i2, v2 := nodeTerms(e, nb, jm.rowSum[tl][e])
-						vIdx, vVal = append(vIdx, i2...), append(vVal, v2...)
-						constIn += w
-					}
-					if w != 0 {
-						i2, v2 := nodeTerms(e, nb, -w)
-						idx, val = append(idx, i2...), append(val, v2...)
-					}
-				}
-				if srcFixed {
-					b.Row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -mip.Inf, -constOut*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
-					b.Row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -mip.Inf, -constIn*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
-				} else {
-					b.Row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -mip.Inf, -constOut*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
-					b.Row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -mip.Inf, -constIn*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
-				}
-			}
-		}
-	}
+	transition := func(td int, tl int, srcFixed bool) { jm.chainTransition(b, lv, assign, td, tl, srcFixed) }
 	// Into layer l.
 	if l == 0 {
 		jm.addHomeComm(b, l, lv, lv.td, nil)
@@ -285,6 +185,110 @@ func (jm *Model) buildChainLayer(l int, assign [][]int) (*form, LayerVars) {
 		jm.addObjective(b, l+1, &nl, ph, mu, nlt)
 	}
 	return b, lv
+}
+
+// chainTransition adds buildChainLayer's rows for one transition (lv the
+// variable layer's columns): td ≥ the port loads of the traffic
+// Transitions[tl−1] from layer tl−1 to layer tl, where exactly one of
+// them is the variable layer and the other is fixed in assign (the
+// sources when srcFixed).
+func (jm *Model) chainTransition(b *form, lv LayerVars, assign [][]int, td int, tl int, srcFixed bool) {
+	nvs := jm.tb / jm.nv
+	nics := jm.tb / jm.nic / float64(jm.perNode)
+	// u[e][B]: x summed over node B's GPUs, as (idx, val) terms.
+	nodeTerms := func(e, nb int, coef float64) ([]int, []float64) {
+		var idx []int
+		var val []float64
+		for g := nb * jm.perNode; g < (nb+1)*jm.perNode; g++ {
+			idx, val = append(idx, lv.x[e][g]), append(val, coef)
+		}
+		return idx, val
+	}
+	R := jm.stats.Transitions[tl-1]
+	E := jm.E
+	fixed := assign[tl-1] // the sources, when they are the fixed side
+	if !srcFixed {
+		fixed = assign[tl] // else the destinations
+	}
+	// pairWeight is the transition weight between variable expert e
+	// and the fixed experts f with on(fixed[f]).
+	pairWeight := func(e int, on func(gpu int) bool) float64 {
+		w := 0.0
+		for f := range E {
+			if !on(fixed[f]) {
+				continue
+			}
+			if srcFixed {
+				w += R[f*E+e]
+			} else {
+				w += R[e*E+f]
+			}
+		}
+		return w
+	}
+	for g := range jm.G {
+		// Pairs whose fixed end is on g.
+		var stayIdx []int
+		var stayVal []float64
+		constOut, constIn := 0.0, 0.0
+		var outIdx, inIdx []int
+		var outVal, inVal []float64
+		for e := range E {
+			// weight of variable expert e paired with fixed experts on g
+			w := pairWeight(e, func(gpu int) bool { return gpu == g })
+			if srcFixed {
+				// out of g: fixed sources on g minus those staying;
+				// into g: variable destinations on g minus staying.
+				inIdx, inVal = append(inIdx, lv.x[e][g]), append(inVal, jm.colSum[tl][e])
+				constOut += w
+			} else {
+				outIdx, outVal = append(outIdx, lv.x[e][g]), append(outVal, jm.rowSum[tl][e])
+				constIn += w
+			}
+			if w != 0 {
+				stayIdx, stayVal = append(stayIdx, lv.x[e][g]), append(stayVal, -w)
+			}
+		}
+		// out_g = (const or Σ rowsum·x) − stay; in_g likewise.
+		oi := append(append(append([]int{}, outIdx...), stayIdx...), td)
+		ov := append(append(append([]float64{}, scaledVals(outVal, nvs)...), scaledVals(stayVal, nvs)...), -1)
+		b.Row(fmt.Sprintf("dout_%d_%d_%d", tl, td, g), -mip.Inf, -constOut*nvs, oi, ov)
+		ii := append(append(append([]int{}, inIdx...), stayIdx...), td)
+		iv := append(append(append([]float64{}, scaledVals(inVal, nvs)...), scaledVals(stayVal, nvs)...), -1)
+		b.Row(fmt.Sprintf("din_%d_%d_%d", tl, td, g), -mip.Inf, -constIn*nvs, ii, iv)
+	}
+	if jm.N > 1 {
+		for nb := range jm.N {
+			var idx []int
+			var val []float64
+			constOut, constIn := 0.0, 0.0
+			var vIdx []int
+			var vVal []float64
+			for e := range E {
+				w := pairWeight(e, func(gpu int) bool { return jm.node(gpu) == nb })
+				if srcFixed {
+					i2, v2 := nodeTerms(e, nb, jm.colSum[tl][e])
+					vIdx, vVal = append(vIdx, i2...), append(vVal, v2...)
+					constOut += w
+				} else {
+					i2, v2 := nodeTerms(e, nb, jm.rowSum[tl][e])
+					vIdx, vVal = append(vIdx, i2...), append(vVal, v2...)
+					constIn += w
+				}
+				if w != 0 {
+					i2, v2 := nodeTerms(e, nb, -w)
+					idx, val = append(idx, i2...), append(val, v2...)
+				}
+			}
+			if srcFixed {
+				b.Row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -mip.Inf, -constOut*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
+				b.Row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -mip.Inf, -constIn*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
+			} else {
+				b.Row(fmt.Sprintf("dnout_%d_%d_%d", tl, td, nb), -mip.Inf, -constOut*nics, append(append(append([]int{}, vIdx...), idx...), td), append(append(scaledVals(vVal, nics), scaledVals(val, nics)...), -1))
+				b.Row(fmt.Sprintf("dnin_%d_%d_%d", tl, td, nb), -mip.Inf, -constIn*nics, append(append([]int{}, idx...), td), append(scaledVals(val, nics), -1))
+			}
+		}
+	}
 }
 
 func scaledVals(v []float64, f float64) []float64 {

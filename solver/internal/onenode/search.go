@@ -236,54 +236,7 @@ func (c *Layer) heuristicColumns(pi []float64, z int, starts int, rng *rand.Rand
 				cov[w] |= c.sets[best][w]
 			}
 		}
-		// Swaps: replace one member by a heavier outsider that still fits
-		// (checked against the cover of the other members, kx).
-		for improved := true; improved; {
-			improved = false
-			for i := range S {
-				out := S[i]
-				clear(kx)
-				for _, e := range S {
-					if e != out {
-						for w, x := range c.sets[e] {
-							kx[w] |= x
-						}
-					}
-				}
-				base, ldx := popcount(kx), c.groupLoad(S)-c.load[out]
-				bestE, bestGain := -1, 1e-12
-				for e := 0; e < c.E; e++ {
-					if in[e] || pi[e]-pi[out] <= bestGain {
-						continue
-					}
-					if c.fits(ldx+c.load[e]) && base+c.marginalUpTo(e, kx, z-base) <= z {
-						bestE, bestGain = e, pi[e]-pi[out]
-					}
-				}
-				if bestE >= 0 {
-					in[out], in[bestE] = false, true
-					S[i] = bestE
-					improved = true
-				}
-			}
-			if len(S) < c.m {
-				clear(kx)
-				for _, e := range S {
-					for w, x := range c.sets[e] {
-						kx[w] |= x
-					}
-				}
-				base, ld := popcount(kx), c.groupLoad(S)
-				for e := 0; e < c.E; e++ {
-					if !in[e] && pi[e] > 0 && c.fits(ld+c.load[e]) && base+c.marginalUpTo(e, kx, z-base) <= z {
-						S = append(S, e)
-						in[e] = true
-						improved = true
-						break
-					}
-				}
-			}
-		}
+		S = c.swapGroup(S, in, kx, pi, z)
 		val := 0.0
 		for _, e := range S {
 			val += pi[e]
@@ -311,6 +264,60 @@ func (c *Layer) heuristicColumns(pi []float64, z int, starts int, rng *rand.Rand
 		out[i] = f.S
 	}
 	return out
+}
+
+// swapGroup improves heuristicColumns's group S (in its members) by
+// swaps: a member replaced by a heavier outsider that still fits (checked
+// against the cover of the other members, kx, its scratch), and an
+// outsider added while S has room; it returns S.
+func (c *Layer) swapGroup(S []int, in []bool, kx []uint64, pi []float64, z int) []int {
+	for improved := true; improved; {
+		improved = false
+		for i := range S {
+			out := S[i]
+			clear(kx)
+			for _, e := range S {
+				if e != out {
+					for w, x := range c.sets[e] {
+						kx[w] |= x
+					}
+				}
+			}
+			base, ldx := popcount(kx), c.groupLoad(S)-c.load[out]
+			bestE, bestGain := -1, 1e-12
+			for e := 0; e < c.E; e++ {
+				if in[e] || pi[e]-pi[out] <= bestGain {
+					continue
+				}
+				if c.fits(ldx+c.load[e]) && base+c.marginalUpTo(e, kx, z-base) <= z {
+					bestE, bestGain = e, pi[e]-pi[out]
+				}
+			}
+			if bestE >= 0 {
+				in[out], in[bestE] = false, true
+				S[i] = bestE
+				improved = true
+			}
+		}
+		if len(S) < c.m {
+			clear(kx)
+			for _, e := range S {
+				for w, x := range c.sets[e] {
+					kx[w] |= x
+				}
+			}
+			base, ld := popcount(kx), c.groupLoad(S)
+			for e := 0; e < c.E; e++ {
+				if !in[e] && pi[e] > 0 && c.fits(ld+c.load[e]) && base+c.marginalUpTo(e, kx, z-base) <= z {
+					S = append(S, e)
+					in[e] = true
+					improved = true
+					break
+				}
+			}
+		}
+	}
+	return S
 }
 
 func groupKey(S []int) string {

@@ -37,6 +37,7 @@ func (c *Layer) swapColumns(pi []float64, z int, seeds [][]int, limit int) [][]i
 	// unknown, 1 yes, 2 no (reset per removal).
 	fit := make([]uint8, len(order))
 	marg := make([]int, len(order)) // order[i]'s new tokens, where it fits
+	sc := &swapClimb{c: c, pi: pi, z: z, order: order, K: K, fit: fit, marg: marg}
 	for _, B := range seeds {
 		S := slices.Clone(B)
 		val := 0.0
@@ -87,80 +88,7 @@ func (c *Layer) swapColumns(pi []float64, z int, seeds [][]int, limit int) [][]i
 					if top[0]+top[1]*float64(add-1)-lost <= bestGain {
 						continue
 					}
-					clear(K)
-					ld := 0
-					for _, e := range S {
-						if !slices.Contains(R, e) {
-							ld += c.load[e]
-							for w, x := range c.sets[e] {
-								K[w] |= x
-							}
-						}
-					}
-					room := z - popcount(K)
-					if room < 0 {
-						continue
-					}
-					clear(fit)
-					fits := func(i int) bool {
-						if fit[i] == 0 {
-							e := order[i]
-							fit[i] = 2
-							if c.fits(ld + c.load[e]) {
-								if m := c.marginalUpTo(e, K, room); m <= room {
-									fit[i], marg[i] = 1, m
-								}
-							}
-						}
-						return fit[i] == 1
-					}
-					// One outsider: the heaviest that fits.
-					for i, e := range order {
-						if pi[e]-lost <= bestGain {
-							break
-						}
-						if !in[e] && fits(i) {
-							bestGain, bestR, bestA = pi[e]-lost, slices.Clone(R), []int{e}
-							break
-						}
-					}
-					if add < 2 {
-						continue
-					}
-					// Two outsiders, in decreasing π: the first b that fits
-					// with a is the best partner of a.
-					for i, a := range order {
-						if pi[a]+pi[a]-lost <= bestGain {
-							break
-						}
-						if in[a] || !fits(i) {
-							continue
-						}
-						for j := i + 1; j < len(order); j++ {
-							b := order[j]
-							if pi[a]+pi[b]-lost <= bestGain {
-								break
-							}
-							if in[b] || !fits(j) || !c.fits(ld+c.load[a]+c.load[b]) {
-								continue
-							}
-							// Both fit alone; together they add at most the
-							// sum of their new tokens.
-							u := 0
-							if marg[i]+marg[j] > room {
-								sa, sb := c.sets[a], c.sets[b]
-								for w := 0; w < len(K) && u <= room; w += 4 {
-									for x := w; x < min(w+4, len(K)); x++ {
-										u += bits.OnesCount64((sa[x] | sb[x]) &^ K[x])
-									}
-								}
-							}
-							if u <= room {
-								bestGain, bestR, bestA = pi[a]+pi[b]-lost, slices.Clone(R), []int{a, b}
-								break
-							}
-						}
-					}
+					bestGain, bestR, bestA = sc.moves(S, R, in, lost, add, bestGain, bestR, bestA)
 				}
 			}
 			if bestA == nil {
@@ -181,4 +109,100 @@ func (c *Layer) swapColumns(pi []float64, z int, seeds [][]int, limit int) [][]i
 		}
 	}
 	return out
+}
+
+// swapClimb is swapColumns's state for one π and bound z: the outsiders
+// in decreasing π (order) and the scratch of a move's search.
+type swapClimb struct {
+	c     *Layer
+	pi    []float64
+	z     int
+	order []int
+	K     []uint64
+	// fit[i] caches whether order[i] fits next to the kept members: 0
+	// unknown, 1 yes, 2 no (reset per removal).
+	fit  []uint8
+	marg []int // order[i]'s new tokens, where it fits
+}
+
+// moves improves the best move so far (bestGain, removing bestR and
+// adding bestA) by those that remove R from S (members in, R's π lost)
+// and add one or, with add ≥ 2, two outsiders, and returns the best.
+func (sc *swapClimb) moves(S, R []int, in []bool, lost float64, add int, bestGain float64, bestR, bestA []int) (float64, []int, []int) {
+	c, pi, z, order, K, fit, marg := sc.c, sc.pi, sc.z, sc.order, sc.K, sc.fit, sc.marg
+	clear(K)
+	ld := 0
+	for _, e := range S {
+		if !slices.Contains(R, e) {
+			ld += c.load[e]
+			for w, x := range c.sets[e] {
+				K[w] |= x
+			}
+		}
+	}
+	room := z - popcount(K)
+	if room < 0 {
+		return bestGain, bestR, bestA
+	}
+	clear(fit)
+	fits := func(i int) bool {
+		if fit[i] == 0 {
+			e := order[i]
+			fit[i] = 2
+			if c.fits(ld + c.load[e]) {
+				if m := c.marginalUpTo(e, K, room); m <= room {
+					fit[i], marg[i] = 1, m
+				}
+			}
+		}
+		return fit[i] == 1
+	}
+	// One outsider: the heaviest that fits.
+	for i, e := range order {
+		if pi[e]-lost <= bestGain {
+			break
+		}
+		if !in[e] && fits(i) {
+			bestGain, bestR, bestA = pi[e]-lost, slices.Clone(R), []int{e}
+			break
+		}
+	}
+	if add < 2 {
+		return bestGain, bestR, bestA
+	}
+	// Two outsiders, in decreasing π: the first b that fits
+	// with a is the best partner of a.
+	for i, a := range order {
+		if pi[a]+pi[a]-lost <= bestGain {
+			break
+		}
+		if in[a] || !fits(i) {
+			continue
+		}
+		for j := i + 1; j < len(order); j++ {
+			b := order[j]
+			if pi[a]+pi[b]-lost <= bestGain {
+				break
+			}
+			if in[b] || !fits(j) || !c.fits(ld+c.load[a]+c.load[b]) {
+				continue
+			}
+			// Both fit alone; together they add at most the
+			// sum of their new tokens.
+			u := 0
+			if marg[i]+marg[j] > room {
+				sa, sb := c.sets[a], c.sets[b]
+				for w := 0; w < len(K) && u <= room; w += 4 {
+					for x := w; x < min(w+4, len(K)); x++ {
+						u += bits.OnesCount64((sa[x] | sb[x]) &^ K[x])
+					}
+				}
+			}
+			if u <= room {
+				bestGain, bestR, bestA = pi[a]+pi[b]-lost, slices.Clone(R), []int{a, b}
+				break
+			}
+		}
+	}
+	return bestGain, bestR, bestA
 }

@@ -223,16 +223,44 @@ func (pk *packer) improve(gpuSet []int, m *task.Meter, maxMoves int) int {
 	return pk.improveCost(gpuSet, m, maxMoves, 0)
 }
 
+// top3 is a scenario's three largest GPU loads and their GPUs.
+type top3 struct {
+	v [3]float64
+	g [3]int
+}
+
+// topLoads sets tops[s] to scenario s's three largest GPU loads and
+// returns the GPUs of inSet that are the busiest in some scenario.
+func (pk *packer) topLoads(tops []top3, inSet []bool) map[int]bool {
+	crit := map[int]bool{}
+	for s, row := range pk.gl {
+		t := top3{v: [3]float64{-1, -1, -1}, g: [3]int{-1, -1, -1}}
+		for g, v := range row {
+			switch {
+			case v > t.v[0]:
+				t.v[2], t.g[2], t.v[1], t.g[1] = t.v[1], t.g[1], t.v[0], t.g[0]
+				t.v[0], t.g[0] = v, g
+			case v > t.v[1]:
+				t.v[2], t.g[2] = t.v[1], t.g[1]
+				t.v[1], t.g[1] = v, g
+			case v > t.v[2]:
+				t.v[2], t.g[2] = v, g
+			}
+		}
+		tops[s] = t
+		if inSet[t.g[0]] {
+			crit[t.g[0]] = true
+		}
+	}
+	return crit
+}
+
 // improveCost is improve where every swap must also pay moveCost (in units
 // of the objective, busiest/mean) per slot it changes.
 func (pk *packer) improveCost(gpuSet []int, m *task.Meter, maxMoves int, moveCost float64) int {
 	moves := 0
 	const eps = 1e-12
 	S := len(pk.gl)
-	type top3 struct {
-		v [3]float64
-		g [3]int
-	}
 	tops := make([]top3, S)
 	inSet := make([]bool, pk.G)
 	for _, g := range gpuSet {
@@ -243,26 +271,7 @@ func (pk *packer) improveCost(gpuSet []int, m *task.Meter, maxMoves int, moveCos
 			return moves
 		}
 		obj, tie := pk.score()
-		crit := map[int]bool{}
-		for s, row := range pk.gl {
-			t := top3{v: [3]float64{-1, -1, -1}, g: [3]int{-1, -1, -1}}
-			for g, v := range row {
-				switch {
-				case v > t.v[0]:
-					t.v[2], t.g[2], t.v[1], t.g[1] = t.v[1], t.g[1], t.v[0], t.g[0]
-					t.v[0], t.g[0] = v, g
-				case v > t.v[1]:
-					t.v[2], t.g[2] = t.v[1], t.g[1]
-					t.v[1], t.g[1] = v, g
-				case v > t.v[2]:
-					t.v[2], t.g[2] = v, g
-				}
-			}
-			tops[s] = t
-			if inSet[t.g[0]] {
-				crit[t.g[0]] = true
-			}
-		}
+		crit := pk.topLoads(tops, inSet)
 		// score of the state after moving weight between g1 and g2.
 		eval := func(g1, g2, a, b int) (float64, float64) {
 			o, tt := 0.0, tie

@@ -42,15 +42,11 @@ type pairItem struct {
 	size float64
 }
 
-// pairFeasible reports whether threshold T is reachable and returns the
-// copy counts when it is; proven is false when the backend stopped
-// without a verdict.
-func pairFeasible(ctx context.Context, backend mip.Backend, load []float64, G1, G2 int, T float64, deadline time.Time, nodes int) (cnt []int, feasible, proven bool, err error) {
-	E, G, S := len(load), G1+G2, G1+2*G2
-	if !(T > 0) {
-		return nil, false, true, nil // every expert has some load or T is nonsense
-	}
-	cmax := min(G, S-E+1)
+// pairItems are pairFeasible's candidate copy counts under threshold T
+// (at most cmax copies an expert), largest copies first; false when a
+// copy of some expert exceeds T at any count.
+func pairItems(load []float64, T float64, cmax int) ([]pairItem, bool) {
+	E := len(load)
 	// uMax, the largest copy any counts can make, is each expert at its
 	// fewest copies. A copy ≤ T − uMax partners every large copy, so more
 	// copies of that expert are no better than spare slots it absorbs:
@@ -63,7 +59,7 @@ func pairFeasible(ctx context.Context, backend mip.Backend, load []float64, G1, 
 			lo[e] = max(1, int(math.Ceil(x/T-1e-12)))
 		}
 		if lo[e] > cmax {
-			return nil, false, true, nil // a copy of e exceeds T
+			return nil, false // a copy of e exceeds T
 		}
 		uMax = math.Max(uMax, x/float64(lo[e]))
 	}
@@ -86,6 +82,22 @@ func pairFeasible(ctx context.Context, backend mip.Backend, load []float64, G1, 
 		}
 		return items[a].c < items[b].c
 	})
+	return items, true
+}
+
+// pairFeasible reports whether threshold T is reachable and returns the
+// copy counts when it is; proven is false when the backend stopped
+// without a verdict.
+func pairFeasible(ctx context.Context, backend mip.Backend, load []float64, G1, G2 int, T float64, deadline time.Time, nodes int) (cnt []int, feasible, proven bool, err error) {
+	E, G, S := len(load), G1+G2, G1+2*G2
+	if !(T > 0) {
+		return nil, false, true, nil // every expert has some load or T is nonsense
+	}
+	cmax := min(G, S-E+1)
+	items, ok := pairItems(load, T, cmax)
+	if !ok {
+		return nil, false, true, nil // a copy of some expert exceeds T
+	}
 	M := len(items)
 	var bd mip.Builder
 	z := make([]int, M)

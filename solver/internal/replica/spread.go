@@ -104,16 +104,7 @@ func spreadNodes(p Problem, load []float64, copies [][]placement.GPU, lay replic
 			content[g] = append(content[g], e)
 		}
 	}
-	cur := func() [][]placement.GPU {
-		out := make([][]placement.GPU, len(copies))
-		for e, gs := range copies {
-			out[e] = make([]placement.GPU, len(gs))
-			for i, g := range gs {
-				out[e][i] = placement.GPU(pos[g])
-			}
-		}
-		return out
-	}
+	cur := func() [][]placement.GPU { return movedCopies(copies, pos) }
 	same := func(a, b int) bool {
 		return speed[a] == speed[b] && lay.slots[a] == lay.slots[b] && p.Cluster.MemOf(a) == p.Cluster.MemOf(b)
 	}
@@ -133,43 +124,8 @@ func spreadNodes(p Problem, load []float64, copies [][]placement.GPU, lay replic
 	}
 	// delta is the change of nodeTraffic when content cu moves from node
 	// a to b and content cv from b to a.
-	delta := func(cu, cv, a, b int) float64 {
-		d := 0.0
-		move := func(e, from, to int) {
-			if slices.Contains(content[cu], e) && slices.Contains(content[cv], e) {
-				return // on both GPUs: its nodes do not change
-			}
-			before := 0
-			if cnt[e][from] == 1 {
-				before-- // leaves node from
-			}
-			if cnt[e][to] == 0 {
-				before++ // reaches node to
-			}
-			d -= load[e] * float64(before) / float64(N)
-		}
-		for _, e := range content[cu] {
-			if len(copies[e]) > 1 {
-				move(e, a, b)
-			}
-		}
-		for _, e := range content[cv] {
-			if len(copies[e]) > 1 {
-				move(e, b, a)
-			}
-		}
-		return d
-	}
-	apply := func(cu, cv, a, b int) {
-		for _, e := range content[cu] {
-			cnt[e][a]--
-			cnt[e][b]++
-		}
-		for _, e := range content[cv] {
-			cnt[e][b]--
-			cnt[e][a]++
-		}
-	}
+	delta := func(cu, cv, a, b int) float64 { return swapTraffic(load, copies, content, cnt, N, cu, cv, a, b) }
+	apply := func(cu, cv, a, b int) { swapCounts(content, cnt, cu, cv, a, b) }
 	// Phase 1: an expert with more copies than nodes is evenly split only
 	// if every node holding it holds enough of its copies (a lone copy
 	// would serve its whole node); move whole GPUs until the busiest GPU
@@ -247,4 +203,59 @@ func spreadNodes(p Problem, load []float64, copies [][]placement.GPU, lay replic
 		}
 	}
 	return state
+}
+
+// movedCopies is copies with every GPU g replaced by pos[g].
+func movedCopies(copies [][]placement.GPU, pos []int) [][]placement.GPU {
+	out := make([][]placement.GPU, len(copies))
+	for e, gs := range copies {
+		out[e] = make([]placement.GPU, len(gs))
+		for i, g := range gs {
+			out[e][i] = placement.GPU(pos[g])
+		}
+	}
+	return out
+}
+
+// swapTraffic is the change of nodeTraffic when GPU content cu moves from
+// node a to b and content cv from b to a (content[c] the experts of
+// content c, cnt[e][b] the copies of expert e on node b, of N nodes).
+func swapTraffic(load []float64, copies [][]placement.GPU, content, cnt [][]int, N, cu, cv, a, b int) float64 {
+	d := 0.0
+	move := func(e, from, to int) {
+		if slices.Contains(content[cu], e) && slices.Contains(content[cv], e) {
+			return // on both GPUs: its nodes do not change
+		}
+		before := 0
+		if cnt[e][from] == 1 {
+			before-- // leaves node from
+		}
+		if cnt[e][to] == 0 {
+			before++ // reaches node to
+		}
+		d -= load[e] * float64(before) / float64(N)
+	}
+	for _, e := range content[cu] {
+		if len(copies[e]) > 1 {
+			move(e, a, b)
+		}
+	}
+	for _, e := range content[cv] {
+		if len(copies[e]) > 1 {
+			move(e, b, a)
+		}
+	}
+	return d
+}
+
+// swapCounts updates cnt for the swap swapTraffic prices.
+func swapCounts(content, cnt [][]int, cu, cv, a, b int) {
+	for _, e := range content[cu] {
+		cnt[e][a]--
+		cnt[e][b]++
+	}
+	for _, e := range content[cv] {
+		cnt[e][b]--
+		cnt[e][a]++
+	}
 }

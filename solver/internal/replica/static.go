@@ -101,16 +101,6 @@ func staticSwap(load []float64, copies [][]placement.GPU, speed []float64, src [
 			touch(int(g), load[e]*staticShare(moved, g, e, E, src)/speed[g])
 		}
 	}
-	relocate := func(e, from, to int) {
-		for i, g := range cp[e] {
-			if int(g) == from {
-				cp[e][i] = placement.GPU(to)
-			}
-		}
-		i := slices.Index(on[from], e)
-		on[from] = slices.Delete(on[from], i, i+1)
-		on[to] = append(on[to], e)
-	}
 	const eps = 1e-12
 	swaps := 0
 	for iter := 0; maxSwaps < 0 || swaps < maxSwaps; iter++ {
@@ -174,11 +164,24 @@ func staticSwap(load []float64, copies [][]placement.GPU, speed []float64, src [
 			gl[g] += d[g]
 			d[g] = 0
 		}
-		relocate(bestE, a, bestB)
-		relocate(bestF, bestB, a)
+		relocate(cp, on, bestE, a, bestB)
+		relocate(cp, on, bestF, bestB, a)
 		swaps++
 	}
 	return cp, swaps
+}
+
+// relocate moves expert e's copy on GPU from to GPU to, in its copies
+// cp[e] and in the GPUs' experts on.
+func relocate(cp [][]placement.GPU, on [][]int, e, from, to int) {
+	for i, g := range cp[e] {
+		if int(g) == from {
+			cp[e][i] = placement.GPU(to)
+		}
+	}
+	i := slices.Index(on[from], e)
+	on[from] = slices.Delete(on[from], i, i+1)
+	on[to] = append(on[to], e)
 }
 
 // staticFrom re-places layer l from the running plan's copies (p.Current)

@@ -41,62 +41,13 @@ func Polish(ctx context.Context, sc costmodel.Scenario, plan *placement.Plan, li
 	}
 	L := len(plan.Layers)
 	chain := sc.Flow == costmodel.FlowChain
-	cost := func(ev *costmodel.Evaluator, l int) float64 {
-		t := ev.LayerCost(l)
-		if chain && l+1 < L {
-			t += ev.LayerCost(l + 1)
-		}
-		return t
-	}
 	meters := make([]*task.Meter, L)
 	for l := range meters {
 		meters[l] = lim.Share(L).Meter(ctx)
 	}
 	global := lim.Meter(ctx)
 	stopped := func() bool { return !lim.ByWork() && global.Done() }
-	// polishLayer runs one pass of first-improvement swaps over layer l.
-	polishLayer := func(ev *costmodel.Evaluator, l int) (bool, error) {
-		improved := false
-		meter := meters[l]
-		cur := cost(ev, l)
-		lp := ev.Layer(l)
-		gpu, exp := lp.SlotGPU, lp.SlotExpert
-		has := make(map[[2]int]bool, len(gpu))
-		for s := range gpu {
-			has[[2]int{int(gpu[s]), int(exp[s])}] = true
-		}
-		for a := range gpu {
-			if meter.Done() {
-				return improved, nil
-			}
-			for b := a + 1; b < len(gpu); b++ {
-				ga, gb := gpu[a], gpu[b]
-				if ga == gb || exp[a] == exp[b] || has[[2]int{int(gb), int(exp[a])}] || has[[2]int{int(ga), int(exp[b])}] {
-					continue
-				}
-				if meter.Work() && meter.Done() {
-					return improved, nil
-				}
-				meter.Spend(1)
-				m := costmodel.Move{Kind: costmodel.MoveSwap, Layer: l, Slot: a, Other: b}
-				d, err := ev.Delta(m)
-				if err != nil {
-					return improved, err
-				}
-				if d < -cur*1e-12 {
-					if err := ev.Apply(m); err != nil {
-						return improved, err
-					}
-					cur, improved = cost(ev, l), true
-					delete(has, [2]int{int(ga), int(exp[a])})
-					delete(has, [2]int{int(gb), int(exp[b])})
-					has[[2]int{int(gb), int(exp[a])}] = true
-					has[[2]int{int(ga), int(exp[b])}] = true
-				}
-			}
-		}
-		return improved, nil
-	}
+	pass := func(ev *costmodel.Evaluator, l int) (bool, error) { return polishLayer(ev, l, chain, meters[l]) }
 	phases := [][]int{nil}
 	for l := range L {
 		phases[0] = append(phases[0], l)
@@ -126,7 +77,7 @@ func Polish(ctx context.Context, sc costmodel.Scenario, plan *placement.Plan, li
 							return
 						}
 						l := layers[i]
-						ok, err := polishLayer(evs[w], l)
+						ok, err := pass(evs[w], l)
 						if err != nil {
 							errMu.Lock()
 							firstErr = err
@@ -162,6 +113,58 @@ func Polish(ctx context.Context, sc costmodel.Scenario, plan *placement.Plan, li
 		improved = any.Load()
 	}
 	return canonicalPlan(evs[0].Plan()), nil
+}
+
+// polishLayer runs one pass of first-improvement swaps over layer l of
+// ev within meter, and reports whether a swap improved it. In the chain
+// flow a layer's cost includes the next layer's time.
+func polishLayer(ev *costmodel.Evaluator, l int, chain bool, meter *task.Meter) (bool, error) {
+	cost := func(ev *costmodel.Evaluator, l int) float64 {
+		t := ev.LayerCost(l)
+		if chain && l+1 < ev.Layers() {
+			t += ev.LayerCost(l + 1)
+		}
+		return t
+	}
+	improved := false
+	cur := cost(ev, l)
+	lp := ev.Layer(l)
+	gpu, exp := lp.SlotGPU, lp.SlotExpert
+	has := make(map[[2]int]bool, len(gpu))
+	for s := range gpu {
+		has[[2]int{int(gpu[s]), int(exp[s])}] = true
+	}
+	for a := range gpu {
+		if meter.Done() {
+			return improved, nil
+		}
+		for b := a + 1; b < len(gpu); b++ {
+			ga, gb := gpu[a], gpu[b]
+			if ga == gb || exp[a] == exp[b] || has[[2]int{int(gb), int(exp[a])}] || has[[2]int{int(ga), int(exp[b])}] {
+				continue
+			}
+			if meter.Work() && meter.Done() {
+				return improved, nil
+			}
+			meter.Spend(1)
+			m := costmodel.Move{Kind: costmodel.MoveSwap, Layer: l, Slot: a, Other: b}
+			d, err := ev.Delta(m)
+			if err != nil {
+				return improved, err
+			}
+			if d < -cur*1e-12 {
+				if err := ev.Apply(m); err != nil {
+					return improved, err
+				}
+				cur, improved = cost(ev, l), true
+				delete(has, [2]int{int(ga), int(exp[a])})
+				delete(has, [2]int{int(gb), int(exp[b])})
+				has[[2]int{int(gb), int(exp[a])}] = true
+				has[[2]int{int(ga), int(exp[b])}] = true
+			}
+		}
+	}
+	return improved, nil
 }
 
 // canonicalPlan lays out slots GPU-major with ascending experts, the form

@@ -67,28 +67,6 @@ type layer struct {
 	bud *budget
 }
 
-// budget is one layer's move budget against the running plan, the cost
-// model's.
-type budget = costmodel.MoveBudget
-
-// newBudget is layer l's budget in p against p.Current (nil when p bounds
-// and prices no moves).
-func newBudget(p Problem, l int) *budget {
-	if !p.budgeted() {
-		return nil
-	}
-	G, E := p.Cluster.GPUs(), p.Stats.Experts
-	return costmodel.NewMoveBudget(p.Current.Layers[l], G, E, p.MaxMoves, SlotCharge(p.Scenario, p.MoveCost, l))
-}
-
-// SlotCharge is what one changed slot of layer l costs under moveCost (in
-// units of the layer's busiest/mean load), in seconds: moveCost times the
-// mean GPU's compute, the layer's routed tokens over the GPUs' speeds.
-func SlotCharge(sc costmodel.Scenario, moveCost float64, l int) float64 {
-	t := sc.Terms()
-	return t.SlotSec(moveCost, sc.Stats.Load[l])
-}
-
 func (ly *layer) tokensFrom(e, h int) []int32 {
 	G := ly.sh.G
 	return ly.ids[ly.off[e*G+h]:ly.off[e*G+h+1]]

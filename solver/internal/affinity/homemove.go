@@ -324,7 +324,7 @@ func gpuFactors(dst []factor, h int, cs ...*change) []factor {
 func (s *state) tokenDeltas(commit bool) {
 	tr := &s.tr
 	sh := s.ly.sh
-	N, P, G := sh.N, sh.P, sh.G
+	N, G := sh.N, sh.G
 	tr.gen += 2
 	if tr.gen < 2 {
 		clear(tr.stamp)
@@ -347,44 +347,7 @@ func (s *state) tokenDeltas(commit bool) {
 	diff := func(c *change, h int) bool {
 		return c != nil && (c.dOff[h+1] > c.dOff[h] || nv && c.gOff[h+1] > c.gOff[h])
 	}
-	// visit applies the factors fs (nodes) and gs (GPUs) to token t from
-	// source h.
-	visit := func(t, h int, fs, gs []factor) {
-		home, port := h/P, h%P
-		w := sh.w[t]
-		dr := 0.0
-		for _, f := range fs {
-			b := int(f.b)
-			k := t*N + b
-			oz, op := s.z[k], s.pr[k]
-			nz, np := uint8(int(oz)+int(f.dz)), op*f.mul
-			if commit {
-				s.z[k], s.pr[k] = nz, np
-			}
-			if b == home {
-				continue
-			}
-			du := used(nz, np) - used(oz, op)
-			dr += du
-			tr.dIn[b*P+port] += w * du
-		}
-		tr.dOut[h] += w * dr
-		tr.dR += w * dr
-		for _, f := range gs {
-			g := int(f.b)
-			k := t*G + g
-			oz, op := s.zg[k], s.pg[k]
-			nz, np := uint8(int(oz)+int(f.dz)), op*f.mul
-			if commit {
-				s.zg[k], s.pg[k] = nz, np
-			}
-			if x := g/P*P + port; x != g {
-				du := w * (used(nz, np) - used(oz, op))
-				tr.dNvO[x] += du
-				tr.dNvI[g] += du
-			}
-		}
-	}
+	visit := func(t, h int, fs, gs []factor) { s.visitToken(t, h, fs, gs, commit) }
 	var f0, f1, f01, g0, g1, g01 []factor
 	for h := 0; h < G; h++ {
 		d0, d1 := diff(c0, h), diff(c1, h)
@@ -441,6 +404,49 @@ func (s *state) tokenDeltas(commit bool) {
 					visit(t, h, f1, g1)
 				}
 			}
+		}
+	}
+}
+
+// visitToken applies the factors fs (nodes) and gs (GPUs) of the trial's
+// changes to token t from source h (tokenDeltas); with commit it also
+// updates the token's counters.
+func (s *state) visitToken(t, h int, fs, gs []factor, commit bool) {
+	tr := &s.tr
+	sh := s.ly.sh
+	N, P, G := sh.N, sh.P, sh.G
+	home, port := h/P, h%P
+	w := sh.w[t]
+	dr := 0.0
+	for _, f := range fs {
+		b := int(f.b)
+		k := t*N + b
+		oz, op := s.z[k], s.pr[k]
+		nz, np := uint8(int(oz)+int(f.dz)), op*f.mul
+		if commit {
+			s.z[k], s.pr[k] = nz, np
+		}
+		if b == home {
+			continue
+		}
+		du := used(nz, np) - used(oz, op)
+		dr += du
+		tr.dIn[b*P+port] += w * du
+	}
+	tr.dOut[h] += w * dr
+	tr.dR += w * dr
+	for _, f := range gs {
+		g := int(f.b)
+		k := t*G + g
+		oz, op := s.zg[k], s.pg[k]
+		nz, np := uint8(int(oz)+int(f.dz)), op*f.mul
+		if commit {
+			s.zg[k], s.pg[k] = nz, np
+		}
+		if x := g/P*P + port; x != g {
+			du := w * (used(nz, np) - used(oz, op))
+			tr.dNvO[x] += du
+			tr.dNvI[g] += du
 		}
 	}
 }
