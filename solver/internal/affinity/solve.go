@@ -304,6 +304,9 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 // nodes (GPUs) and the exact annealing on the full surrogate (the rest).
 type Shares struct {
 	Proxy, Nodes, GPUs float64
+	// swapNodes runs the node-level swaps priced afresh each pass instead
+	// of the gain-cached refinement (experiments).
+	swapNodes bool
 }
 
 // annealSweeps is how many times a hot exact annealing must be able to try
@@ -350,7 +353,11 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	// 2. Exact node-level swaps.
 	b := a + sh.Nodes
 	se := &searcher{s: s, m: phase(a, b).Meter(ctx), nodeLevel: levelNode}
-	se.nodePhase()
+	if sh.swapNodes {
+		se.nodePhase()
+	} else {
+		refineNodes(se)
+	}
 	r1 := s.remote()
 	i1 := s.imbalance(levelGPU)
 	// 3. Balance within nodes.
