@@ -300,7 +300,8 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 }
 
 // Shares split a layer's limit among the phases, in order: the proxy
-// annealing (Proxy), the exact node-level swaps (Nodes), balancing within
+// annealing (Proxy), the gain-cached refinement of the node cut (Nodes,
+// fm.go: swaps between nodes on the exact per-token pins), balancing within
 // nodes (GPUs) and the exact annealing on the full surrogate (the rest).
 type Shares struct {
 	Proxy, Nodes, GPUs float64
