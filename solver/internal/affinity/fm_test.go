@@ -62,6 +62,34 @@ func gainError(f *fmRefiner) float64 {
 	return worst
 }
 
+// swapPriceError is the largest difference, over a few random swaps of
+// two single-copy experts on different nodes, between the price the
+// refinement gives such a swap without walking its tokens (the two
+// cached gains and the tokens both experts share) and the recount of the
+// swap on a fresh state.
+func swapPriceError(f *fmRefiner, rng *rand.Rand) float64 {
+	s := f.s
+	P := s.ly.sh.P
+	worst := 0.0
+	for range 20 {
+		mv, ok := randomSwap(rng, s)
+		if !ok {
+			break
+		}
+		e0, e1 := int(s.held[mv.a][mv.ia]), int(s.held[mv.b][mv.ib])
+		if !f.ex[e0].single || !f.ex[e1].single {
+			continue
+		}
+		f.marked = -1
+		price := f.gainOf(e0, 0, mv.b/P) + f.gainOf(e1, 0, mv.a/P) + f.overlap(e0, e1)
+		cp := s.copies()
+		cp[e0][0], cp[e1][0] = int32(mv.b), int32(mv.a)
+		got := newState(s.ly, cp).remote() - newState(s.ly, s.copies()).remote()
+		worst = math.Max(worst, math.Abs(price-got))
+	}
+	return worst
+}
+
 // randomSwap returns a random valid swap of two copies on different nodes.
 func randomSwap(rng *rand.Rand, s *state) (move, bool) {
 	G, P := len(s.held), s.ly.sh.P
@@ -103,7 +131,7 @@ func TestFMGainsMatchRecount(t *testing.T) {
 				f.noUpdate = noUpdate
 				require.InDelta(t, 0, gainError(f), 1e-9, "gains of the start")
 				mr := rand.New(rand.NewPCG(seed, 1))
-				worst := 0.0
+				worst, swapWorst := 0.0, 0.0
 				for step := range 30 {
 					mv, ok := randomSwap(mr, f.s)
 					if !ok {
@@ -112,6 +140,7 @@ func TestFMGainsMatchRecount(t *testing.T) {
 					f.apply(mv)
 					if step%5 == 4 {
 						worst = math.Max(worst, gainError(f))
+						swapWorst = math.Max(swapWorst, swapPriceError(f, mr))
 					}
 				}
 				if noUpdate {
@@ -122,6 +151,7 @@ func TestFMGainsMatchRecount(t *testing.T) {
 					return
 				}
 				assert.InDelta(t, 0, worst, 1e-6, "cached gains against the recount")
+				assert.InDelta(t, 0, swapWorst, 1e-6, "swaps of single copies priced from the gains against the recount")
 			})
 		}
 	}
