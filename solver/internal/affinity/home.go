@@ -281,7 +281,11 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	// 2. Exact node-level swaps.
 	b := a + sh.Nodes
 	se := &searcher{s: s, m: phase(a, b).Meter(ctx), nodeLevel: levelNode}
-	se.nodePhase()
+	if sh.swapNodes {
+		se.nodePhase()
+	} else {
+		refineNodes(se)
+	}
 	r1 := s.remote()
 	i1 := s.imbalance(levelGPU)
 	// 3. Balance within nodes.

@@ -75,10 +75,14 @@ type Result struct {
 }
 
 // Shares split a layer's limit among the phases, in order: the proxy
-// annealing (Proxy), the exact node-level swaps (Nodes), balancing within
+// annealing (Proxy), the gain-cached refinement of the node cut (Nodes,
+// fm.go: swaps between nodes on the exact per-token pins), balancing within
 // nodes (GPUs) and the exact annealing on the full surrogate (the rest).
 type Shares struct {
 	Proxy, Nodes, GPUs float64
+	// swapNodes runs the node-level swaps priced afresh each pass instead
+	// of the gain-cached refinement (experiments).
+	swapNodes bool
 }
 
 // budget is one layer's move budget against the running plan, the cost
