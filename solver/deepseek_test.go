@@ -58,7 +58,7 @@ func deepseekProblem(t testing.TB, stats *routing.Stats) Problem {
 
 func TestDeepSeekReplicatedBalance(t *testing.T) {
 	p := deepseekProblem(t, deepseekStats(t, "prefill_in4096"))
-	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 60 * time.Second})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 1})
 	require.NoError(t, err)
 	verify(t, p, res)
 	require.NotNil(t, res.Balance)
@@ -85,7 +85,7 @@ func TestDeepSeekRobustAcrossWorkloads(t *testing.T) {
 	}
 	p := deepseekProblem(t, sum)
 	p.Workloads = scen
-	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 15 * time.Second})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 1})
 	require.NoError(t, err)
 	verify(t, p, res)
 	m := 0.0
@@ -115,7 +115,7 @@ func TestDeepSeekRobustAcrossWorkloads(t *testing.T) {
 // policy.
 func TestDeepSeekAgainstEPLB(t *testing.T) {
 	p := deepseekProblem(t, deepseekStats(t, "prefill_in4096"))
-	joint, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 60 * time.Second})
+	joint, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 1})
 	require.NoError(t, err)
 	verify(t, p, joint)
 	global, err := Solve(context.Background(), p, Options{Strategy: StrategyEPLB})
@@ -140,7 +140,7 @@ func TestDeepSeekAgainstEPLB(t *testing.T) {
 func TestDeepSeekLocalDispatchCrossNode(t *testing.T) {
 	p := deepseekProblem(t, deepseekStats(t, "prefill_in4096"))
 	p.Dispatch = placement.DispatchLocal
-	joint, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 60 * time.Second})
+	joint, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 1})
 	require.NoError(t, err)
 	verify(t, p, joint)
 	global, err := Solve(context.Background(), p, Options{Strategy: StrategyEPLB})
