@@ -56,9 +56,14 @@ func deepseekProblem(t testing.TB, stats *routing.Stats) Problem {
 	return Problem{Stats: stats, Cluster: c, Model: m, RedundantSlots: 32}
 }
 
+// The DeepSeek-V3 solves run on work budgets, so that the balance they
+// reach does not depend on the machine's load: Effort 1 leaves layers
+// 0.7 % above their bounds, 50 gets them within 0.1 % (about a second on
+// a loaded 2-core machine); the robust solve over eight workloads gets 10
+// (mean busiest/mean 1.029, against 1.060 at Effort 1).
 func TestDeepSeekReplicatedBalance(t *testing.T) {
 	p := deepseekProblem(t, deepseekStats(t, "prefill_in4096"))
-	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 60 * time.Second})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 50})
 	require.NoError(t, err)
 	verify(t, p, res)
 	require.NotNil(t, res.Balance)
@@ -85,7 +90,7 @@ func TestDeepSeekRobustAcrossWorkloads(t *testing.T) {
 	}
 	p := deepseekProblem(t, sum)
 	p.Workloads = scen
-	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 15 * time.Second})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 10})
 	require.NoError(t, err)
 	verify(t, p, res)
 	m := 0.0
@@ -115,7 +120,7 @@ func TestDeepSeekRobustAcrossWorkloads(t *testing.T) {
 // policy.
 func TestDeepSeekAgainstEPLB(t *testing.T) {
 	p := deepseekProblem(t, deepseekStats(t, "prefill_in4096"))
-	joint, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 60 * time.Second})
+	joint, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 50})
 	require.NoError(t, err)
 	verify(t, p, joint)
 	global, err := Solve(context.Background(), p, Options{Strategy: StrategyEPLB})
@@ -140,7 +145,7 @@ func TestDeepSeekAgainstEPLB(t *testing.T) {
 func TestDeepSeekLocalDispatchCrossNode(t *testing.T) {
 	p := deepseekProblem(t, deepseekStats(t, "prefill_in4096"))
 	p.Dispatch = placement.DispatchLocal
-	joint, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 60 * time.Second})
+	joint, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 50})
 	require.NoError(t, err)
 	verify(t, p, joint)
 	global, err := Solve(context.Background(), p, Options{Strategy: StrategyEPLB})

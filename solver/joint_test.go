@@ -5,7 +5,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -51,7 +50,7 @@ func TestJointReachesBruteForceOptimum(t *testing.T) {
 			tr := testkit.RandomTrace(rng, 400, 2, tc.experts, tc.topK)
 			stats := tr.Stats(routing.StatsOptions{})
 			p := Problem{Stats: stats, Cluster: testkit.SmallCluster(tc.nodes, tc.per), Model: testkit.FakeModel(tc.experts, tc.topK), Flow: tc.flow, Mode: tc.mode}
-			res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 30 * time.Second, RelGap: -1})
+			res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 10, RelGap: -1})
 			require.NoError(t, err)
 			G := p.Cluster.GPUs()
 			all := testkit.Assignments(tc.experts, G)
@@ -106,7 +105,7 @@ func TestJointCountOnlyIsExact(t *testing.T) {
 	stats := routing.StatsFromLoad(load, 2)
 	for _, nodes := range []int{1, 2} {
 		p := Problem{Stats: stats, Cluster: testkit.SmallCluster(nodes, 4/nodes), Model: testkit.FakeModel(8, 2)}
-		res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 20 * time.Second, RelGap: -1, NoPolish: true})
+		res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 10, RelGap: -1, NoPolish: true})
 		require.NoError(t, err)
 		assert.InDelta(t, res.Objective, res.ModelObjective, 1e-9*res.Objective, "nodes=%d", nodes)
 	}

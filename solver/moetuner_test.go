@@ -5,7 +5,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -47,7 +46,7 @@ func TestMoETunerILP2IsOptimal(t *testing.T) {
 			const L, E, G = 3, 8, 4
 			tr := testkit.RandomTrace(rand.New(rand.NewPCG(tc.seed, 9)), 600, L, E, 2)
 			p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 2), Model: testkit.FakeModel(E, 2)}
-			res, err := Solve(context.Background(), p, Options{Strategy: StrategyMoETuner, TimeLimit: 30 * time.Second, RelGap: -1, MoETunerEqualSizes: tc.equal})
+			res, err := Solve(context.Background(), p, Options{Strategy: StrategyMoETuner, Effort: 10, RelGap: -1, MoETunerEqualSizes: tc.equal})
 			if err != nil && !tc.equal {
 				require.ErrorIs(t, err, ErrInfeasible, "unequal sizes may make Eq. 13 infeasible, nothing else")
 				t.Skip("Eq. 13 infeasible for this seed")

@@ -6,7 +6,6 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -29,7 +28,7 @@ func TestRemoteBoundShiftSteps(t *testing.T) {
 	tr, _ := pl.Trace(rand.New(rand.NewPCG(7, 3)))
 	require.NoError(t, tr.Validate())
 	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 4), Model: testkit.FakeModel(32, 4), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStaticMean, RedundantSlots: 8}
-	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 2 * time.Second})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 1})
 	require.NoError(t, err)
 	verify(t, p, res)
 	require.Contains(t, res.Note, "affinity search")
@@ -75,7 +74,7 @@ func TestRemoteBoundUsesMaxImbalance(t *testing.T) {
 	tr, _ := pl.Trace(rand.New(rand.NewPCG(7, 3)))
 	require.NoError(t, tr.Validate())
 	p := Problem{Stats: tr.Stats(routing.StatsOptions{}), Cluster: testkit.SmallCluster(2, 4), Model: testkit.FakeModel(32, 4), Flow: costmodel.FlowHome, Dispatch: placement.DispatchStaticMean, RedundantSlots: 8, MaxImbalance: 1.05}
-	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 2 * time.Second})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 1})
 	require.NoError(t, err)
 	verify(t, p, res)
 	require.Equal(t, p.Stats.Layers, res.RemoteBoundLayers)

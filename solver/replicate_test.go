@@ -50,7 +50,7 @@ func TestReplicatedBoundIsValidAndTight(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			p := replicatedProblem([][]float64{tc.load}, 1, tc.G, tc.R)
-			res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 10 * time.Second})
+			res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 100})
 			require.NoError(t, err)
 			verify(t, p, res)
 			opt := bruteBusiest(tc.load, tc.G, (len(tc.load)+tc.R)/tc.G)
@@ -293,10 +293,10 @@ func TestReplicatedLocalDispatchSpreadsNodes(t *testing.T) {
 	even := replicatedProblem(load, 2, 4, 8) // 24 slots, 3 per GPU
 	local := even
 	local.Dispatch = placement.DispatchLocal
-	re, err := Solve(context.Background(), even, Options{Strategy: StrategyJoint, TimeLimit: 5 * time.Second})
+	re, err := Solve(context.Background(), even, Options{Strategy: StrategyJoint, Effort: 1})
 	require.NoError(t, err)
 	verify(t, even, re)
-	rl, err := Solve(context.Background(), local, Options{Strategy: StrategyJoint, TimeLimit: 5 * time.Second})
+	rl, err := Solve(context.Background(), local, Options{Strategy: StrategyJoint, Effort: 1})
 	require.NoError(t, err)
 	verify(t, local, rl)
 	// The even plan scored under local dispatch, for a like-for-like
@@ -330,7 +330,7 @@ func TestReplicatedLocalDispatchSpreadsNodes(t *testing.T) {
 	}
 	skew := replicatedProblem(load, 2, 4, 8)
 	skew.Dispatch = placement.DispatchLocal
-	rs, err := Solve(context.Background(), skew, Options{Strategy: StrategyJoint, TimeLimit: 5 * time.Second})
+	rs, err := Solve(context.Background(), skew, Options{Strategy: StrategyJoint, Effort: 1})
 	require.NoError(t, err)
 	verify(t, skew, rs)
 	for l, b := range rs.Balance.Layers {
@@ -372,7 +372,7 @@ func TestReplicatedPairsExact(t *testing.T) {
 			load[e] = math.Round(1000 / math.Pow(float64(e+1), 0.5+rng.Float64()))
 		}
 		p := Problem{Stats: routing.StatsFromLoad([][]float64{load}, 2), Cluster: testkit.SmallCluster(1, G), Model: testkit.FakeModel(E, 2), SlotsPerGPU: slots}
-		res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: 10 * time.Second})
+		res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 100})
 		require.NoError(t, err, "load %v slots %v", load, slots)
 		verify(t, p, res)
 		opt := testkit.BruteBusiestSlots(load, slots)
@@ -400,7 +400,7 @@ func TestReplicatedPairsExact(t *testing.T) {
 func TestPackMixedSlotsRegression(t *testing.T) {
 	load := []float64{1000, 361, 488}
 	p := Problem{Stats: routing.StatsFromLoad([][]float64{load}, 2), Cluster: testkit.SmallCluster(1, 3), Model: testkit.FakeModel(3, 2), SlotsPerGPU: []int{1, 2, 2}}
-	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, TimeLimit: time.Second})
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 1})
 	require.NoError(t, err)
 	verify(t, p, res)
 	assert.InDelta(t, testkit.BruteBusiestSlots(load, []int{1, 2, 2}), res.Balance.Layers[0].Busiest, 1e-9)

@@ -86,7 +86,7 @@ func TestNotes(t *testing.T) {
 func TestRedundantSlotsNote(t *testing.T) {
 	chdirRoot(t)
 	trace := "testdata/mixtral-8x7b/fiddler/expert_popularity_machine_learning.json"
-	base := []string{"compare", "--trace", trace, "--nodes", "1", "--gpus-per-node", "4", "--strategies", "greedy,eplb,joint", "--time-limit", "3s", "--quiet"}
+	base := []string{"compare", "--trace", trace, "--nodes", "1", "--gpus-per-node", "4", "--strategies", "greedy,eplb,joint", "--effort", "1", "--quiet"}
 	running := filepath.Join(t.TempDir(), "greedy8.json")
 	code, _, stderr := runCLI(t, "plan", "--trace", trace, "--nodes", "1", "--gpus-per-node", "4", "--strategy", "greedy", "--quiet", "--out", running)
 	require.Equal(t, 0, code, stderr)
@@ -105,7 +105,7 @@ func TestRedundantSlotsNote(t *testing.T) {
 
 	cluster := filepath.Join(t.TempDir(), "free-weights.yaml")
 	require.NoError(t, os.WriteFile(cluster, []byte("nodes: 1\ngpus_per_node: 4\nnvlink_gbps: 900\nnic_gbps: 400\ntflops: 989\nhbm_gbps: 3350\nexpert_cost: 1ns\n"), 0o644))
-	code, stdout, stderr = runCLI(t, "compare", "--trace", trace, "--cluster", cluster, "--strategies", "greedy,joint", "--time-limit", "3s", "--quiet", "--redundant-slots", "4")
+	code, stdout, stderr = runCLI(t, "compare", "--trace", trace, "--cluster", cluster, "--strategies", "greedy,joint", "--effort", "1", "--quiet", "--redundant-slots", "4")
 	require.Equal(t, 0, code, stderr)
 	require.Less(t, layerTimeOf(t, stdout, "joint"), layerTimeOf(t, stdout, "greedy"), stdout)
 	assert.NotContains(t, stdout, "slots a layer", stdout)
