@@ -20,13 +20,14 @@ import (
 // (58 layers × 256 experts, top-8, per-token with source ranks; 4 nodes ×
 // 8 GPUs) returns within 2.2 s of its call, the trace already read (on a
 // loaded machine the limit is three times the solve's floor, its run with
-// a 1 ms limit, when that is longer, and the bound 10 % over it), on the
-// affinity search's paths: the home flow with 32 redundant slots under
-// static dispatch, the chain flow without copies, and the home flow from
-// a running plan under a move budget, under the optimal split, and on
-// PCIe-linked nodes (NVLink ports counted). Its plan is valid
-// and its cost recomputes. A search that counted its limit per layer or
-// per phase, or scored its plan after the limit, ends past it.
+// a 1 ms limit, when that is longer, and the allowance past it the floor),
+// on the affinity search's paths: the home flow with 32 redundant slots
+// under static dispatch, the chain flow without copies, and the home flow
+// from a running plan under a move budget, under the optimal split, and
+// on PCIe-linked nodes (NVLink ports counted). Its plan is valid and its
+// cost recomputes. A search that counted its limit per layer or per
+// phase ends past it; one that scored its plan again after the limit
+// does on an idle machine, where the floor is short.
 func TestSynthetic32kTwoSecondLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("reads a 30 MB trace")
@@ -65,18 +66,27 @@ func TestSynthetic32kTwoSecondLimit(t *testing.T) {
 			// The floor: a 1 ms limit, what no limit can cut (a first
 			// plan and its evaluation), which grows with the machine's
 			// load; the limit under test is at least three times it, as
-			// in the command line's TestTimeLimitHolds.
-			start := time.Now()
-			_, err := Solve(context.Background(), tc.p, Options{Strategy: StrategyJoint, TimeLimit: time.Millisecond, MaxMoves: tc.maxMoves})
-			floor := time.Since(start)
-			require.NoError(t, err)
+			// in the command line's TestTimeLimitHolds. The longer of two
+			// runs, since the load changes from one second to the next.
+			var floor time.Duration
+			for range 2 {
+				start := time.Now()
+				_, err := Solve(context.Background(), tc.p, Options{Strategy: StrategyJoint, TimeLimit: time.Millisecond, MaxMoves: tc.maxMoves})
+				floor = max(floor, time.Since(start))
+				require.NoError(t, err)
+			}
 			limit := max(2*time.Second, 3*floor)
-			start = time.Now()
+			start := time.Now()
 			res, err := Solve(context.Background(), tc.p, Options{Strategy: StrategyJoint, TimeLimit: limit, MaxMoves: tc.maxMoves})
 			took := time.Since(start)
 			require.NoError(t, err)
 			t.Logf("%s: %v for a %v limit (floor %v), %s, layer time %.4g s", tc.name, took.Round(time.Millisecond), limit.Round(time.Millisecond), floor.Round(time.Millisecond), res.Status, res.Report.TimeSec)
-			assert.LessOrEqual(t, took, limit+limit/10)
+			// What follows the limit (the plan's last evaluation, the
+			// certificate) slows with the load as the floor does: the
+			// allowance is a tenth of the limit, or the floor when that
+			// is longer (a loaded machine). A limit counted per layer or
+			// per phase overruns by several times the limit.
+			assert.LessOrEqual(t, took, limit+max(limit/10, floor))
 			verify(t, tc.p, res)
 		})
 	}
