@@ -263,8 +263,9 @@
 // starts from the replicated path's packing (or the best
 // baseline) and runs the affinity search (solver/internal/affinity):
 // per layer, exact per-token node counters, a proxy annealed over
-// nodes, a gain-cached Fiduccia–Mattheyses refinement of the node cut
-// (exact node-level swaps), largest-first packing within nodes and
+// nodes, exact node-level swaps (a gain-cached Fiduccia–Mattheyses
+// refinement of the node cut is built beside them, not yet the default),
+// largest-first packing within nodes and
 // an annealing on the full surrogate; the chain flow anneals across the
 // layers. Where the start's busiest NVLink port takes at least 0.8 of the
 // busiest NIC port's time in some layer (PCIe-class nodes), the home

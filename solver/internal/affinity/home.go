@@ -281,10 +281,10 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	// 2. Exact node-level swaps.
 	b := a + sh.Nodes
 	se := &searcher{s: s, m: phase(a, b).Meter(ctx), nodeLevel: levelNode}
-	if sh.swapNodes {
-		se.nodePhase()
-	} else {
+	if sh.refineNodes {
 		refineNodes(se)
+	} else {
+		se.nodePhase()
 	}
 	r1 := s.remote()
 	i1 := s.imbalance(levelGPU)

@@ -75,14 +75,21 @@ type Result struct {
 }
 
 // Shares split a layer's limit among the phases, in order: the proxy
-// annealing (Proxy), the gain-cached refinement of the node cut (Nodes,
-// fm.go: swaps between nodes on the exact per-token pins), balancing within
-// nodes (GPUs) and the exact annealing on the full surrogate (the rest).
+// annealing (Proxy), the node-level swaps (Nodes: priced on the full
+// surrogate, or the gain-cached refinement of the node cut, fm.go, with
+// refineNodes), balancing within nodes (GPUs) and the exact annealing on
+// the full surrogate (the rest).
 type Shares struct {
 	Proxy, Nodes, GPUs float64
-	// swapNodes runs the node-level swaps priced afresh each pass instead
-	// of the gain-cached refinement (experiments).
-	swapNodes bool
+	// refineNodes runs the gain-cached refinement of the node cut (fm.go)
+	// in place of the node-level swaps priced afresh each pass. Not the
+	// default yet: on the 32k DeepSeek-V3 trace (4 × 8, 32 slots, SGLang's
+	// table, 60 s) it sent 2.5475 remote copies per token-layer against
+	// 2.5725 at the same balance (1.011), but on TestJointBalancesAsDealt's
+	// planted instance, under a work budget, it left the dealt busiest/mean
+	// at 1.0224 against 1.0100: it prices the node cut alone, and the
+	// balance within the nodes that follows cannot repair what it costs.
+	refineNodes bool
 }
 
 // budget is one layer's move budget against the running plan, the cost
