@@ -125,7 +125,11 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 	res.ModelObjective = modelObj
 	res.Bound = math.Min(solved.Bound, modelObj)
 	res.Gap = 0
-	if modelObj > 0 {
+	if math.IsInf(res.Bound, 0) || math.IsNaN(res.Bound) {
+		// Stopped before HiGHS had a root bound: no bound, no gap (an
+		// infinite gap would read as a number everywhere it is shown).
+		res.Bound, res.Gap = math.NaN(), math.NaN()
+	} else if modelObj > 0 {
 		res.Gap = (modelObj - res.Bound) / modelObj
 	}
 	res.Status = mipStatus(solved.Tally)
