@@ -123,15 +123,7 @@ func solveJoint(ctx context.Context, p Problem, backend mip.Backend, opts Option
 		return nil, fmt.Errorf("solver: internal error: ILP plan (%.9g s) is worse than its warm start (%.9g s) under the ILP's own model", modelObj, warmObj)
 	}
 	res.ModelObjective = modelObj
-	res.Bound = math.Min(solved.Bound, modelObj)
-	res.Gap = 0
-	if math.IsInf(res.Bound, 0) || math.IsNaN(res.Bound) {
-		// Stopped before HiGHS had a root bound: no bound, no gap (an
-		// infinite gap would read as a number everywhere it is shown).
-		res.Bound, res.Gap = math.NaN(), math.NaN()
-	} else if modelObj > 0 {
-		res.Gap = (modelObj - res.Bound) / modelObj
-	}
+	res.Bound, res.Gap = ilpGap(solved.Bound, modelObj)
 	res.Status = mipStatus(solved.Tally)
 	switch {
 	case solved.TimedOut && W == 0:
@@ -305,4 +297,18 @@ func chainDescent(ctx context.Context, jm *jointilp.Model, sc costmodel.Scenario
 		}
 	}
 	return better, nil
+}
+
+// ilpGap is the ILP's bound (at most the model objective obj) and its gap
+// to obj; both NaN when the solve stopped before HiGHS had a root bound
+// (an infinite gap would read as a number everywhere it is shown).
+func ilpGap(bound, obj float64) (float64, float64) {
+	bound = math.Min(bound, obj)
+	switch {
+	case math.IsInf(bound, 0) || math.IsNaN(bound):
+		return math.NaN(), math.NaN()
+	case obj > 0:
+		return bound, (obj - bound) / obj
+	}
+	return bound, 0
 }
