@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"cmp"
 	"container/heap"
 	"math"
 	"math/rand/v2"
@@ -389,15 +390,7 @@ func (f *fmRefiner) lists() [][]fmCand {
 		}
 	}
 	for i := range out {
-		slices.SortFunc(out[i], func(x, y fmCand) int {
-			switch {
-			case x.g < y.g:
-				return -1
-			case x.g > y.g:
-				return 1
-			}
-			return 0
-		})
+		slices.SortFunc(out[i], func(x, y fmCand) int { return cmp.Compare(x.g, y.g) })
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"cmp"
 	"container/heap"
 	"math"
 	"math/rand/v2"
@@ -68,15 +69,7 @@ func (se *searcher) relocGains() [][]relocation {
 		}
 	}
 	for i := range out {
-		slices.SortFunc(out[i], func(x, y relocation) int {
-			switch {
-			case x.dR < y.dR:
-				return -1
-			case x.dR > y.dR:
-				return 1
-			}
-			return 0
-		})
+		slices.SortFunc(out[i], func(x, y relocation) int { return cmp.Compare(x.dR, y.dR) })
 	}
 	return out
 }
