@@ -27,6 +27,12 @@ type shares struct {
 	// unit: every expert has one copy that takes all its tokens, so a
 	// token's destinations are certain (probabilities 1).
 	unit bool
+	// hunit: a per-source split that sends every source's tokens of an
+	// expert to one GPU (a dealt table, local with one copy per node):
+	// hg[e·G+h] is that GPU and hb[e·G+h] its node, so a sourced token's
+	// destinations are certain too.
+	hunit  bool
+	hg, hb []int32
 }
 
 // build fills s for layer l's plan lp (E experts, G GPUs in nodes of P)
@@ -34,6 +40,7 @@ type shares struct {
 // layer of). It reports whether every split is exact (Splitter.Split).
 func (s *shares) build(l int, lp placement.LayerPlan, E, G, P int, d placement.Dispatch, sp Splitter) (exact bool, err error) {
 	exact = true
+	s.hunit = false
 	if len(lp.SlotExpert) != len(lp.SlotGPU) {
 		return false, fmt.Errorf("%d slot experts but %d slot GPUs", len(lp.SlotExpert), len(lp.SlotGPU))
 	}
@@ -74,7 +81,37 @@ func (s *shares) build(l int, lp placement.LayerPlan, E, G, P int, d placement.D
 			}
 		}
 	}
+	s.fillUnit(E, G, P)
 	return exact, nil
+}
+
+// fillUnit sets hunit, hg and hb when every (expert, source) split of a
+// per-source s sends all the tokens to one GPU.
+func (s *shares) fillUnit(E, G, P int) {
+	s.hunit = true
+	s.hg, s.hb = resize(s.hg, E*G), resize(s.hb, E*G)
+	for e := 0; e < E && s.hunit; e++ {
+		a, b := int(s.cs[e]), int(s.cs[e+1])
+		n := b - a
+		for h := 0; h < G && s.hunit; h++ {
+			w := s.hw[a*G+h*n : a*G+(h+1)*n]
+			one := -1
+			for i, x := range w {
+				switch {
+				case x == 1 && one < 0:
+					one = i
+				case x != 0:
+					s.hunit = false
+				}
+			}
+			if one < 0 {
+				s.hunit = false
+				break
+			}
+			g := s.cg[a+one]
+			s.hg[e*G+h], s.hb[e*G+h] = g, g/int32(P)
+		}
+	}
 }
 
 // bucket fills the even-split weights of lp: every expert's distinct GPUs
@@ -323,6 +360,23 @@ func (pb *probBuf) computeFrom(ex []int16, sh *shares, h, G int) {
 				pb.p = append(pb.p, 1)
 			}
 			if b := sh.nb[sh.ns[e]]; !slices.Contains(pb.b, b) {
+				pb.b = append(pb.b, b)
+				pb.q = append(pb.q, 1)
+			}
+		}
+		return
+	}
+	if h >= 0 && sh.hunit {
+		// Certain destinations per source: the same sets and
+		// probabilities exactly 1, as the products below would give.
+		pb.g, pb.b, pb.p, pb.q = pb.g[:0], pb.b[:0], pb.p[:0], pb.q[:0]
+		for _, e := range ex {
+			k := int(e)*G + h
+			if g := sh.hg[k]; !slices.Contains(pb.g, g) {
+				pb.g = append(pb.g, g)
+				pb.p = append(pb.p, 1)
+			}
+			if b := sh.hb[k]; !slices.Contains(pb.b, b) {
 				pb.b = append(pb.b, b)
 				pb.q = append(pb.q, 1)
 			}
