@@ -252,6 +252,12 @@ const proxyPerUnit = 128
 func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint64, logf func(format string, args ...any)) (*state, int64) {
 	ly := s.ly
 	start := s.copies()
+	// The start's cost with no NIC allowance, what the result must beat
+	// (s is that start until the phases move it).
+	kappa := s.kappa
+	s.kappa = 0
+	startCost, startOver, startRemote := s.costNow(levelGPU), s.overCap(), s.remote()
+	s.kappa = kappa
 	t0 := time.Now()
 	phase := func(from, to float64) task.Limit {
 		if lim.ByWork() {
@@ -304,8 +310,6 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	// found instead of undoing it.
 	s.kappa = 0
 	c2 := s.costNow(levelGPU)
-	s0 := newStateKappa(ly, start, 0)
-	startCost := s0.costNow(levelGPU)
 	last := phase(c, 1)
 	expect := float64(last.Work)
 	if !lim.ByWork() {
@@ -331,11 +335,11 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	s.resync()
 	tries += se.tries
 	if logf != nil {
-		logf("layer %d: %v: remote start %.0f proxy %.0f nodes %.0f (imb %.4f) gpus %.0f (imb %.4f) end %.0f (imb %.4f); cost %.4g → %.4g (after gpus %.4g, port imb %.4f)", ly.l, time.Since(t0), newState(ly, start).remote(), r0, r1, i1, r2, i2, s.remote(), s.imbalance(levelGPU), startCost, s.costNow(levelGPU), c2, s.portImbalance())
+		logf("layer %d: %v: remote start %.0f proxy %.0f nodes %.0f (imb %.4f) gpus %.0f (imb %.4f) end %.0f (imb %.4f); cost %.4g → %.4g (after gpus %.4g, port imb %.4f)", ly.l, time.Since(t0), startRemote, r0, r1, i1, r2, i2, s.remote(), s.imbalance(levelGPU), startCost, s.costNow(levelGPU), c2, s.portImbalance())
 	}
-	if s.costNow(levelGPU) > startCost || s0.overCap() == 0 && s.overCap() > 0 {
+	if s.costNow(levelGPU) > startCost || startOver == 0 && s.overCap() > 0 {
 		// A layer that starts within the cap stays within it.
-		return s0, tries
+		return newStateKappa(ly, start, 0), tries
 	}
 	return s, tries
 }

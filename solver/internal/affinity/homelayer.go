@@ -120,6 +120,30 @@ type copyset struct {
 	// gf[h·n+i] is the fraction of source h's tokens that copy i serves
 	// (with shape.nv).
 	gf []float64
+	// one[h] is the node that serves all of source h's tokens when one
+	// does (nf's row h is 1 there and 0 elsewhere), else −1: the counters'
+	// passes add such a row with one increment.
+	one []int16
+}
+
+// setOne fills cs.one from cs.nf (G sources, N nodes).
+func (cs *copyset) setOne(G, N int) {
+	cs.one = slices.Grow(cs.one[:0], G)[:G]
+	for h := 0; h < G; h++ {
+		at, ones, other := int16(-1), 0, false
+		for b, q := range cs.nf[h*N : (h+1)*N] {
+			switch {
+			case q == 1:
+				at, ones = int16(b), ones+1
+			case q != 0:
+				other = true
+			}
+		}
+		if ones != 1 || other {
+			at = -1
+		}
+		cs.one[h] = at
+	}
 }
 
 // state is one layer's placement with the counters its cost is computed
@@ -195,6 +219,7 @@ func (s *state) fill(e int, cs *copyset) {
 				cs.gf[h] = 1
 			}
 		}
+		cs.setOne(G, N)
 		return
 	}
 	if cap(s.frac) < G*n {
@@ -231,6 +256,7 @@ func (s *state) fill(e int, cs *copyset) {
 			}
 		}
 	}
+	cs.setOne(G, N)
 }
 
 // newState places ly by copies (per expert, its GPUs) and computes every
@@ -302,7 +328,12 @@ func (s *state) resync() {
 			pr[b] = 1
 		}
 		for _, e := range s.ly.ex[t*K : (t+1)*K] {
-			row := s.cs[e].nf[h*N : (h+1)*N]
+			cs := &s.cs[e]
+			if b := cs.one[h]; b >= 0 {
+				z[b]++
+				continue
+			}
+			row := cs.nf[h*N : (h+1)*N]
 			for b, q := range row {
 				switch {
 				case q == 1:

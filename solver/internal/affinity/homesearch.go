@@ -41,7 +41,8 @@ type relocation struct {
 // relocGains returns, per ordered node pair (A, B) at index A·N+B, the
 // copies on A with the change of the sample's remote-node copies if each
 // alone moved to a GPU of B that does not hold it (the one whose sources
-// use the expert most), most negative first.
+// use the expert most), most negative first; nil when se's meter runs
+// out before the pass is done.
 func (se *searcher) relocGains() [][]relocation {
 	s := se.s
 	sh := s.ly.sh
@@ -49,6 +50,14 @@ func (se *searcher) relocGains() [][]relocation {
 	out := make([][]relocation, N*N)
 	tr := &s.tr
 	for a := range s.held {
+		if se.m.Done() {
+			// A pass prices every relocation exactly, tens of the
+			// layer's counter passes: under a short deadline it would
+			// run past the phase, and the layers after it would pay.
+			// (Under a work budget nothing is spent here, so the pass
+			// always completes.)
+			return nil
+		}
 		A := a / P
 		for ia, e16 := range s.held[a] {
 			e := int(e16)
@@ -129,6 +138,9 @@ func (se *searcher) nodePhase() {
 	}
 	for !se.m.Done() {
 		gains := se.relocGains()
+		if gains == nil {
+			return
+		}
 		h := &pairHeap{}
 		for A := 0; A < N; A++ {
 			for B := A + 1; B < N; B++ {

@@ -64,6 +64,19 @@ func (sc *schedule) next() (float64, bool) {
 	return sc.p, true
 }
 
+// affords is how many moves the schedule has left: its count, or its time
+// left at perMove a move.
+func (sc *schedule) affords(perMove time.Duration) float64 {
+	if sc.moves > 0 {
+		return float64(sc.moves - sc.done)
+	}
+	left := time.Until(sc.end)
+	if left <= 0 {
+		return 0
+	}
+	return float64(left) / float64(max(perMove, 1))
+}
+
 // progress is how far along the schedule is, in [0, 1].
 func (sc *schedule) progress() float64 {
 	if sc.stop {
