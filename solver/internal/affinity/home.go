@@ -284,18 +284,26 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 		}
 	}
 	r0 := s.remote()
-	// 2. Exact node-level swaps.
+	// 2. Exact node-level swaps, unless an earlier layer's pass did not
+	// fit in this phase's share of the same deadline: then the balance
+	// within the nodes, which the plan needs, gets that share.
 	b := a + sh.Nodes
+	skip := !lim.ByWork() && ly.sh.nodesCut.Load()
+	if skip {
+		b = a
+	}
 	se := &searcher{s: s, m: phase(a, b).Meter(ctx), nodeLevel: levelNode}
-	if sh.refineNodes {
+	switch {
+	case skip:
+	case sh.refineNodes:
 		refineNodes(se)
-	} else {
+	default:
 		se.nodePhase()
 	}
 	r1 := s.remote()
 	i1 := s.imbalance(levelGPU)
 	// 3. Balance within nodes.
-	c := b + sh.GPUs
+	c := a + sh.Nodes + sh.GPUs
 	if ly.bud == nil {
 		se.s = repack(s)
 		s = se.s

@@ -3,6 +3,7 @@ package affinity
 import (
 	"math"
 	"slices"
+	"sync/atomic"
 
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
@@ -47,6 +48,11 @@ type shape struct {
 	T   int
 	src []int32
 	w   []float64
+
+	// nodesCut is set when a layer's node phase ran out of its share
+	// before its first pass priced every relocation: under that deadline
+	// the layers after it give the phase's share to the GPU phase.
+	nodesCut atomic.Bool
 }
 
 // layer is one layer's data: the sample's experts, which tokens use each

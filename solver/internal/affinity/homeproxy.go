@@ -175,19 +175,30 @@ func maxNode(nl []float64) float64 {
 
 // delta is the objective's change if x (on node a) and y (on b) swapped,
 // the cut's part dcut.
+
 func (o *proxyObj) delta(px *proxy, a, b, x, y int, dcut float64) float64 {
+	dl := px.load[y] - px.load[x]
+	if !o.capOn {
+		// The busiest node before and after, in O(1) from the nodes
+		// other than a and b (the same maxima as a scan).
+		others := 0.0
+		for c, v := range px.nload {
+			if c != a && c != b {
+				others = math.Max(others, v)
+			}
+		}
+		na, nb := px.nload[a], px.nload[b]
+		before := math.Max(others, math.Max(na, nb))
+		after := math.Max(others, math.Max(na+dl, nb-dl))
+		return dcut*o.scale*2*o.copySec + (after-before)*o.perNodeTok
+	}
 	nl := o.nl
 	copy(nl, px.nload)
 	before := maxNode(nl)
-	var over float64
-	if o.capOn {
-		over = -px.capExcess(nl)
-	}
-	nl[a] += px.load[y] - px.load[x]
-	nl[b] += px.load[x] - px.load[y]
-	if o.capOn {
-		over += px.capExcess(nl)
-	}
+	over := -px.capExcess(nl)
+	nl[a] += dl
+	nl[b] -= dl
+	over += px.capExcess(nl)
 	return dcut*o.scale*2*o.copySec + (maxNode(nl)-before)*o.perNodeTok + over
 }
 

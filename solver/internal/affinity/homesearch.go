@@ -139,6 +139,9 @@ func (se *searcher) nodePhase() {
 	for !se.m.Done() {
 		gains := se.relocGains()
 		if gains == nil {
+			if se.passes == 0 {
+				sh.nodesCut.Store(true)
+			}
 			return
 		}
 		h := &pairHeap{}
@@ -281,6 +284,7 @@ func (se *searcher) gpuPhase() {
 		return sh.terms.Compute(g, tok[g], float64(sh.slots[g]))
 	}
 	stuck := make([]bool, sh.N)
+	scratch := make([]float64, sh.G)
 	for !se.m.Done() {
 		top, tv := -1, -1.0
 		for g := 0; g < sh.G; g++ {
@@ -304,12 +308,15 @@ func (se *searcher) gpuPhase() {
 					if !se.ok(mv) {
 						continue
 					}
-					d := s.try(mv, levelGPU)
+					t2, d := s.withinNode(mv, scratch)
+					if t2 == nil {
+						d, t2 = s.try(mv, levelGPU), s.tr.t2
+					}
 					se.spend()
 					if d > 1e-15*s.costNow(levelGPU) {
 						continue
 					}
-					peak := math.Max(load(top, s.tr.t2), load(g, s.tr.t2))
+					peak := math.Max(load(top, t2), load(g, t2))
 					if peak < bestPeak*(1-1e-12) {
 						best, bestPeak, found = mv, peak, true
 					}
@@ -322,6 +329,38 @@ func (se *searcher) gpuPhase() {
 		}
 		s.apply(best)
 	}
+}
+
+// withinNode prices a swap of two experts of one copy each between GPUs
+// of one node without walking their tokens: no token changes the nodes
+// it reaches or the NIC port it uses (a port is the source's local index
+// on the node), so only the two GPUs' tokens change, by the copies'
+// loads. It returns the GPUs' tokens after the swap (in t2, G long) and
+// the cost's change at the GPU level, the same numbers try gives; nil
+// when the swap is not such a swap or NVLink is modeled (NVLink ports
+// do see the GPU).
+func (s *state) withinNode(mv move, t2 []float64) ([]float64, float64) {
+	sh := s.ly.sh
+	if sh.nv || mv.kind != moveSwap || mv.a/sh.P != mv.b/sh.P {
+		return nil, 0
+	}
+	ce, cf := &s.cs[s.held[mv.a][mv.ia]], &s.cs[s.held[mv.b][mv.ib]]
+	if len(ce.gpus) != 1 || len(cf.gpus) != 1 {
+		return nil, 0
+	}
+	// The sums in try's order: the first expert leaves a for b, then the
+	// second leaves b for a.
+	copy(t2, s.tok)
+	da, db := 0-ce.cl[0], 0+ce.cl[0]
+	db -= cf.cl[0]
+	da += cf.cl[0]
+	t2[mv.a] = s.tok[mv.a] + da
+	t2[mv.b] = s.tok[mv.b] + db
+	d := s.cost(t2, s.out, s.in, s.nvOut, s.nvIn, levelGPU) - s.cost(s.tok, s.out, s.in, s.nvOut, s.nvIn, levelGPU)
+	if b := s.ly.bud; b != nil {
+		d += b.SlotSec * float64(s.dChanged(mv))
+	}
+	return t2, d
 }
 
 // anneal runs simulated annealing on the exact surrogate at lv until sc

@@ -124,3 +124,46 @@ func TestProxyAnnealShortSchedule(t *testing.T) {
 		require.Zero(t, px.descend(o, 1e-9*math.Abs(after), func() bool { return false }), "instance %d: a swap still lowers the objective", it)
 	}
 }
+
+// TestWithinNodePricesAsTry checks that the GPU phase's token-free price
+// of a swap within a node (withinNode) gives the tokens and the cost
+// change the exact try gives, on random layers of every dispatch, with
+// and without a move budget, and that it declines every other swap.
+func TestWithinNodePricesAsTry(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 4))
+	priced, declined := 0, 0
+	for it := range 12 {
+		N, P := 2+rng.IntN(3), 2+rng.IntN(3)
+		E, K := 10+rng.IntN(12), 2+rng.IntN(3)
+		red := fillSlots(E, N*P, (it%2)*N*P)
+		sc, plan, slots := randomInstance(t, rng, N, P, E, K, 1, 100+rng.IntN(100), red, proxyDispatches[it%len(proxyDispatches)], it%3 == 0)
+		p := Problem{Scenario: sc, Slots: slots, Start: plan}
+		if it%4 == 3 {
+			p.Current, p.MaxMoves = plan, 4
+		}
+		sh, err := newShape(p)
+		require.NoError(t, err)
+		s := newState(buildLayer(p, sh, 0), int32Copies(plan.ExpertGPUs(0)))
+		scratch := make([]float64, sh.G)
+		for range 200 {
+			mv, ok := randomMove(rng, s)
+			if !ok || !s.valid(mv) {
+				continue
+			}
+			t2, d := s.withinNode(mv, scratch)
+			if t2 == nil {
+				declined++
+				continue
+			}
+			priced++
+			want := s.try(mv, levelGPU)
+			require.Equal(t, want, d, "instance %d: the cost change of %+v", it, mv)
+			require.Equal(t, s.tr.t2, t2, "instance %d: the GPUs' tokens after %+v", it, mv)
+			if rng.IntN(4) == 0 {
+				s.apply(mv)
+			}
+		}
+	}
+	require.Positive(t, priced, "no swap within a node was priced")
+	require.Positive(t, declined, "no swap was declined")
+}
