@@ -150,7 +150,7 @@ func newEngine(stats *routing.Stats, c Cluster, m Model, opts Options) (*engine,
 	ev.usePatterns = stats.Patterns != nil
 	ev.perSource = opts.Dispatch.PerSource()
 	if opts.Dispatch == placement.DispatchVLLM && opts.Flow == FlowHome && HashOrder(stats, c.GPUs()) == nil {
-		ev.hash = &hashSplit{order: stats.Order, load: stats.Load, G: c.GPUs()}
+		ev.hash = newHashSplit(stats, c.GPUs())
 		ev.perSource = true
 	}
 	if ev.perSource && (ev.usePatterns || ev.hash != nil) {

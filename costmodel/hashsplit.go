@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/moetuner/moetuner/internal/stackdispatch"
 	"github.com/moetuner/moetuner/placement"
@@ -29,16 +30,48 @@ import (
 type hashSplit struct {
 	order *routing.TokenOrder
 	load  [][]float64
-	G     int
+	G, E  int
+	// last is, per (layer, expert), the copies last split and their
+	// fractions: a move re-splits every expert of its layer, and all but
+	// the moved ones are as they were.
+	mu   sync.Mutex
+	last []hashEntry // [l·E+e]
+}
+
+// hashEntry is one split: the copies' GPUs and slots, and frac.
+type hashEntry struct {
+	gpus, slots []int32
+	frac        []float64
+}
+
+func newHashSplit(st *routing.Stats, G int) *hashSplit {
+	return &hashSplit{order: st.Order, load: st.Load, G: G, E: st.Experts, last: make([]hashEntry, st.Layers*st.Experts)}
 }
 
 // Split fills frac with the share of each source's tokens that every copy
 // GPU receives under the hash; it is exact for any copies.
-func (s hashSplit) Split(l, e int, gpus, slots []int32, frac []float64) bool {
+func (s *hashSplit) Split(l, e int, gpus, slots []int32, frac []float64) bool {
+	n := len(gpus)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := &s.last[l*s.E+e]
+	if slices.Equal(c.gpus, gpus) && slices.Equal(c.slots, slots) {
+		copy(frac[:s.G*n], c.frac)
+		return true
+	}
+	s.count(l, e, gpus, slots, frac)
+	c.gpus = append(c.gpus[:0], gpus...)
+	c.slots = append(c.slots[:0], slots...)
+	c.frac = append(c.frac[:0], frac[:s.G*n]...)
+	return true
+}
+
+// count is Split without the cache.
+func (s *hashSplit) count(l, e int, gpus, slots []int32, frac []float64) {
 	n := len(gpus)
 	clear(frac[:s.G*n])
 	if n == 0 {
-		return true
+		return
 	}
 	var buf [64]int32
 	owner := copyOwners(gpus, slots, buf[:0])
@@ -64,7 +97,6 @@ func (s hashSplit) Split(l, e int, gpus, slots []int32, frac []float64) bool {
 			row[i] = (row[i] + u*float64(slots[i])/float64(total)) / c
 		}
 	}
-	return true
 }
 
 // copyOwners appends to out, for every copy j of an expert in vLLM's
@@ -119,7 +151,7 @@ func HashOrder(st *routing.Stats, G int) error {
 // NewSplitter's model.
 func (ev *engine) newSplitter(plan *placement.Plan) (Splitter, error) {
 	if ev.hash != nil {
-		return *ev.hash, nil
+		return ev.hash, nil
 	}
 	return NewSplitter(ev.opts.Dispatch, plan, ev.g, ev.p, ev.layout)
 }
