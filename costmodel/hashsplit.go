@@ -21,8 +21,15 @@ import (
 // 0xFFFFFFFF; replica_idx = hashed mod replica_count; physical id =
 // logical_to_physical_map[expert][replica_idx]). The copies of a row of
 // logical_to_physical_map are taken in ascending physical id, GPU-major
-// (placement.Plan.EPLBMaps), so copy j sits on the GPU whose slots of the
-// expert cover j in ascending GPU order. The rows come from the statistics'
+// (placement.Plan.EPLBMaps), as vLLM fills the row from a
+// physical_to_logical map it is given (EplbState.build in
+// vllm/distributed/eplb/eplb_state.py@
+// 0014ec6c58e1b74e660a1e6d059b5689716183ff: for i in
+// range(num_physical_experts), i goes to its logical expert's next
+// replica index), so copy j sits on the GPU whose slots of the expert
+// cover j in ascending GPU order. (A map vLLM's own rebalance computes
+// lists an expert's copies in EPLB's replica order instead; that order is
+// not modelled.) The rows come from the statistics'
 // token order (routing.TokenOrder), which must count exactly the
 // per-source loads (usableOrder); tokens of unknown source have no row and
 // take the hash's expectation, an even share of every slot, counted 1/G
