@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"testing"
 
@@ -21,7 +22,8 @@ import (
 // JSON scores the busiest/mean (mean over layers and worst layer, to 1e-9)
 // of a recount of the hash (stackdispatch.VLLMPicker over the plan's
 // EPLB maps, each rank's tokens cut into passes of --pass-tokens), for
-// passes of 16 tokens and for the whole trace as one pass. A bad
+// passes of 16 tokens and for the whole trace as one pass; with --holdout
+// the held-out half is counted too (to the table's 3 decimals). A bad
 // --pass-tokens is a usage error naming the flag; two traces fall back to
 // the expectation, and the output says so.
 func TestVLLMHashCLIRecount(t *testing.T) {
@@ -42,33 +44,9 @@ func TestVLLMHashCLIRecount(t *testing.T) {
 	src, err := routing.Load(trace, routing.LoadOptions{})
 	require.NoError(t, err)
 	tr := src.Trace
-	S := len(maps.Phy2Log[0]) / gpus
 	recounted := map[int][2]float64{}
 	for _, B := range []int{16, 0} {
-		var mean, worst float64
-		for l := range layers {
-			rt := stackdispatch.Routing{TopK: k, Source: tr.Source}
-			for tok := range tokens {
-				for j := range k {
-					rt.Experts = append(rt.Experts, int32(tr.At(tok, l, j)))
-				}
-			}
-			replicas := make([][]int32, experts)
-			for e, row := range maps.Log2Phy[l] {
-				for _, x := range row[:maps.LogCnt[l][e]] {
-					replicas[e] = append(replicas[e], int32(x))
-				}
-			}
-			load, err := stackdispatch.CountTokens(rt, S, gpus, stackdispatch.VLLMPicker(replicas, B))
-			require.NoError(t, err)
-			busiest := int64(0)
-			for _, x := range load {
-				busiest = max(busiest, x)
-			}
-			bal := float64(busiest) / (float64(tokens*k) / float64(gpus))
-			mean += bal / layers
-			worst = max(worst, bal)
-		}
+		mean, worst := hashRecountCLI(t, tr, maps, gpus, 0, tokens, B)
 		out := filepath.Join(dir, "cmp.json")
 		code, _, stderr := runCLI(t, append([]string{"compare", "--strategies", "eplb", "--plan", plan, "--json", out, "--pass-tokens", strconv.Itoa(B), "--time-limit", "5s"}, base...)...)
 		require.Equal(t, 0, code, stderr)
@@ -83,6 +61,19 @@ func TestVLLMHashCLIRecount(t *testing.T) {
 	code, _, stderr = runCLI(t, append([]string{"eval", "--plan", plan, "--pass-tokens", "-1"}, base...)...)
 	assert.Equal(t, 2, code, stderr)
 	assert.Contains(t, stderr, "--pass-tokens")
+	// Held out: both halves are counted, the second from its own rows
+	// (its ranks' tokens start a pass at the cut).
+	code, stdout, stderr := runCLI(t, append([]string{"compare", "--strategies", "eplb", "--plan", plan, "--holdout", "0.5", "--pass-tokens", "16", "--time-limit", "5s"}, base...)...)
+	require.Equal(t, 0, code, stderr)
+	hm, hw := hashRecountCLI(t, tr, maps, gpus, tokens/2, tokens, 16)
+	row := regexp.MustCompile(`(?m)^\s*file:\S+\s+\S+\s+\S+\s+(\d\.\d{3})\s+(\d\.\d{3})\s`).FindStringSubmatch(stdout)
+	require.NotNil(t, row, "no held-out row for the plan in\n%s", stdout)
+	gotM, _ := strconv.ParseFloat(row[1], 64)
+	gotW, _ := strconv.ParseFloat(row[2], 64)
+	t.Logf("held out: compare %.3f / %.3f, recount %.6f / %.6f", gotM, gotW, hm, hw)
+	assert.InDelta(t, hm, gotM, 5e-4, "held-out mean busiest/mean, compare vs recount")
+	assert.InDelta(t, hw, gotW, 5e-4, "held-out worst layer busiest/mean, compare vs recount")
+
 	// Two traces have no one batch order: the expectation, which is off
 	// the recount, and the output says why.
 	out := filepath.Join(dir, "even.json")
@@ -115,4 +106,37 @@ func readCompare(t *testing.T, path string) map[string][2]float64 {
 		rows[r.Strategy] = [2]float64{r.Mean, r.Max}
 	}
 	return rows
+}
+
+// hashRecountCLI recounts vLLM's hash over tokens [from, to) of tr (rows
+// restarting at from, each rank's tokens cut into passes of B) on the
+// plan whose EPLB maps are maps: the busiest/mean averaged over layers
+// and in the worst layer.
+func hashRecountCLI(t *testing.T, tr *routing.Trace, maps *placement.EPLBMaps, gpus, from, to, B int) (mean, worst float64) {
+	t.Helper()
+	S := len(maps.Phy2Log[0]) / gpus
+	for l := range tr.Layers {
+		rt := stackdispatch.Routing{TopK: tr.TopK, Source: tr.Source[from:to]}
+		for tok := from; tok < to; tok++ {
+			for j := range tr.TopK {
+				rt.Experts = append(rt.Experts, int32(tr.At(tok, l, j)))
+			}
+		}
+		replicas := make([][]int32, tr.Experts)
+		for e, row := range maps.Log2Phy[l] {
+			for _, x := range row[:maps.LogCnt[l][e]] {
+				replicas[e] = append(replicas[e], int32(x))
+			}
+		}
+		load, err := stackdispatch.CountTokens(rt, S, gpus, stackdispatch.VLLMPicker(replicas, B))
+		require.NoError(t, err)
+		busiest := int64(0)
+		for _, x := range load {
+			busiest = max(busiest, x)
+		}
+		bal := float64(busiest) / (float64((to-from)*tr.TopK) / float64(gpus))
+		mean += bal / float64(tr.Layers)
+		worst = max(worst, bal)
+	}
+	return mean, worst
 }
