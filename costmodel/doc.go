@@ -30,9 +30,11 @@
 // give every rank all or nothing of an expert: the table SGLang deals from
 // random.Random(42) over every decoder layer's row of the map it loads
 // (internal/stackdispatch reproduces it bit for bit), so the busiest GPU is
-// the one SGLang's ranks really fill. sglang-dynamic, vllm and trtllm are
-// modeled by their expectation (the nearest copy, else even; even; even);
-// static-mean is the expectation of SGLang's table over its deal. The
+// the one SGLang's ranks really fill. vllm is vLLM's hash counted token by
+// token when the statistics carry their token order (Stats.Order,
+// HashOrder; home flow), else its expectation, even. sglang-dynamic and
+// trtllm are modeled by their expectation (the nearest copy, else even;
+// even); static-mean is the expectation of SGLang's table over its deal. The
 // source shares src[h][e] come from Stats.SourceLoad (exact per-rank
 // counts) when the trace has it, else from the paths' sources.
 //

@@ -26,8 +26,11 @@ type engine struct {
 	nvLat, nicLat    float64 // seconds
 	usePatterns      bool
 	// perSource: the split over an expert's copies depends on the source
-	// GPU (every dispatch but even and vLLM's).
+	// GPU (every dispatch but even, TensorRT-LLM's and vLLM's expectation).
 	perSource bool
+	// hash, when set, is vLLM's dispatch counted token by token from the
+	// statistics' token order (HashOrder); nil otherwise.
+	hash *hashSplit
 	// split is the dispatch model, bound to the plan of planShares.
 	split Splitter
 	// layout says where the layers sit among the decoder layers (for
@@ -146,7 +149,11 @@ func newEngine(stats *routing.Stats, c Cluster, m Model, opts Options) (*engine,
 	ev.layout = Scenario{Stats: stats, Cluster: c, Model: m}.Layout()
 	ev.usePatterns = stats.Patterns != nil
 	ev.perSource = opts.Dispatch.PerSource()
-	if ev.perSource && ev.usePatterns {
+	if opts.Dispatch == placement.DispatchVLLM && opts.Flow == FlowHome && HashOrder(stats, c.GPUs()) == nil {
+		ev.hash = newHashSplit(stats, c.GPUs())
+		ev.perSource = true
+	}
+	if ev.perSource && (ev.usePatterns || ev.hash != nil) {
 		ev.srcFrac = sourceFractions(stats, c.GPUs())
 	}
 	ev.initScratch()
@@ -249,7 +256,7 @@ func (ev *engine) planShares(plan *placement.Plan) ([]shares, error) {
 	if len(plan.Layers) != ev.l {
 		return nil, fmt.Errorf("costmodel: plan has %d layers, stats have %d", len(plan.Layers), ev.l)
 	}
-	split, err := NewSplitter(ev.opts.Dispatch, plan, ev.g, ev.p, ev.layout)
+	split, err := ev.newSplitter(plan)
 	if err != nil {
 		return nil, err
 	}

@@ -496,7 +496,7 @@ func (ev *Evaluator) globalTrial(l int) error {
 	eng, t := ev.eng, &ev.trial
 	plan := ev.plan.Clone()
 	plan.Layers[l] = placement.LayerPlan{SlotExpert: slices.Clone(t.lp.SlotExpert), SlotGPU: slices.Clone(t.lp.SlotGPU)}
-	split, err := NewSplitter(eng.opts.Dispatch, plan, eng.g, eng.p, eng.layout)
+	split, err := eng.newSplitter(plan)
 	if err != nil {
 		return fmt.Errorf("costmodel: move on layer %d: %w", l, err)
 	}

@@ -47,7 +47,8 @@ func (s *shares) build(l int, lp placement.LayerPlan, E, G, P int, d placement.D
 	if err := s.bucket(lp, E, G, P); err != nil {
 		return false, err
 	}
-	s.perSource = d.PerSource()
+	_, hashed := sp.(*hashSplit)
+	s.perSource = d.PerSource() || hashed
 	s.unit = !s.perSource && len(s.cg) == E
 	for i := 0; s.unit && i < len(s.cg); i++ {
 		s.unit = s.cw[i] == 1 && s.nw[i] == 1

@@ -173,9 +173,12 @@ func (c Cap) Excess(tokens, speed []float64, group int) float64 {
 
 // MoveBudget is the move budget every search of a re-plan keeps to, for
 // one layer: against the running plan's layer, at most Max changed slots
-// (0: no bound), each charged SlotSec seconds. A plan changes a slot for
-// every copy it puts on a GPU where the running plan has no copy of that
-// expert (as placement.ChangedSlots counts).
+// (0: no bound), each charged SlotSec in the units of the search's
+// objective (seconds for the affinity search, busiest/mean for the replica
+// packer). A plan changes a slot for every copy it puts on a GPU where the
+// running plan has no copy of that expert (as placement.ChangedSlots
+// counts). The zero value has no bound and charges nothing (and no
+// running plan: Off and Changed need NewMoveBudget's).
 type MoveBudget struct {
 	Max     int
 	SlotSec float64
@@ -215,6 +218,28 @@ func (b *MoveBudget) SwapChanged(a, e, c, f int) int {
 
 // Allows reports whether changed slots are within the budget.
 func (b *MoveBudget) Allows(changed int) bool { return b.Max <= 0 || changed <= b.Max }
+
+// Left is how many more slots may change once changed have: −1 when the
+// budget has no bound, else max(Max − changed, 0).
+func (b *MoveBudget) Left(changed int) int {
+	if b.Max <= 0 {
+		return -1
+	}
+	return max(b.Max-changed, 0)
+}
+
+// Changed counts the slots of a layer whose copies are copies (copies[e]:
+// the GPU of every slot of expert e) that differ from the running plan:
+// Σ Off over the slots.
+func (b *MoveBudget) Changed(copies [][]placement.GPU) int {
+	n := 0
+	for e, gs := range copies {
+		for _, g := range gs {
+			n += b.Off(int(g), e)
+		}
+	}
+	return n
+}
 
 // Charge is what changed slots cost, in seconds.
 func (b *MoveBudget) Charge(changed int) float64 { return b.SlotSec * float64(changed) }

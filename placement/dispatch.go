@@ -61,8 +61,10 @@ const (
 	// picks a copy per token uniformly at random.
 	DispatchSGLangDynamic
 	// DispatchVLLM is vLLM's replica choice, per token by a hash of its
-	// index ((index × 2654435769) mod 2^32 mod copies), modeled by its
-	// expectation, the even split.
+	// row in its rank's batch ((row × 2654435769) mod 2^32 mod copies):
+	// costmodel counts it token by token where the statistics carry their
+	// token order (routing.Stats.Order), else models it by its
+	// expectation, the even split (and searches plan on the even split).
 	DispatchVLLM
 	// DispatchTRTLLM is TensorRT-LLM's load balancer's replica choice
 	// (moeComputeRouteKernel): a round robin over an expert's copies

@@ -148,6 +148,9 @@ func (s *Stats) Validate() error {
 	if s.Patterns != nil && math.Abs(sum-s.Tokens) > 1e-6*max(s.Tokens, 1) {
 		return fmt.Errorf("routing: pattern counts add up to %v, want Tokens = %v (every token has one path)", sum, s.Tokens)
 	}
+	if s.Order != nil {
+		return s.Order.Validate(L, E)
+	}
 	return nil
 }
 
@@ -195,6 +198,7 @@ func (s *Stats) Merge(o *Stats) error {
 	if o.isZero() {
 		return nil
 	}
+	s.Order = nil
 	if s.Layers != o.Layers {
 		return fmt.Errorf("routing: merge: %d layers vs %d layers", s.Layers, o.Layers)
 	}
@@ -410,8 +414,12 @@ func (s *Stats) Clone() *Stats {
 // Scale multiplies every count in s (Tokens, Load, Transitions,
 // CoActivation, StepLoad, SourceLoad and pattern counts) by f, for example
 // to weight one workload against another before Merge. PathSample, which
-// counts the tokens actually seen, is left as it is.
+// counts the tokens actually seen, is left as it is; Order, which holds
+// tokens, is dropped unless f is 1.
 func (s *Stats) Scale(f float64) {
+	if f != 1 {
+		s.Order = nil
+	}
 	s.Tokens *= f
 	scaleMatrix(s.Load, f)
 	scaleMatrix(s.Transitions, f)

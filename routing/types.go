@@ -129,6 +129,13 @@ type Stats struct {
 	ModelLayers int
 	// Sources lists the files the stats came from, in the order merged.
 	Sources []string
+	// Order is each routed token's row in its rank's forward pass, per
+	// layer, expert and source rank (Trace.TokenOrder), for dispatch rules
+	// that pick a copy from it (vLLM's replica hash); nil when unknown.
+	// Nothing builds it by itself: attach it from the trace the stats
+	// count. Merge and Scale drop it (the rows of several traces or of
+	// scaled counts are not one batch's).
+	Order *TokenOrder
 }
 
 // MaxPatterns bounds the number of distinct token paths kept in Stats: the

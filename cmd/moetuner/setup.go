@@ -62,6 +62,11 @@ type common struct {
 	// needTrace keeps the per-token traces (replay measures them); other
 	// commands read only their statistics, in bounded memory.
 	needTrace bool
+	// passTokens is --pass-tokens; orderErr says why vLLM's dispatch has
+	// no token order to count the hash by (nil when it has one or was not
+	// asked for).
+	passTokens int
+	orderErr   error
 	// stderr receives the notes on what the statistics left out.
 	stderr io.Writer
 	// progress shows the reading (nil: nothing).
@@ -112,8 +117,9 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 	choiceVar(fs, &c.dispatch, "dispatch", "even", dispatchChoices(), "how a rank's tokens pick among an expert's copies, as the serving stack does it: "+
 		"sglang-static (SGLang's --ep-dispatch-algorithm static table, dealt exactly as SGLang deals it with random.Random(42): a rank's own-GPU copy, else one copy dealt to it; trees before the same-node rule; 'static' is this), "+
 		"sglang-static-node (the trees that prefer the first same-node copy), sglang-static-node-narrow (the newest tree: a same-node copy only when the node holds some but not all copies), sglang-static-gpu-only (the newest tree under elastic EP scale-up), "+
-		"sglang-dynamic (SGLang's dynamic dispatch: nearest copy, else a random copy per token), vllm (vLLM's hashed replica per token, by its expectation), trtllm (TensorRT-LLM's round robin per block of routed tokens, by its expectation), "+
+		"sglang-dynamic (SGLang's dynamic dispatch: nearest copy, else a random copy per token), vllm (vLLM's hashed replica per token: counted token by token from each token's row in its rank's batch when one per-token trace with source ranks is given, see --pass-tokens, else by its expectation), trtllm (TensorRT-LLM's round robin per block of routed tokens, by its expectation), "+
 		"even (every rank splits evenly: EPLB's own model), local (own GPU, else own node, else water-filled: node-local replicas as in SGLang PR #19772) or static-mean (the expectation of SGLang's table over its deal, which no GPU sees); every one but even, vllm and trtllm is home flow only")
+	fs.IntVar(&c.passTokens, "pass-tokens", 0, "vllm dispatch: the tokens each rank runs per forward pass (a token's row in it picks its copy; 4096-token prefills on 32 ranks: 128); 0: a step of the trace is one pass, or all of a rank's tokens when the trace has no steps")
 	if solve {
 		c.timeLimit = 60 * time.Second
 		fs.Var(setDuration{&c.timeLimit, &c.timeLimitSet}, "time-limit", "time limit of the whole command, reading the traces included: the solves get what reading left (compare shares it among the strategies that search), and the command ends within it plus 10%; with --effort only a safety limit, off unless given")
@@ -153,7 +159,7 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if !(c.holdout >= 0 && c.holdout < 1) {
 		return p, nil, usagef("--holdout %v: want a fraction of the trace's tokens in [0, 1), such as 0.5", c.holdout)
 	}
-	lo := routing.LoadOptions{Format: routing.Format(c.format), TopK: c.topK, StatsOnly: !c.needTrace && c.holdout == 0, PathError: libPathError(c.pathError)}
+	lo := routing.LoadOptions{Format: routing.Format(c.format), TopK: c.topK, StatsOnly: !c.keepTrace(), PathError: libPathError(c.pathError)}
 	offsets, err := parsePPOffsets(c.ppOffsets)
 	if err != nil {
 		return p, nil, err
@@ -187,13 +193,8 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		printNotes(c.stderr, stats.Notes)
 		printSlotNotes(c.stderr, sources, c.serving, stats.Experts)
 	}
-	if c.holdout > 0 {
-		train, test, cut, err := holdoutSplit(sources, c.holdout, routing.StatsOptions{Transitions: lo.Transitions, PathError: lo.PathError})
-		if err != nil {
-			return p, nil, err
-		}
-		c.held = &heldOut{stats: test, cut: cut, tokens: sources[0].Trace.Tokens}
-		sources[0].Stats, stats = train, train
+	if stats, err = c.cutAndOrder(sources, stats, lo); err != nil {
+		return p, nil, err
 	}
 	model, err := c.loadModel(stats)
 	if err != nil {
@@ -322,9 +323,7 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		p.Dispatch = placement.DispatchSGLangStaticNarrow
 		notes = append(notes, fmt.Sprintf("dispatch %s: SGLang's static table of its newest tree, the default for an SGLang trace (--ep-dispatch-algorithm static); --dispatch names another", p.Dispatch))
 	}
-	if p.Dispatch.PerSource() && !stats.HasSources() {
-		notes = append(notes, fmt.Sprintf("%s dispatch splits each rank's tokens by where they come from, but the trace has no source ranks: every rank is taken to send an equal share of each expert's tokens", p.Dispatch))
-	}
+	notes = append(notes, c.dispatchNotes(p.Dispatch, stats, cluster.GPUs(), flow)...)
 	if !c.quiet {
 		printNotes(c.stderr, notes)
 	}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"sort"
 
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/solver/internal/task"
 )
@@ -12,10 +13,11 @@ import (
 // recount moves one slot of a GPU in gpuSet from its expert a (with at
 // least two copies) to an expert b without a copy there — one of the 16
 // experts with the heaviest copies, the only ones a new copy can help — if
-// that lowers the score by more than moveCost; it applies the best such
-// move and reports whether it found one.
-func (pk *packer) recount(gpuSet []int, obj, tie, moveCost float64) bool {
+// that lowers the score by more than the budget mb charges for its slot;
+// it applies the best such move and reports whether it found one.
+func (pk *packer) recount(gpuSet []int, obj, tie float64, mb *costmodel.MoveBudget) bool {
 	const eps = 1e-12
+	moveCost := mb.Charge(1)
 	bestObj, bestTie := obj, tie
 	bg, bi, bb := -1, -1, -1
 	agg := pk.aggWeight()
@@ -176,7 +178,7 @@ func (pk *packer) recountThenSwap(gpuSet []int, obj float64, m *task.Meter) bool
 			trial.nested = true
 			trial.reassign(g, i, b)
 			m.Spend(1)
-			trial.improve(gpuSet, m, 0)
+			trial.improve(gpuSet, m)
 			if o, _ := trial.score(); o < bestObj {
 				best, bestObj = trial, o
 			}
@@ -396,7 +398,7 @@ func (pk *packer) packGroups(p Problem, l int, agg []float64, groups int, all []
 		}
 	}
 	for nd := range N {
-		pk.improve(all[nd*n:(nd+1)*n], m, 0)
+		pk.improve(all[nd*n:(nd+1)*n], m)
 	}
 	return nil
 }

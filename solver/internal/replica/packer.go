@@ -5,6 +5,7 @@ import (
 	"math"
 	"sort"
 
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
@@ -215,12 +216,12 @@ func (pk *packer) score() (obj, tie float64) {
 }
 
 // improve swaps copies between GPUs while a swap lowers the score (first
-// by the objective, then by the tie-breaker), touching at most maxMoves
-// slots (≤ 0: unlimited), until m is done (a deadline, or a work budget
-// of scored swaps). A candidate swap changes two
-// GPUs, so it is scored in O(S) from each scenario's three largest loads.
-func (pk *packer) improve(gpuSet []int, m *task.Meter, maxMoves int) int {
-	return pk.improveCost(gpuSet, m, maxMoves, 0)
+// by the objective, then by the tie-breaker), with no move budget, until m
+// is done (a deadline, or a work budget of scored swaps). A candidate swap
+// changes two GPUs, so it is scored in O(S) from each scenario's three
+// largest loads.
+func (pk *packer) improve(gpuSet []int, m *task.Meter) int {
+	return pk.improveCost(gpuSet, m, &costmodel.MoveBudget{})
 }
 
 // top3 is a scenario's three largest GPU loads and their GPUs.
@@ -255,9 +256,13 @@ func (pk *packer) topLoads(tops []top3, inSet []bool) map[int]bool {
 	return crit
 }
 
-// improveCost is improve where every swap must also pay moveCost (in units
-// of the objective, busiest/mean) per slot it changes.
-func (pk *packer) improveCost(gpuSet []int, m *task.Meter, maxMoves int, moveCost float64) int {
+// improveCost is improve within the move budget mb (mb.SlotSec in units of
+// the objective, busiest/mean): it touches at most b.Max slots, counting
+// two for a swap and one for a recount (every slot it touches, which
+// bounds the slots that differ from the running plan), and every move must
+// also pay mb.Charge for the slots it touches. It returns the slots
+// touched.
+func (pk *packer) improveCost(gpuSet []int, m *task.Meter, mb *costmodel.MoveBudget) int {
 	moves := 0
 	const eps = 1e-12
 	S := len(pk.gl)
@@ -267,7 +272,7 @@ func (pk *packer) improveCost(gpuSet []int, m *task.Meter, maxMoves int, moveCos
 		inSet[g] = true
 	}
 	for iter := 0; ; iter++ {
-		if ((m.Work() || iter%16 == 0) && m.Done()) || (maxMoves > 0 && moves+2 > maxMoves) {
+		if ((m.Work() || iter%16 == 0) && m.Done()) || !mb.Allows(moves+2) {
 			return moves
 		}
 		obj, tie := pk.score()
@@ -319,10 +324,10 @@ func (pk *packer) improveCost(gpuSet []int, m *task.Meter, maxMoves int, moveCos
 						}
 						m.Spend(1)
 						o, t := eval(g1, g2, a, b)
-						if moveCost > 0 {
+						if pay := mb.Charge(2); pay > 0 {
 							// A paid move must lower the objective by its cost.
-							if o+2*moveCost < bestObj-eps {
-								bestObj, bestTie = o+2*moveCost, t
+							if o+pay < bestObj-eps {
+								bestObj, bestTie = o+pay, t
 								bg1, bi, bg2, bj = g1, i, g2, j
 							}
 							continue
@@ -339,16 +344,16 @@ func (pk *packer) improveCost(gpuSet []int, m *task.Meter, maxMoves int, moveCos
 			// No swap helps: try giving a slot of a busiest GPU to another
 			// expert (one copy fewer of its expert, one more of another),
 			// which changes replica sizes where swaps cannot.
-			if maxMoves > 0 && moves+1 > maxMoves {
+			if !mb.Allows(moves + 1) {
 				return moves
 			}
-			if pk.recount(gpuSet, obj, tie, moveCost) {
+			if pk.recount(gpuSet, obj, tie, mb) {
 				moves++
 				continue
 			}
 			// A recount that only pays off after swaps: try the most
 			// promising ones on copies, keep the best if it beats this.
-			if maxMoves == 0 && moveCost == 0 && !pk.nested && obj > pk.lowerBound()*(1+1e-3) && pk.recountThenSwap(gpuSet, obj, m) {
+			if mb.Left(moves) < 0 && mb.Charge(1) == 0 && !pk.nested && obj > pk.lowerBound()*(1+1e-3) && pk.recountThenSwap(gpuSet, obj, m) {
 				continue
 			}
 			return moves

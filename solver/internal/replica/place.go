@@ -34,9 +34,10 @@ func placeLayer(ctx context.Context, p Problem, backend mip.Backend, l int, lay 
 			return nil, LayerBalance{}, err
 		}
 		running := pk.copies(E)
-		moves := pk.improveCost(all, m, p.MaxMoves, p.MoveCost)
+		mb := p.budget(l)
+		moves := pk.improveCost(all, m, mb)
 		if src != nil && len(w) == 1 {
-			cp = staticFrom(p, l, running, pk.copies(E), moves, speed, src, staticNode, m)
+			cp = staticFrom(p, l, mb, running, pk.copies(E), moves, speed, src, staticNode, m)
 		}
 	} else if groups > 0 {
 		if err := pk.packGroups(p, l, agg, groups, all, m); err != nil {
@@ -156,7 +157,7 @@ func packFresh(p Problem, l int, pk *packer, agg []float64, lay replicaLayout, a
 		// Under static dispatch the swaps below balance the split
 		// the cost model counts, as well from the packing alone and
 		// sooner (58 DeepSeek-V3 layers, 32 or 64 redundant slots).
-		pk.improve(all, m, 0)
+		pk.improve(all, m)
 	}
 	if pk.perNode > 0 && workloads == 1 {
 		pk = trafficFirst(pk, agg, lay, all, m)
@@ -182,7 +183,7 @@ func trafficFirst(pk *packer, agg []float64, lay replicaLayout, all []int, m *ta
 	if alt.pack(cnt, all) != nil {
 		return pk
 	}
-	alt.improve(all, m, 0)
+	alt.improve(all, m)
 	altObj, _ := alt.score()
 	if altObj > math.Max(obj, pk.lowerBound()*1.001)*(1+1e-12) {
 		return pk

@@ -219,6 +219,9 @@ type Result struct {
 // apportionment). Layers run in parallel. With per-token statistics the
 // plan is then polished on the exact cost model.
 func Solve(ctx context.Context, p Problem, backend mip.Backend, opts Options) (*Result, error) {
+	if p.MaxMoves < 0 {
+		return nil, fmt.Errorf("replica: Problem.MaxMoves %d: want 0 (no bound) or more slots per layer", p.MaxMoves)
+	}
 	lay, err := p.layout()
 	if err != nil {
 		return nil, err
@@ -446,4 +449,11 @@ func Bounds(p Problem) (mean, bound []float64, err error) {
 		mean, bound = append(mean, m), append(bound, b)
 	}
 	return mean, bound, nil
+}
+
+// budget is layer l's move budget against p.Current: at most MaxMoves
+// changed slots, each charged MoveCost (busiest/mean, the packer's
+// objective).
+func (p Problem) budget(l int) *costmodel.MoveBudget {
+	return costmodel.NewMoveBudget(p.Current.Layers[l], p.Cluster.GPUs(), p.Stats.Experts, p.MaxMoves, p.MoveCost)
 }

@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/solver/internal/task"
 )
@@ -184,14 +185,15 @@ func relocate(cp [][]placement.GPU, on [][]int, e, from, to int) {
 	on[to] = append(on[to], e)
 }
 
-// staticFrom re-places layer l from the running plan's copies (p.Current)
-// under static dispatch: the even-split search made improved, moving
-// moves slots. Swaps under the static split continue from both, each
-// within what is left of Problem.MaxMoves (two slots a swap) and paying
-// Problem.MoveCost a slot (perNode > 0: swaps within a node); the result
-// with the lower busiest GPU, plus MoveCost for each slot it changes, is
-// returned, within MaxMoves.
-func staticFrom(p Problem, l int, running, improved [][]placement.GPU, moves int, speed, src []float64, perNode int, m *task.Meter) [][]placement.GPU {
+// staticFrom re-places layer l from the running plan's copies (p.Current,
+// whose budget is b: Problem.MaxMoves and MoveCost) under static
+// dispatch: the even-split search made improved, moving moves slots.
+// Swaps under the static split continue from both, each within what is
+// left of the budget (two slots a swap) and paying its charge for the two
+// slots (perNode > 0: swaps within a node); the result with the lower
+// busiest GPU, plus the charge for the slots it changes against the
+// running plan, is returned, within the budget.
+func staticFrom(p Problem, l int, b *costmodel.MoveBudget, running, improved [][]placement.GPU, moves int, speed, src []float64, perNode int, m *task.Meter) [][]placement.GPU {
 	load := p.Stats.Load[l]
 	total, sp := 0.0, 0.0
 	for _, v := range load {
@@ -204,34 +206,27 @@ func staticFrom(p Problem, l int, running, improved [][]placement.GPU, moves int
 	if mean <= 0 {
 		return improved
 	}
-	left := func(used int) int {
-		if p.MaxMoves <= 0 {
-			return -1
+	swaps := func(used int) int {
+		if n := b.Left(used); n >= 0 {
+			return n / 2
 		}
-		return max(p.MaxMoves-used, 0) / 2
+		return -1
 	}
-	minGain := 2 * p.MoveCost * mean
-	a, _ := staticSwap(load, improved, speed, src, perNode, left(moves), minGain, m)
-	b, _ := staticSwap(load, running, speed, src, perNode, left(0), minGain, m)
+	minGain := b.Charge(2) * mean
+	fromImproved, _ := staticSwap(load, improved, speed, src, perNode, swaps(moves), minGain, m)
+	fromRunning, _ := staticSwap(load, running, speed, src, perNode, swaps(0), minGain, m)
 	score := func(cp [][]placement.GPU) (float64, bool) {
-		changed := 0
-		for e, gs := range cp {
-			for _, g := range gs {
-				if !slices.Contains(running[e], g) {
-					changed++
-				}
-			}
-		}
-		if p.MaxMoves > 0 && changed > p.MaxMoves {
+		changed := b.Changed(cp)
+		if !b.Allows(changed) {
 			return 0, false
 		}
-		return slices.Max(staticLoads(load, cp, speed, src))/mean + p.MoveCost*float64(changed), true
+		return slices.Max(staticLoads(load, cp, speed, src))/mean + b.Charge(changed), true
 	}
 	best, bestScore := improved, math.Inf(1)
 	if s, ok := score(improved); ok {
 		bestScore = s
 	}
-	for _, cp := range [][][]placement.GPU{a, b} {
+	for _, cp := range [][][]placement.GPU{fromImproved, fromRunning} {
 		if s, ok := score(cp); ok && s < bestScore*(1-1e-12) {
 			best, bestScore = cp, s
 		}
