@@ -241,13 +241,14 @@ func imbalanceEvals(p Problem) float64 {
 
 // affinityAfter is, in evaluations of the plan, what follows the affinity
 // search within the limit: evaluating its plan (the facade reuses that
-// report), about as long as one evaluation, and as much again for the
-// layers' last moves and the certificate; the repair to
-// Problem.MaxImbalance when there is a cap; and under an optimal split
-// the optimal splits' flows (about one evaluation) and the plan's
-// evaluation after them.
+// report); the layers' last steps that no deadline cuts (building a
+// layer's counters, a few passes over its tokens, where one evaluation
+// passes once over every layer's: about 8/L of an evaluation for L
+// layers on two cores); the repair to Problem.MaxImbalance when there is
+// a cap; and under an optimal split the optimal splits' flows (about one
+// evaluation) and the plan's evaluation after them.
 func (b budget) affinityAfter(p Problem) float64 {
-	after := 2 + imbalanceEvals(p)
+	after := 1 + 8/float64(max(p.Stats.Layers, 1)) + imbalanceEvals(p)
 	if p.Split == SplitOptimal {
 		after += 2
 	}
