@@ -73,8 +73,12 @@ func (r *Rebalancer) proposePaths(ctx context.Context, b Budget, s snapshot, t0 
 			mig[l], reverted = 0, true
 		}
 	}
+	// Align only reorders slots within a GPU, which the cost model does
+	// not see (SGLang numbers physical experts GPU by GPU, so an expert's
+	// candidates keep their order): the solve's report stands for the
+	// aligned plan unless a layer was put back.
 	rep := res.Report
-	if reverted || !sameCopies(next, res.Plan) {
+	if reverted || !sameGPUs(next, res.Plan) {
 		if rep, err = sc.Evaluate(next); err != nil {
 			return nil, err
 		}
@@ -102,13 +106,21 @@ func (r *Rebalancer) proposePaths(ctx context.Context, b Budget, s snapshot, t0 
 	return prop, r.summarize(prop, s, next, mig, r.windowCost(s, s.current), r.windowCost(s, next))
 }
 
-// sameCopies reports whether a and b hold the same expert on the same GPU
-// in every slot.
-func sameCopies(a, b *placement.Plan) bool {
+// sameGPUs reports whether a and b put every expert's copies on the same
+// GPUs in every layer.
+func sameGPUs(a, b *placement.Plan) bool {
 	for l := range a.Layers {
-		x, y := a.Layers[l], b.Layers[l]
-		if !slices.Equal(x.SlotExpert, y.SlotExpert) || !slices.Equal(x.SlotGPU, y.SlotGPU) {
+		x, y := a.ExpertGPUs(l), b.ExpertGPUs(l)
+		if len(x) != len(y) {
 			return false
+		}
+		for e := range x {
+			gx, gy := slices.Clone(x[e]), slices.Clone(y[e])
+			slices.Sort(gx)
+			slices.Sort(gy)
+			if !slices.Equal(gx, gy) {
+				return false
+			}
 		}
 	}
 	return true

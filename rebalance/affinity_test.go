@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	"github.com/moetuner/moetuner/solver"
@@ -96,6 +97,17 @@ func TestProposePathsCutsRemoteCopies(t *testing.T) {
 			assert.Equal(t, 2, prop.PathSteps)
 			assert.InDelta(t, 200, prop.PathTokens, 1e-9)
 			assert.Less(t, prop.Remote, prop.CurrentRemote, "%v, MaxMoves %d: the proposal must cut the remote copies", d, moves)
+			// The reported remote copies and layer times are the plans'
+			// own, recomputed by the cost model.
+			for _, c := range []struct {
+				plan          *placement.Plan
+				remote, layer float64
+			}{{cur, prop.CurrentRemote, prop.CurrentLayerSec}, {prop.Plan, prop.Remote, prop.LayerSec}} {
+				rep, err := costmodel.Scenario{Stats: tokenStats(steps), Cluster: tinyCluster(G/gpn, gpn), Model: m, Dispatch: d}.Evaluate(c.plan)
+				require.NoError(t, err)
+				assert.InDelta(t, rep.TimeSec, c.layer, 1e-12*rep.TimeSec)
+				assert.InDelta(t, rep.RemoteCopies/rep.Tokens/L, c.remote, 1e-12)
+			}
 			if d == placement.DispatchLocal {
 				before, after := remoteCopies(cur, steps, gpn), remoteCopies(prop.Plan, steps, gpn)
 				assert.InDelta(t, before, prop.CurrentRemote, 1e-9, "the current plan's remote copies per token-layer")
@@ -113,6 +125,17 @@ func TestProposePathsCutsRemoteCopies(t *testing.T) {
 			assert.Equal(t, cur, r.Current(), "Propose does not install")
 		}
 	}
+}
+
+// tokenStats is the statistics of the steps' tokens with every path.
+func tokenStats(steps []*routing.Trace) *routing.Stats {
+	var out routing.Stats
+	for _, t := range steps {
+		if err := out.Merge(t.Stats(routing.StatsOptions{PathError: -1})); err != nil {
+			panic(err)
+		}
+	}
+	return &out
 }
 
 // remoteCopies recounts the remote-node copies per token-layer of plan on

@@ -126,7 +126,10 @@ type Budget struct {
 	// slot counts, where EPLB does not apply, the joint strategy's
 	// replicated solve, which runs to its time limit and is not).
 	Fresh bool
-	// Time bounds the solve (default DefaultTime).
+	// Time bounds the solve (default DefaultTime); on per-token paths the
+	// whole proposal, its two evaluations of the cost model included, as
+	// far as the solve's start and evaluations, which no deadline cuts,
+	// allow.
 	Time time.Duration
 }
 
@@ -187,6 +190,8 @@ type Proposal struct {
 // for byte, on any GOMAXPROCS, as long as the time budget does not stop
 // the solve (Proposal.TimedOut); the solve's layers are independent, its
 // moves are chosen in a fixed order, and nothing iterates over a map.
+// Proposals on per-token paths (Step.Tokens) search until Budget.Time and
+// are reproducible only under a work budget (Config.Solver.Effort).
 type Rebalancer struct {
 	cfg     Config
 	mu      sync.Mutex
