@@ -286,3 +286,34 @@ func TestPathWindowKeepsDecayedPaths(t *testing.T) {
 		}
 	}
 }
+
+// TestProposePathsHorizon: on the planted instance, moves whose weights
+// take far longer to send than a step saves are left out within a short
+// horizon and made within a long one.
+func TestProposePathsHorizon(t *testing.T) {
+	const L, E, K, G, gpn = 2, 8, 2, 4, 2
+	cur := interleaved(L, E, G, 1)
+	rng := rand.New(rand.NewPCG(7, 7))
+	m := tinyModel(L, E, K)
+	m.Hidden = 2048
+	m.BytesPerExpert = 1e6 // 2 ms a slot over the 0.5 GB/s NIC
+	for _, c := range []struct {
+		horizon int
+		moves   bool
+	}{{1, false}, {1_000_000, true}} {
+		r, err := New(Config{Cluster: tinyCluster(G/gpn, gpn), Model: m, Initial: cur,
+			Dispatch: placement.DispatchLocal, Solver: solver.Options{Effort: 1}})
+		require.NoError(t, err)
+		require.NoError(t, r.Observe(Step{Tokens: plantedTokens(rng, 100, L, E, K, G, gpn)}))
+		prop, err := r.Propose(context.Background(), Budget{MaxMoves: 4, Horizon: c.horizon})
+		require.NoError(t, err)
+		if !c.moves {
+			assert.Zero(t, prop.MovedSlots, "horizon %d", c.horizon)
+			assert.Equal(t, prop.CurrentRemote, prop.Remote)
+			continue
+		}
+		assert.Positive(t, prop.MovedSlots, "horizon %d", c.horizon)
+		assert.Less(t, prop.Remote, prop.CurrentRemote)
+		assert.Greater(t, (prop.CurrentLayerSec-prop.LayerSec)/float64(prop.PathSteps)*float64(c.horizon), prop.MigrationSec, "the gain over the horizon pays the migration")
+	}
+}
