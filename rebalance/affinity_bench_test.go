@@ -60,8 +60,9 @@ const (
 // slots, SGLang's static table), its tokens observed as two steps, with a
 // deadline of 2 s (sub-benchmark 2s) and, for the cut the search reaches
 // given a minute, 60 s (60s). Metrics: remote-node copies per token-layer
-// of the proposal and of EPLB's plan, their ratio, and the most slots a
-// layer changed.
+// of the proposal and of EPLB's plan, their ratio, the most slots a layer
+// changed, and the time Observe took per step (its tokens checked,
+// counted and added to the path window).
 func BenchmarkProposeAffinity32k(b *testing.B) {
 	src, err := routing.Load(sharedTrace(b, "synthetic-deepseek-v3/ds3-prefill4096-32k.npy"), routing.LoadOptions{})
 	require.NoError(b, err)
@@ -77,9 +78,15 @@ func BenchmarkProposeAffinity32k(b *testing.B) {
 		b.Run(limit.String(), func(b *testing.B) {
 			r, err := New(Config{Cluster: c, Model: m, Initial: eplb.Plan, Window: benchWindowTokens / benchStepTokens, Dispatch: placement.DispatchSGLangStatic})
 			require.NoError(b, err)
+			steps := make([]*routing.Trace, 0, benchWindowTokens/benchStepTokens)
 			for t := 0; t < benchWindowTokens; t += benchStepTokens {
-				require.NoError(b, r.Observe(Step{Tokens: win.Slice(t, t+benchStepTokens), Phase: PhasePrefill}))
+				steps = append(steps, win.Slice(t, t+benchStepTokens))
 			}
+			t0 := time.Now()
+			for _, st := range steps {
+				require.NoError(b, r.Observe(Step{Tokens: st, Phase: PhasePrefill}))
+			}
+			observe := time.Since(t0)
 			b.ResetTimer()
 			var prop *Proposal
 			for range b.N {
@@ -95,6 +102,7 @@ func BenchmarkProposeAffinity32k(b *testing.B) {
 				most = max(most, n)
 			}
 			b.ReportMetric(float64(most), "max-moved/layer")
+			b.ReportMetric(observe.Seconds()*1e3/float64(len(steps)), "observe-ms/step")
 			b.Logf("status %v, solve %v, layers kept %d, layer time %.4f → %.4f ms", prop.Status, prop.SolveTime.Round(time.Millisecond), prop.Kept, prop.CurrentLayerSec*1e3, prop.LayerSec*1e3)
 		})
 	}

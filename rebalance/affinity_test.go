@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -316,4 +317,33 @@ func TestProposePathsHorizon(t *testing.T) {
 		assert.Less(t, prop.Remote, prop.CurrentRemote)
 		assert.Greater(t, (prop.CurrentLayerSec-prop.LayerSec)/float64(prop.PathSteps)*float64(c.horizon), prop.MigrationSec, "the gain over the horizon pays the migration")
 	}
+}
+
+// TestConcurrentObserveTokens: per-token steps arrive while proposals on
+// their paths are solved and installed (run with -race); the proposals'
+// limit is a time budget, and only their validity is checked.
+func TestConcurrentObserveTokens(t *testing.T) {
+	const L, E, K, G, gpn = 2, 8, 2, 4, 2
+	r, err := New(Config{Cluster: tinyCluster(G/gpn, gpn), Model: tinyModel(L, E, K), Initial: interleaved(L, E, G, 1),
+		Window: 5, Decay: 0.9, Dispatch: placement.DispatchSGLangStatic})
+	require.NoError(t, err)
+	require.NoError(t, r.Observe(Step{Tokens: plantedTokens(rand.New(rand.NewPCG(1, 1)), 20, L, E, K, G, gpn)}))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rng := rand.New(rand.NewPCG(2, 2))
+		for range 100 {
+			if err := r.Observe(Step{Tokens: plantedTokens(rng, 20, L, E, K, G, gpn)}); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for range 5 {
+		prop, err := r.Propose(context.Background(), Budget{MaxMoves: 2, Time: 50 * time.Millisecond})
+		require.NoError(t, err)
+		require.True(t, prop.Paths)
+		require.NoError(t, r.Install(prop.Plan))
+	}
+	<-done
 }

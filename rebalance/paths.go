@@ -79,9 +79,63 @@ func newPathWindow(layers, experts, topK, size int, decay float64) *pathWindow {
 		scale: 1, index: map[string]int{}, load: matrix(layers, experts)}
 }
 
+// pathBatch is one step's tokens grouped by path, built outside the
+// rebalancer's lock: path i has key keys[i], source src[i], sorted experts
+// paths[i] (owned by the batch) and n[i] tokens.
+type pathBatch struct {
+	keys  []string
+	src   []int32
+	paths [][]int16
+	n     []int
+}
+
+// newPathBatch groups t's tokens (checked) by path, in order of first
+// appearance.
+func newPathBatch(t *routing.Trace) *pathBatch {
+	L, K := t.Layers, t.TopK
+	b := &pathBatch{}
+	at := map[string]int{}
+	path := make([]int16, L*K)
+	var key strings.Builder
+	for tok := range t.Tokens {
+		copy(path, t.IDs[tok*L*K:(tok+1)*L*K])
+		for l := range L {
+			sortSmall(path[l*K : (l+1)*K])
+		}
+		src := int32(-1)
+		if t.Source != nil {
+			src = t.Source[tok]
+		}
+		key.Reset()
+		pathKey(&key, src, path)
+		i, ok := at[key.String()]
+		if !ok {
+			i = len(b.keys)
+			at[key.String()] = i
+			b.keys = append(b.keys, key.String())
+			b.src = append(b.src, src)
+			b.paths = append(b.paths, slices.Clone(path))
+			b.n = append(b.n, 0)
+		}
+		b.n[i]++
+	}
+	return b
+}
+
+// sortSmall sorts a top-k set in place by insertion, which for the few ids
+// of a top-k beats the general sort's setup (half of Observe's time on
+// DeepSeek-V3's top-8 with slices.Sort).
+func sortSmall(v []int16) {
+	for i := 1; i < len(v); i++ {
+		for j := i; j > 0 && v[j] < v[j-1]; j-- {
+			v[j], v[j-1] = v[j-1], v[j]
+		}
+	}
+}
+
 // add records one step: its tokens' paths, or none for a count-only step
-// (t nil), which still ages the paths before it. t has been checked.
-func (w *pathWindow) add(t *routing.Trace) {
+// (b nil or empty), which still ages the paths before it.
+func (w *pathWindow) add(b *pathBatch) {
 	if len(w.ring) == w.size {
 		w.evict(w.ring[w.head])
 	}
@@ -92,8 +146,8 @@ func (w *pathWindow) add(t *routing.Trace) {
 		}
 	}
 	var st *pathStep
-	if t != nil && t.Tokens > 0 {
-		st = w.count1(t)
+	if b != nil && len(b.keys) > 0 {
+		st = w.count1(b)
 	}
 	if len(w.ring) < w.size {
 		w.ring = append(w.ring, st)
@@ -103,40 +157,18 @@ func (w *pathWindow) add(t *routing.Trace) {
 	w.head = (w.head + 1) % w.size
 }
 
-// count1 adds t's tokens at the current scale and returns the step.
-func (w *pathWindow) count1(t *routing.Trace) *pathStep {
-	L, K := w.layers, w.topK
-	st := &pathStep{scale: w.scale}
-	local := map[int]int{} // entry → position in st
-	path := make([]int16, L*K)
-	var key strings.Builder
-	for tok := range t.Tokens {
-		copy(path, t.IDs[tok*L*K:(tok+1)*L*K])
-		for l := range L {
-			slices.Sort(path[l*K : (l+1)*K])
-		}
-		src := int32(-1)
-		if t.Source != nil {
-			src = t.Source[tok]
-		}
-		key.Reset()
-		pathKey(&key, src, path)
-		e, ok := w.index[key.String()]
+// count1 adds b's tokens at the current scale and returns the step.
+func (w *pathWindow) count1(b *pathBatch) *pathStep {
+	K := w.topK
+	st := &pathStep{scale: w.scale, entries: make([]int, len(b.keys)), n: b.n}
+	for i, key := range b.keys {
+		e, ok := w.index[key]
 		if !ok {
-			e = w.newEntry(key.String(), src, path)
+			e = w.newEntry(key, b.src[i], b.paths[i])
 		}
-		i, ok := local[e]
-		if !ok {
-			i = len(st.entries)
-			local[e] = i
-			st.entries = append(st.entries, e)
-			st.n = append(st.n, 0)
-		}
-		st.n[i]++
-	}
-	for i, e := range st.entries {
+		st.entries[i] = e
 		en := &w.entries[e]
-		n := st.n[i]
+		n := b.n[i]
 		en.n += n
 		en.w += float64(n) * st.scale
 		for j, x := range en.experts {
@@ -147,8 +179,9 @@ func (w *pathWindow) count1(t *routing.Trace) *pathStep {
 	return st
 }
 
+// newEntry adds a path to the window; path is kept (not copied).
 func (w *pathWindow) newEntry(key string, src int32, path []int16) int {
-	en := pathEntry{key: key, source: src, experts: slices.Clone(path)}
+	en := pathEntry{key: key, source: src, experts: path}
 	var e int
 	if n := len(w.free); n > 0 {
 		e, w.free = w.free[n-1], w.free[:n-1]

@@ -275,13 +275,16 @@ func (r *Rebalancer) check(plan *placement.Plan, what string) error {
 func (r *Rebalancer) Observe(step Step) error {
 	m := r.cfg.Model
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	n := r.seen
+	r.mu.Unlock()
 	if step.Phase < PhaseAny || step.Phase > PhaseDecode {
 		return fmt.Errorf("rebalance: step %d: unknown phase %d", n, step.Phase)
 	}
+	// The tokens are checked, counted and grouped by path outside the
+	// lock: a proposal's snapshot need not wait for them.
 	load := step.Load
 	var counted [][]float64
+	var batch *pathBatch
 	if step.Tokens != nil {
 		if err := checkTokens(step.Tokens, m.Layers, m.Experts, m.TopK, r.cfg.Cluster.GPUs(), n); err != nil {
 			return err
@@ -290,6 +293,7 @@ func (r *Rebalancer) Observe(step Step) error {
 		if load == nil {
 			load = counted
 		}
+		batch = newPathBatch(step.Tokens)
 	}
 	if len(load) != m.Layers {
 		return fmt.Errorf("rebalance: step %d: load has %d layers, the model %d", n, len(load), m.Layers)
@@ -309,8 +313,10 @@ func (r *Rebalancer) Observe(step Step) error {
 			return err
 		}
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.windows[step.Phase].add(load)
-	r.paths[step.Phase].add(step.Tokens)
+	r.paths[step.Phase].add(batch)
 	r.seen++
 	return nil
 }
