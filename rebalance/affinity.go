@@ -15,8 +15,8 @@ import (
 // paths (s.paths): the joint strategy's affinity search (solver.Solve with
 // the paths, Problem.Current the running plan, Options.MaxMoves the
 // budget) under Config.Dispatch, within what is left of Budget.Time after
-// the current plan's evaluation, less one evaluation for the proposal's
-// own. A layer is reverted to the running plan where it changes more than
+// the current plan's evaluation (with a Horizon, less one evaluation more,
+// for the proposal with layers put back). A layer is reverted to the running plan where it changes more than
 // MaxMoves slots (a safeguard) or, with a Horizon, where its modeled gain
 // over Horizon steps does not pay for its migration; the proposal is then
 // scored as a whole (SGLang's dealt tables couple the layers) and dropped
@@ -43,7 +43,11 @@ func (r *Rebalancer) proposePaths(ctx context.Context, b Budget, s snapshot, t0 
 	if limit == 0 {
 		limit = DefaultTime
 	}
-	opts := solveOptions(r.cfg.Solver, max(limit-time.Since(t0)-eval, time.Millisecond))
+	left := limit - time.Since(t0)
+	if b.Horizon > 0 {
+		left -= eval
+	}
+	opts := solveOptions(r.cfg.Solver, max(left, time.Millisecond))
 	opts.MaxMoves = b.MaxMoves
 	res, err := solver.Solve(ctx, p, opts)
 	if err != nil {
@@ -62,7 +66,8 @@ func (r *Rebalancer) proposePaths(ctx context.Context, b Budget, s snapshot, t0 
 		return nil, err
 	}
 	// The layers' times in the solve's report (of its plan before Align)
-	// decide the Horizon rule; the plan kept is scored afresh below.
+	// decide the Horizon rule; a plan with layers put back is scored
+	// afresh below.
 	reverted := false
 	for l := range next.Layers {
 		moved := placement.ChangedSlots(s.current.Layers[l], next.Layers[l])

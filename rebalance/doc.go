@@ -68,8 +68,10 @@
 // plan (solver.Problem.Current) under Options.MaxMoves = Budget.MaxMoves
 // and, with a Horizon, MoveCost as above. Budget.Time bounds the whole
 // proposal: the running plan is scored on the paths first
-// (costmodel.Scenario.Evaluate) and the solve gets what is left less one
-// more evaluation, the proposal's own. The proposal is kept only if the
+// (costmodel.Scenario.Evaluate) and the solve gets what is left (with a
+// Horizon less one more evaluation, for the proposal with layers put
+// back; otherwise the solve's own report of its plan stands, since Align
+// only reorders slots within a GPU). The proposal is kept only if the
 // cost model, on the same paths, finds its layer times (compute and
 // all-to-all) lower than the running plan's, as a whole: SGLang's dealt
 // tables draw one random stream over every layer, so one layer's change

@@ -127,9 +127,8 @@ type Budget struct {
 	// replicated solve, which runs to its time limit and is not).
 	Fresh bool
 	// Time bounds the solve (default DefaultTime); on per-token paths the
-	// whole proposal, its two evaluations of the cost model included, as
-	// far as the solve's start and evaluations, which no deadline cuts,
-	// allow.
+	// whole proposal, its evaluations of the cost model included, as far
+	// as the solve's start and evaluations, which no deadline cuts, allow.
 	Time time.Duration
 }
 
