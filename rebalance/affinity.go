@@ -14,9 +14,10 @@ import (
 // proposePaths is Propose from the current plan on the window's per-token
 // paths (s.paths): the joint strategy's affinity search (solver.Solve with
 // the paths, Problem.Current the running plan, Options.MaxMoves the
-// budget) under Config.Dispatch, within what is left of Budget.Time after
-// the current plan's evaluation (with a Horizon, less one evaluation more,
-// for the proposal with layers put back). A layer is reverted to the running plan where it changes more than
+// budget) under Config.Dispatch, within what is left of Budget.Time; the
+// solve's report of the running plan (solver.Result.CurrentReport) is
+// the baseline, the running plan scored here only where the solve did
+// not. A layer is reverted to the running plan where it changes more than
 // MaxMoves slots (a safeguard) or, with a Horizon, where its modeled gain
 // over Horizon steps does not pay for its migration; the proposal is then
 // scored as a whole (SGLang's dealt tables couple the layers) and dropped
@@ -24,12 +25,6 @@ import (
 func (r *Rebalancer) proposePaths(ctx context.Context, b Budget, s snapshot, t0 time.Time) (*Proposal, error) {
 	c, m := r.cfg.Cluster, r.cfg.Model
 	sc := costmodel.Scenario{Stats: s.paths, Cluster: c, Model: m, Dispatch: r.cfg.Dispatch}
-	e0 := time.Now()
-	curRep, err := sc.Evaluate(s.current)
-	if err != nil {
-		return nil, err
-	}
-	eval := time.Since(e0)
 	p := solver.Problem{Stats: s.paths, Cluster: c, Model: m, Dispatch: r.cfg.Dispatch,
 		SlotsPerGPU: s.current.SlotsPerGPU(0), Current: s.current}
 	perTok, _ := c.Coefficients(m)
@@ -43,15 +38,17 @@ func (r *Rebalancer) proposePaths(ctx context.Context, b Budget, s snapshot, t0 
 	if limit == 0 {
 		limit = DefaultTime
 	}
-	left := limit - time.Since(t0)
-	if b.Horizon > 0 {
-		left -= eval
-	}
-	opts := solveOptions(r.cfg.Solver, max(left, time.Millisecond))
+	opts := solveOptions(r.cfg.Solver, max(limit-time.Since(t0), time.Millisecond))
 	opts.MaxMoves = b.MaxMoves
 	res, err := solver.Solve(ctx, p, opts)
 	if err != nil {
 		return nil, err
+	}
+	curRep := res.CurrentReport
+	if curRep == nil {
+		if curRep, err = sc.Evaluate(s.current); err != nil {
+			return nil, err
+		}
 	}
 	next, err := Align(s.current, res.Plan)
 	if err != nil {

@@ -67,11 +67,11 @@
 // Config.Dispatch: the joint strategy's affinity search from the running
 // plan (solver.Problem.Current) under Options.MaxMoves = Budget.MaxMoves
 // and, with a Horizon, MoveCost as above. Budget.Time bounds the whole
-// proposal: the running plan is scored on the paths first
-// (costmodel.Scenario.Evaluate) and the solve gets what is left (with a
-// Horizon less one more evaluation, for the proposal with layers put
-// back; otherwise the solve's own report of its plan stands, since Align
-// only reorders slots within a GPU). The proposal is kept only if the
+// proposal: the solve gets what is left of it, and its reports of the
+// running plan (solver.Result.CurrentReport) and of its own plan are the
+// scores (Align only reorders slots within a GPU, which the cost model
+// does not see); only a proposal with layers put back by the Horizon rule
+// is scored once more, after the solve. The proposal is kept only if the
 // cost model, on the same paths, finds its layer times (compute and
 // all-to-all) lower than the running plan's, as a whole: SGLang's dealt
 // tables draw one random stream over every layer, so one layer's change
@@ -80,11 +80,10 @@
 // Proposal.CurrentRemote and Remote are the remote-node copies per token
 // and layer of the two plans on the window's tokens, CurrentLayerSec and
 // LayerSec their modeled layer times. Fresh proposals plan on the counts
-// only. A solve's evaluations and its start (the balanced packing from
-// the running plan) take time that no deadline cuts: on the 32k
-// DeepSeek-V3 trace's 8192-token window (58 layers, 256 experts, 32
-// GPUs) about 0.3 s each on a loaded 2-core machine, so a 2 s deadline
-// leaves the search well under a second.
+// only. The solve's evaluations take time that no deadline cuts: on the
+// 32k DeepSeek-V3 trace's 8192-token window (58 layers, 256 experts, 32
+// GPUs) 0.3–0.5 s each on a loaded 2-core machine, so a 2 s deadline
+// leaves the search about a second.
 //
 // # Counting moves
 //

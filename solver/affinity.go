@@ -210,6 +210,9 @@ func affinityStart(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		evalTime = time.Since(t0)
 		res.BaselineObjective = firstRep.TimeSec
 	}
+	if first == p.Current {
+		res.CurrentReport = firstRep
+	}
 	return first, firstRep, evalTime, nil
 }
 

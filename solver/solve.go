@@ -418,10 +418,11 @@ func solveFresh(ctx context.Context, p Problem, opts Options, b budget, start ti
 		res.report = planRep
 	}
 	if run.TimeSec < planRep.TimeSec {
-		return &Result{Plan: p.Current.Clone(), Status: StatusHeuristic, report: run,
+		return &Result{Plan: p.Current.Clone(), Status: StatusHeuristic, report: run, CurrentReport: run,
 			ModelObjective: math.NaN(), Bound: math.NaN(), Gap: math.NaN(),
 			Note: "the running plan (Problem.Current) kept: planning afresh found nothing faster"}, nil
 	}
+	res.CurrentReport = run
 	return res, nil
 }
 
