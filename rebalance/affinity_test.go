@@ -216,17 +216,24 @@ func TestObserveTokensBadInput(t *testing.T) {
 // sequence of steps (some count-only) are those of the last Window steps,
 // each token weighted Decay^age, with the load they add up to, recounted
 // here token by token; with no Window limit they are those of the steps
-// whose weight is at least pathDropShare's decay age. A decay of 0.01
-// drives the scale past scaleLimit within the steps, so its folding is
-// checked too.
+// whose weight is at least pathDropShare's decay age; past a bound on its
+// tokens only the newest steps' paths (the newest step with tokens
+// whatever its size). A decay of 0.01 drives the scale past scaleLimit within the
+// steps, so its folding is checked too.
 func TestPathWindowKeepsDecayedPaths(t *testing.T) {
 	const L, E, K, G, gpn = 2, 8, 2, 4, 2
 	for _, c := range []struct {
-		window int
-		decay  float64
-	}{{3, 1}, {3, 0.5}, {4, 0.01}, {-1, 0.5}} {
+		window    int
+		decay     float64
+		maxTokens int // 0: pathTokens's
+	}{{3, 1, 0}, {3, 0.5, 0}, {4, 0.01, 0}, {-1, 0.5, 0}, {6, 0.9, 7}, {6, 0.9, 1}} {
 		r, err := New(Config{Cluster: tinyCluster(G/gpn, gpn), Model: tinyModel(L, E, K), RedundantSlots: G, Window: c.window, Decay: c.decay})
 		require.NoError(t, err)
+		if c.maxTokens > 0 {
+			for _, w := range r.paths {
+				w.maxTokens = c.maxTokens
+			}
+		}
 		rng := rand.New(rand.NewPCG(3, uint64(c.window)))
 		var seen []*routing.Trace // nil: a count-only step
 		for i := range 80 {
@@ -247,10 +254,16 @@ func TestPathWindowKeepsDecayedPaths(t *testing.T) {
 		}
 		want := map[string]float64{}
 		load := matrix(L, E)
+		tokens := 0
 		for age := range keep {
 			tr := seen[len(seen)-1-age]
 			if tr == nil {
 				continue
+			}
+			if tokens += tr.Tokens; c.maxTokens > 0 && tokens > c.maxTokens && tokens > tr.Tokens {
+				// Past the token bound only the newer steps' paths stay,
+				// the newest always.
+				break
 			}
 			w := math.Pow(c.decay, float64(age))
 			for tok := range tr.Tokens {

@@ -57,7 +57,10 @@
 // histogram as it stands and never recounts the tokens. The per-token
 // window is the count window's last Window steps; the steps among them
 // observed without Tokens contribute no paths (PathSteps counts those
-// that did). An unlimited window (Window < 0) keeps the paths of the
+// that did). It holds at most as many tokens as routing keeps paths of
+// any trace (routing.PathSampleSize at the default path error: 122,500
+// for top-8), which bounds its memory: past that the oldest steps' paths
+// are dropped, the newest step with tokens kept whatever its size. An unlimited window (Window < 0) keeps the paths of the
 // steps of age below A, the least age with Decay^A ≤ 0.01
 // (routing.DefaultPathError): the steps left out weigh that share of the
 // decayed total, the error routing's path sample allows.

@@ -25,6 +25,7 @@ import (
 type pathWindow struct {
 	layers, experts, topK int
 	size                  int // steps kept (the count window's, or pathSteps(Decay))
+	maxTokens             int // tokens kept at most (pathTokens)
 	decay                 float64
 	ring                  []*pathStep // ring[head] the oldest once full; nil: a count-only step
 	head                  int
@@ -76,7 +77,20 @@ func newPathWindow(layers, experts, topK, size int, decay float64) *pathWindow {
 		size = pathSteps(decay)
 	}
 	return &pathWindow{layers: layers, experts: experts, topK: topK, size: size, decay: decay,
-		scale: 1, index: map[string]int{}, load: matrix(layers, experts)}
+		maxTokens: pathTokens(layers, topK),
+		scale:     1, index: map[string]int{}, load: matrix(layers, experts)}
+}
+
+// pathTokens bounds the tokens a path window keeps: the most paths
+// routing keeps of any trace (routing.PathSampleSize at the default path
+// error, ((k−1)/(2·0.01))² = 122,500 for top-8, within its cap on ids).
+// Beyond it routing samples, since more paths no longer sharpen the
+// per-token means the cost model takes from them; here the newest steps
+// are kept whole instead, which bounds the memory (a DeepSeek-V3 path is
+// 928 ids) however long the window.
+func pathTokens(layers, topK int) int {
+	n, _ := routing.PathSampleSize(math.MaxInt64, layers, topK, 0)
+	return int(min(n, math.MaxInt32))
 }
 
 // pathBatch is one step's tokens grouped by path, built outside the
@@ -151,10 +165,34 @@ func (w *pathWindow) add(b *pathBatch) {
 	}
 	if len(w.ring) < w.size {
 		w.ring = append(w.ring, st)
-		return
+	} else {
+		w.ring[w.head] = st
+		w.head = (w.head + 1) % w.size
 	}
-	w.ring[w.head] = st
-	w.head = (w.head + 1) % w.size
+	w.trim()
+}
+
+// trim drops the oldest steps' paths while the window holds more than
+// maxTokens tokens, the newest step with tokens always kept; their slots
+// stay in the ring, without paths, so that the steps keep their ages.
+func (w *pathWindow) trim() {
+	n := len(w.ring)
+	for i := 0; i < n && w.count > w.maxTokens; i++ {
+		j := (w.head + i) % n // oldest first (head is 0 until the ring is full)
+		st := w.ring[j]
+		if st == nil {
+			continue
+		}
+		tokens := 0
+		for _, k := range st.n {
+			tokens += k
+		}
+		if tokens == w.count {
+			return // the only step left with tokens
+		}
+		w.evict(st)
+		w.ring[j] = nil
+	}
 }
 
 // count1 adds b's tokens at the current scale and returns the step.
