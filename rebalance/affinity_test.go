@@ -360,3 +360,46 @@ func TestConcurrentObserveTokens(t *testing.T) {
 	}
 	<-done
 }
+
+// TestObserveTokensNeverPanics: random per-token steps of every shape,
+// most of them wrong (layers, top-k, experts, ids, sources and loads of
+// the wrong size or out of range), are recorded or refused with an error,
+// never a panic, and a proposal after them still works.
+func TestObserveTokensNeverPanics(t *testing.T) {
+	const L, E, K, G, gpn = 2, 8, 2, 4, 2
+	r, err := New(Config{Cluster: tinyCluster(G/gpn, gpn), Model: tinyModel(L, E, K), Initial: interleaved(L, E, G, 1), Window: 4})
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(9, 9))
+	pick := func(good, n int) int { // good, or another size in [0, n) a third of the time
+		if rng.IntN(3) == 0 {
+			return rng.IntN(n)
+		}
+		return good
+	}
+	accepted := 0
+	for range 2000 {
+		tr := &routing.Trace{Tokens: rng.IntN(4), Layers: pick(L, 4), TopK: pick(K, 4), Experts: pick(E, 10)}
+		n := pick(tr.Tokens*tr.Layers*tr.TopK, 12)
+		for range n {
+			tr.IDs = append(tr.IDs, int16(rng.IntN(E+3)-1))
+		}
+		if rng.IntN(2) == 0 {
+			for range pick(tr.Tokens, 5) {
+				tr.Source = append(tr.Source, int32(rng.IntN(G+3)-2))
+			}
+		}
+		st := Step{Tokens: tr, Phase: Phase(pick(int(PhasePrefill), 4))}
+		if rng.IntN(3) == 0 {
+			st.Load = matrix(pick(L, 4), pick(E, 10))
+		}
+		assert.NotPanics(t, func() {
+			if r.Observe(st) == nil {
+				accepted++
+			}
+		})
+	}
+	assert.Positive(t, accepted, "some random steps are valid")
+	prop, err := r.Propose(context.Background(), Budget{MaxMoves: 2, Time: 100 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, prop.Plan.Validate(placement.ValidateOptions{Experts: E, Layers: L}))
+}
