@@ -268,9 +268,13 @@ func (r *Rebalancer) check(plan *placement.Plan, what string) error {
 	return nil
 }
 
-// Observe records one step. It returns an error, and records nothing,
-// when the load is not [Model.Layers][Model.Experts] finite non-negative
-// counts or the phase is unknown.
+// Observe records one step: its load in its phase's window and, with
+// Tokens, its tokens' paths in the phase's path window. It returns an
+// error naming the field, and records nothing, when the load is not
+// [Model.Layers][Model.Experts] finite non-negative counts, the phase is
+// unknown, or Tokens does not have the model's layers, top-k and experts,
+// holds an expert id out of range or twice in one top-k, a source rank
+// outside [0, GPUs) (or -1), or other counts than Load.
 func (r *Rebalancer) Observe(step Step) error {
 	m := r.cfg.Model
 	r.mu.Lock()
