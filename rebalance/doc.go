@@ -1,7 +1,8 @@
 // Package rebalance keeps an expert placement up to date while a model
-// serves: a Rebalancer is fed every forward pass's expert counts, keeps the
-// recent ones per phase, and when asked proposes a placement that changes
-// at most a budget of slots per layer (or only changes that pay for their
+// serves: a Rebalancer is fed every forward pass's expert counts (and, when
+// the stack records them, its tokens' paths), keeps the recent ones per
+// phase, and when asked proposes a placement that changes at most a
+// budget of slots per layer (or only changes that pay for their
 // migration), for a control plane to install. Backtest replays a recorded
 // time series of per-step loads under several policies side by side (a
 // static plan, EPLB and moetuner re-planned on a cadence as SGLang and vLLM
@@ -18,8 +19,8 @@
 //
 // # Proposals
 //
-// Propose runs solver.Solve (strategy joint, replicated path) on the window
-// load with Problem.Current = the running plan and Options.MaxMoves = the
+// Without per-token paths, Propose runs solver.Solve (strategy joint,
+// replicated path) on the window load with Problem.Current = the running plan and Options.MaxMoves = the
 // budget, which starts from the running plan and makes the best swap (or
 // copy-count change) from the busiest GPU while one helps and the budget
 // lasts. With Budget.Horizon H the solve also charges each changed slot
@@ -41,6 +42,51 @@
 // counts, so decode steps enter its load with perExpert/perToken extra
 // tokens for every expert they activate; the step-by-step score above is
 // exact in the activated-expert model.
+//
+// # Per-token paths: affinity
+//
+// Counts cannot say which experts a token uses together, so the proposals
+// above balance load only. A step that also carries its tokens
+// (Step.Tokens, a routing.Trace: every token's top-k experts at every
+// layer and the rank it lives on) lets Propose cut the copies that cross
+// nodes. Each phase keeps, beside its counts, the histogram of its
+// tokens' distinct paths (routing.Pattern: source rank and every layer's
+// top-k), built as steps are observed: a step's tokens are added when it
+// is observed and subtracted when it leaves the window, each token
+// weighing what its step weighs (Decay^age), so Propose reads the
+// histogram as it stands and never recounts the tokens. The per-token
+// window is the count window's last Window steps; the steps among them
+// observed without Tokens contribute no paths (PathSteps counts those
+// that did). It holds at most as many tokens as routing keeps paths of
+// any trace (routing.PathSampleSize at the default path error: 122,500
+// for top-8), which bounds its memory: past that the oldest steps' paths
+// are dropped, the newest step with tokens kept whatever its size. An unlimited window (Window < 0) keeps the paths of the
+// steps of age below A, the least age with Decay^A ≤ 0.01
+// (routing.DefaultPathError): the steps left out weigh that share of the
+// decayed total, the error routing's path sample allows.
+//
+// When the window holds paths and the budget is not Fresh, Propose solves
+// with routing.Stats of those paths (Load, Tokens, Patterns) under
+// Config.Dispatch: the joint strategy's affinity search from the running
+// plan (solver.Problem.Current) under Options.MaxMoves = Budget.MaxMoves
+// and, with a Horizon, MoveCost as above. Budget.Time bounds the whole
+// proposal: the solve gets what is left of it, and its reports of the
+// running plan (solver.Result.CurrentReport) and of its own plan are the
+// scores (Align only reorders slots within a GPU, which the cost model
+// does not see); only a proposal with layers put back by the Horizon rule
+// is scored once more, after the solve. The proposal is kept only if the
+// cost model, on the same paths, finds its layer times (compute and
+// all-to-all) lower than the running plan's, as a whole: SGLang's dealt
+// tables draw one random stream over every layer, so one layer's change
+// can move another's deal. With a Horizon a layer whose gain per step
+// over Horizon steps does not pay its MigrationTime is first put back.
+// Proposal.CurrentRemote and Remote are the remote-node copies per token
+// and layer of the two plans on the window's tokens, CurrentLayerSec and
+// LayerSec their modeled layer times. Fresh proposals plan on the counts
+// only. The solve's evaluations take time that no deadline cuts: on the
+// 32k DeepSeek-V3 trace's 8192-token window (58 layers, 256 experts, 32
+// GPUs) 0.3–0.5 s each on a loaded 2-core machine, so a 2 s deadline
+// leaves the search about a second.
 //
 // # Counting moves
 //
@@ -83,5 +129,7 @@
 // Proposals and backtests are functions of their inputs: layers are solved
 // independently, moves chosen in a fixed order with fixed tie-breaks, no
 // map is iterated, and the time budget (DefaultTime) does not bind at the
-// default sizes; Proposal.TimedOut says when it did.
+// default sizes; Proposal.TimedOut says when it did. Proposals on
+// per-token paths run the affinity search until Budget.Time, so they are
+// reproducible only under a work budget (Config.Solver.Effort).
 package rebalance

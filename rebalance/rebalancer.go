@@ -44,11 +44,21 @@ func (p Phase) String() string {
 // Step is one forward pass's routing: Load[l][e] tokens routed to expert e
 // at MoE layer l (SGLang's per-pass logical_count, a TensorRT-LLM
 // iteration, a routing.Stats.StepLoad entry), and its Phase when known.
-// Per-token expert sets are not needed: an expert is activated in a step
-// exactly when its count is positive.
+// Per-token expert sets are not needed to balance: an expert is activated
+// in a step exactly when its count is positive.
+//
+// Tokens, when set, is the step's per-token routing, what affinity needs
+// (the remote-node copies a token's experts cost depend on which of them
+// share a node with each other and with the token): a routing.Trace of
+// the step's tokens with every token's top-k experts at every MoE layer
+// (Layers = Model.Layers, TopK = Model.TopK, Experts = Model.Experts) and,
+// in Source, the rank (GPU of the cluster) the token lives on, -1 or nil
+// where unknown; Weights and Step are not read. Load may then be nil: it
+// is the tokens' counts, and a Load given with Tokens must equal them.
 type Step struct {
-	Load  [][]float64
-	Phase Phase
+	Load   [][]float64
+	Phase  Phase
+	Tokens *routing.Trace
 }
 
 // DefaultWindow is Config.Window's default, vLLM's EPLB window_size.
@@ -86,6 +96,11 @@ type Config struct {
 	// Solver tunes the re-placement solves (Strategy is always joint;
 	// MaxMoves and TimeLimit come from the Budget).
 	Solver solver.Options
+	// Dispatch is how the serving stack picks among an expert's copies
+	// (placement.DispatchEven by default; SGLang's static table is
+	// placement.DispatchSGLangStatic): proposals made on per-token paths
+	// are planned and scored under it.
+	Dispatch placement.Dispatch
 }
 
 // Budget bounds one proposal.
@@ -111,7 +126,9 @@ type Budget struct {
 	// slot counts, where EPLB does not apply, the joint strategy's
 	// replicated solve, which runs to its time limit and is not).
 	Fresh bool
-	// Time bounds the solve (default DefaultTime).
+	// Time bounds the solve (default DefaultTime); on per-token paths the
+	// whole proposal, its evaluations of the cost model included, as far
+	// as the solve's start and evaluations, which no deadline cuts, allow.
 	Time time.Duration
 }
 
@@ -143,6 +160,18 @@ type Proposal struct {
 	// gain there, the change would not pay within Budget.Horizon, or (a
 	// safeguard that has never fired in tests) it exceeded MaxMoves.
 	Kept int
+	// Paths says the proposal was planned on the window's per-token
+	// paths (Step.Tokens): PathSteps of the window's steps carried them,
+	// PathTokens is their tokens (weighted as their steps). CurrentRemote
+	// and Remote are then the remote-node copies per token and layer of
+	// the current and proposed plans on those tokens, and CurrentLayerSec
+	// and LayerSec the cost model's modeled time of all layers for them
+	// (costmodel.Report.TimeSec: compute and all-to-all, home flow, under
+	// Config.Dispatch); all four are NaN without paths.
+	Paths                                            bool
+	PathSteps                                        int
+	PathTokens                                       float64
+	CurrentRemote, Remote, CurrentLayerSec, LayerSec float64
 	// Status is the solve's; TimedOut reports that Budget.Time stopped it,
 	// in which case the same inputs may give another plan.
 	Status    solver.Status
@@ -160,11 +189,14 @@ type Proposal struct {
 // for byte, on any GOMAXPROCS, as long as the time budget does not stop
 // the solve (Proposal.TimedOut); the solve's layers are independent, its
 // moves are chosen in a fixed order, and nothing iterates over a map.
+// Proposals on per-token paths (Step.Tokens) search until Budget.Time and
+// are reproducible only under a work budget (Config.Solver.Effort).
 type Rebalancer struct {
 	cfg     Config
 	mu      sync.Mutex
 	current *placement.Plan
-	windows [3]*window // by Phase
+	windows [3]*window     // by Phase
+	paths   [3]*pathWindow // by Phase
 	seen    int
 }
 
@@ -196,6 +228,10 @@ func New(cfg Config) (*Rebalancer, error) {
 	r := &Rebalancer{cfg: cfg}
 	for p := range r.windows {
 		r.windows[p] = newWindow(m.Layers, m.Experts, size, cfg.Decay)
+		r.paths[p] = newPathWindow(m.Layers, m.Experts, m.TopK, size, cfg.Decay)
+	}
+	if !cfg.Dispatch.Valid() {
+		return nil, fmt.Errorf("rebalance: Config.Dispatch %d is not a dispatch; use a placement.Dispatch constant (placement.ParseDispatch parses the names)", cfg.Dispatch)
 	}
 	init := cfg.Initial
 	if init == nil {
@@ -232,21 +268,40 @@ func (r *Rebalancer) check(plan *placement.Plan, what string) error {
 	return nil
 }
 
-// Observe records one step. It returns an error, and records nothing,
-// when the load is not [Model.Layers][Model.Experts] finite non-negative
-// counts or the phase is unknown.
+// Observe records one step: its load in its phase's window and, with
+// Tokens, its tokens' paths in the phase's path window. It returns an
+// error naming the field, and records nothing, when the load is not
+// [Model.Layers][Model.Experts] finite non-negative counts, the phase is
+// unknown, or Tokens does not have the model's layers, top-k and experts,
+// holds an expert id out of range or twice in one top-k, a source rank
+// outside [0, GPUs) (or -1), or other counts than Load.
 func (r *Rebalancer) Observe(step Step) error {
 	m := r.cfg.Model
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	n := r.seen
+	r.mu.Unlock()
 	if step.Phase < PhaseAny || step.Phase > PhaseDecode {
 		return fmt.Errorf("rebalance: step %d: unknown phase %d", n, step.Phase)
 	}
-	if len(step.Load) != m.Layers {
-		return fmt.Errorf("rebalance: step %d: load has %d layers, the model %d", n, len(step.Load), m.Layers)
+	// The tokens are checked, counted and grouped by path outside the
+	// lock: a proposal's snapshot need not wait for them.
+	load := step.Load
+	var counted [][]float64
+	var batch *pathBatch
+	if step.Tokens != nil {
+		if err := checkTokens(step.Tokens, m.Layers, m.Experts, m.TopK, r.cfg.Cluster.GPUs(), n); err != nil {
+			return err
+		}
+		counted = tokenLoad(step.Tokens)
+		if load == nil {
+			load = counted
+		}
+		batch = newPathBatch(step.Tokens)
 	}
-	for l, row := range step.Load {
+	if len(load) != m.Layers {
+		return fmt.Errorf("rebalance: step %d: load has %d layers, the model %d", n, len(load), m.Layers)
+	}
+	for l, row := range load {
 		if len(row) != m.Experts {
 			return fmt.Errorf("rebalance: step %d: load[%d] has %d experts, the model %d", n, l, len(row), m.Experts)
 		}
@@ -256,7 +311,15 @@ func (r *Rebalancer) Observe(step Step) error {
 			}
 		}
 	}
-	r.windows[step.Phase].add(step.Load)
+	if counted != nil && step.Load != nil {
+		if err := sameLoad(step.Load, counted, n); err != nil {
+			return err
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.windows[step.Phase].add(load)
+	r.paths[step.Phase].add(batch)
 	r.seen++
 	return nil
 }
@@ -293,6 +356,12 @@ type snapshot struct {
 	load    [][]float64
 	weight  float64
 	n       int
+	// paths are the per-token statistics of the window's steps that
+	// carried tokens (nil when none did), pathWeight those steps' summed
+	// weight and pathSteps their number.
+	paths      *routing.Stats
+	pathWeight float64
+	pathSteps  int
 }
 
 func (r *Rebalancer) snapshot(phase Phase) (snapshot, error) {
@@ -331,6 +400,14 @@ func (r *Rebalancer) snapshot(phase Phase) (snapshot, error) {
 	if s.weight == 0 {
 		return s, fmt.Errorf("rebalance: no %s steps observed yet; Observe some before Propose", phaseWords(phase))
 	}
+	var pws []*pathWindow
+	for p, w := range r.paths {
+		if phase == PhaseAny || Phase(p) == phase {
+			pws = append(pws, w)
+			s.pathSteps += w.steps()
+		}
+	}
+	s.paths, s.pathWeight = pathStats(pws)
 	return s, nil
 }
 
@@ -358,9 +435,13 @@ func (r *Rebalancer) Propose(ctx context.Context, b Budget) (*Proposal, error) {
 	if b.Phase < PhaseAny || b.Phase > PhaseDecode {
 		return nil, fmt.Errorf("rebalance: Budget.Phase %d is not a phase", b.Phase)
 	}
+	t0 := time.Now()
 	s, err := r.snapshot(b.Phase)
 	if err != nil {
 		return nil, err
+	}
+	if s.paths != nil && !b.Fresh {
+		return r.proposePaths(ctx, b, s, t0)
 	}
 	c, m := r.cfg.Cluster, r.cfg.Model
 	perTok, perExp := c.Coefficients(m)
@@ -435,9 +516,17 @@ func (r *Rebalancer) Propose(ctx context.Context, b Budget) (*Proposal, error) {
 			newCost[l], mig[l] = curCost[l], 0
 		}
 	}
+	prop.CurrentRemote, prop.Remote, prop.CurrentLayerSec, prop.LayerSec = math.NaN(), math.NaN(), math.NaN(), math.NaN()
+	return prop, r.summarize(prop, s, next, mig, curCost, newCost)
+}
+
+// summarize sets prop's plan, moves, migration, modeled step times and
+// balance from next and its per-layer migration and step costs.
+func (r *Rebalancer) summarize(prop *Proposal, s snapshot, next *placement.Plan, mig, curCost, newCost []float64) error {
 	prop.Plan = next
+	var err error
 	if prop.Moved, err = ChangedSlots(s.current, next); err != nil {
-		return nil, err
+		return err
 	}
 	for l, n := range prop.Moved {
 		prop.MovedSlots += n
@@ -448,8 +537,8 @@ func (r *Rebalancer) Propose(ctx context.Context, b Budget) (*Proposal, error) {
 		prop.PAR += LayerPAR(next.Layers[l], next.GPUs, s.load[l]) / float64(len(next.Layers))
 	}
 	prop.GainSec = prop.CurrentStepSec - prop.StepSec
-	prop.BytesMoved = int64(prop.MovedSlots) * m.ExpertBytes()
-	return prop, nil
+	prop.BytesMoved = int64(prop.MovedSlots) * r.cfg.Model.ExpertBytes()
+	return nil
 }
 
 // freshEpsilon is the least gain in busiest/mean per changed slot that a

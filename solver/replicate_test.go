@@ -183,6 +183,25 @@ func TestIncrementalRespectsMoveBudget(t *testing.T) {
 	}
 }
 
+// TestStoppedSolveKeepsMoveBudget: a solve from a running plan under a
+// move budget whose context ends before the strategy has a plan returns
+// the running plan (the one plan known to keep the budget), not a fresh
+// baseline that moves every slot.
+func TestStoppedSolveKeepsMoveBudget(t *testing.T) {
+	old := [][]float64{{100, 90, 80, 70, 60, 50, 40, 30}}
+	p := replicatedProblem(old, 2, 2, 4)
+	cur, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 1})
+	require.NoError(t, err)
+	q := replicatedProblem([][]float64{{30, 40, 50, 60, 70, 80, 200, 190}}, 2, 2, 4)
+	q.Current = cur.Plan
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	res, err := Solve(ctx, q, Options{Strategy: StrategyJoint, MaxMoves: 2})
+	require.NoError(t, err)
+	assert.Equal(t, StatusStopped, res.Status)
+	assert.LessOrEqual(t, changedSlots(cur.Plan, res.Plan), 2)
+}
+
 func changedSlots(a, b *placement.Plan) int {
 	n := 0
 	for l := range a.Layers {

@@ -172,6 +172,11 @@ type Result struct {
 	// Baseline names the warm start and BaselineObjective its Objective.
 	Baseline          Strategy
 	BaselineObjective float64
+	// CurrentReport is the cost model's report of Problem.Current where
+	// the strategy scored it on the way (the affinity search starts from
+	// it under a move budget; planning afresh compares against it), so
+	// that a caller need not score it again; nil otherwise.
+	CurrentReport *costmodel.Report
 	// CostBound is a lower bound on Objective over every single-copy plan
 	// (E/G experts per GPU), on the exact cost model, and CostGap =
 	// Objective/CostBound − 1; NaN where no such bound is derived (home

@@ -356,7 +356,7 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		(byContext && errors.Is(err, ErrNoSolution))) {
 		// Cut short before the strategy had a plan: the best baseline is
 		// the best plan found so far.
-		res, err = stoppedBaseline(p, err)
+		res, err = stoppedBaseline(p, opts, err)
 	}
 	if err == nil {
 		err = p.fillSlots(res, st)
@@ -418,19 +418,27 @@ func solveFresh(ctx context.Context, p Problem, opts Options, b budget, start ti
 		res.report = planRep
 	}
 	if run.TimeSec < planRep.TimeSec {
-		return &Result{Plan: p.Current.Clone(), Status: StatusHeuristic, report: run,
+		return &Result{Plan: p.Current.Clone(), Status: StatusHeuristic, report: run, CurrentReport: run,
 			ModelObjective: math.NaN(), Bound: math.NaN(), Gap: math.NaN(),
 			Note: "the running plan (Problem.Current) kept: planning afresh found nothing faster"}, nil
 	}
+	res.CurrentReport = run
 	return res, nil
 }
 
 // stoppedBaseline is the result of a solve cut short before its strategy
-// had a plan: EPLB with replicas, else the first baseline that builds
-// (greedy), taken without an evaluation, which at production scale would
-// outlast the context. cause is the strategy's error, kept when no
-// baseline works either.
-func stoppedBaseline(p Problem, cause error) (*Result, error) {
+// had a plan: the running plan when it bounds or prices the moves and fits
+// (Problem.Current with Options.MaxMoves or Problem.MoveCost: the one plan
+// known to keep the budget), else EPLB with replicas, else the first
+// baseline that builds (greedy), taken without an evaluation, which at
+// production scale would outlast the context. cause is the strategy's
+// error, kept when no baseline works either.
+func stoppedBaseline(p Problem, opts Options, cause error) (*Result, error) {
+	if movesBudgeted(p, opts) && currentFits(p) {
+		return &Result{Plan: p.Current.Clone(), Status: StatusStopped,
+			ModelObjective: math.NaN(), Bound: math.NaN(), Gap: math.NaN(),
+			Note: "stopped before the strategy had a plan; this is the running plan (Problem.Current), the one plan known within the move budget"}, nil
+	}
 	var st Strategy
 	var plan *placement.Plan
 	var err error
