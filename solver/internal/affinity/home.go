@@ -268,17 +268,23 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x6d6f65))
 	var tries int64
-	// 1. Nodes on the proxy (not under a move budget: the proxy and the
-	// repacking below move copies freely).
+	// 1. Nodes on the proxy. Under a move budget only its descent runs,
+	// each swap charged and bounded by the budget (an annealing would
+	// spend the budget on moves it later undoes).
 	a := sh.Proxy
-	if ly.bud != nil {
-		a = 0
-	}
 	if s.ly.sh.N > 1 && a > 0 {
 		px := newProxy(s)
 		if px.cut > 0 {
 			scale := s.remote() / px.cut
-			px.anneal(rng, newSchedule(ctx, phase(0, a), proxyPerUnit), scale, ly.sh.perTok/float64(ly.sh.P), ly.sh.copySec/float64(ly.sh.G))
+			perNodeTok, copySec := ly.sh.perTok/float64(ly.sh.P), ly.sh.copySec/float64(ly.sh.G)
+			sc := newSchedule(ctx, phase(0, a), proxyPerUnit)
+			if ly.bud != nil {
+				px.bud, px.changed = ly.bud, s.changed
+				o := &proxyObj{scale: scale, perNodeTok: perNodeTok, copySec: copySec, capOn: px.cap.On(), nl: make([]float64, ly.sh.N)}
+				px.descend(o, 1e-9*s.costNow(levelGPU), func() bool { return sc.progress() >= 1 || ctx.Err() != nil })
+			} else {
+				px.anneal(rng, sc, scale, perNodeTok, copySec)
+			}
 			s = newStateKappa(ly, px.copies(), s.kappa)
 			tries += phase(0, a).Work
 		}

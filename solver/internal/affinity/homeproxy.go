@@ -36,6 +36,10 @@ type proxy struct {
 	cap    costmodel.Cap
 	capSec float64
 	nspeed []float64
+	// bud, when set, bounds and charges descend's swaps: changed is the
+	// slots that differ from the running plan.
+	bud     *budget
+	changed int
 }
 
 // capExcess is the cap's charge for node loads nl (each node one "GPU"
@@ -249,6 +253,9 @@ func (px *proxy) descend(o *proxyObj, tol float64, stop func() bool) int {
 					}
 				}
 				bal := (max(others, (px.nload[a]+px.nload[b])/2)-before)*o.perNodeTok - capBefore
+				if px.bud != nil {
+					bal -= 2 * px.bud.SlotSec // a swap frees at most two slots
+				}
 				xs, ys := sortedBy(byNode[a], mv, N, b), sortedBy(byNode[b], mv, N, a)
 				for _, x := range xs {
 					if len(ys) == 0 || (mv[x*N+b]+mv[ys[0]*N+a])*k+bal >= bd {
@@ -260,7 +267,15 @@ func (px *proxy) descend(o *proxyObj, tol float64, stop func() bool) int {
 							break
 						}
 						dcut += 2 * px.pw(x, y)
-						if d := o.delta(px, a, b, x, y, dcut); d < bd && px.allowed(x, y) {
+						d := o.delta(px, a, b, x, y, dcut)
+						if px.bud != nil {
+							dch := px.swapChanged(x, y)
+							if !px.bud.Allows(px.changed + dch) {
+								continue
+							}
+							d += px.bud.Charge(dch)
+						}
+						if d < bd && px.allowed(x, y) {
 							bd, bx, by = d, x, y
 						}
 					}
@@ -269,6 +284,9 @@ func (px *proxy) descend(o *proxyObj, tol float64, stop func() bool) int {
 		}
 		if bx < 0 {
 			return n
+		}
+		if px.bud != nil {
+			px.changed += px.swapChanged(bx, by)
 		}
 		px.swap(bx, by)
 		n++
@@ -379,6 +397,12 @@ func (px *proxy) anneal(rng *rand.Rand, sc *schedule, scale, perNodeTok, copySec
 	if short {
 		px.descend(o, t0*coolTo, func() bool { return sc.ctx.Err() != nil })
 	}
+}
+
+// swapChanged is how many more slots differ from the running plan when x
+// and y swap GPUs (px.bud's count; negative when the swap undoes moves).
+func (px *proxy) swapChanged(x, y int) int {
+	return px.bud.SwapChanged(px.gpu[x], int(px.exp[x]), px.gpu[y], int(px.exp[y]))
 }
 
 // holds reports whether a copy of e sits on GPU g.

@@ -167,3 +167,48 @@ func TestWithinNodePricesAsTry(t *testing.T) {
 	require.Positive(t, priced, "no swap within a node was priced")
 	require.Positive(t, declined, "no swap was declined")
 }
+
+// TestProxyDescendKeepsMoveBudget checks the proxy's descent under a move
+// budget on random layers: the slots it changes from the running plan,
+// recounted from its copies, never exceed the budget and equal its own
+// count; and without the budget the same descents change more slots in
+// some instance, so the bound is not vacuous.
+func TestProxyDescendKeepsMoveBudget(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 8))
+	bound := 0
+	for it := range 10 {
+		N, P := 2+rng.IntN(3), 1+rng.IntN(3)
+		E, K := 10+rng.IntN(12), 2+rng.IntN(3)
+		red := fillSlots(E, N*P, (it%2)*N*P)
+		sc, plan, slots := randomInstance(t, rng, N, P, E, K, 1, 150, red, proxyDispatches[it%len(proxyDispatches)], false)
+		maxMoves := 2 + rng.IntN(4)
+		p := Problem{Scenario: sc, Slots: slots, Start: plan, Current: plan, MaxMoves: maxMoves}
+		sh, err := newShape(p)
+		require.NoError(t, err)
+		ly := buildLayer(p, sh, 0)
+		require.NotNil(t, ly.bud)
+		moved := func(budgeted bool) int {
+			s := newState(ly, int32Copies(plan.ExpertGPUs(0)))
+			px := newProxy(s)
+			if px.cut == 0 {
+				return 0
+			}
+			if budgeted {
+				px.bud, px.changed = ly.bud, s.changed
+			}
+			o := &proxyObj{scale: s.remote() / px.cut, perNodeTok: sh.perTok / float64(P), copySec: sh.copySec / float64(N*P), nl: make([]float64, N)}
+			px.descend(o, 0, func() bool { return false })
+			got := newState(ly, px.copies()).changed
+			if budgeted {
+				require.Equal(t, px.changed, got, "instance %d: the descent's count of changed slots", it)
+				require.LessOrEqual(t, got, maxMoves, "instance %d", it)
+			}
+			return got
+		}
+		if moved(false) > maxMoves {
+			bound++
+		}
+		moved(true)
+	}
+	require.Positive(t, bound, "no free descent changed more slots than the budget")
+}
