@@ -324,7 +324,10 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	// found instead of undoing it.
 	s.kappa = 0
 	c2 := s.costNow(levelGPU)
-	last := phase(c, 1)
+	// The annealing leaves a third of the GPU phase's share for a last
+	// balance within the nodes (5.).
+	end := 1 - sh.GPUs/3
+	last := phase(c, end)
 	expect := float64(last.Work)
 	if !lim.ByWork() {
 		el := time.Since(t0)
@@ -347,6 +350,12 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	se.anneal(rng, newSchedule(ctx, last, 1), levelGPU, hot)
 	s.tie = false
 	s.resync()
+	// 5. Balance within the nodes again: where the NICs set the layer's
+	// time the annealing trades the busiest GPU for NIC copies freely,
+	// and a swap within a node that does not raise the cost evens the
+	// GPUs out for nothing.
+	se.m = phase(end, 1).Meter(ctx)
+	se.gpuPhase()
 	tries += se.tries
 	if logf != nil {
 		logf("layer %d: %v: remote start %.0f proxy %.0f nodes %.0f (imb %.4f) gpus %.0f (imb %.4f) end %.0f (imb %.4f); cost %.4g → %.4g (after gpus %.4g, port imb %.4f)", ly.l, time.Since(t0), startRemote, r0, r1, i1, r2, i2, s.remote(), s.imbalance(levelGPU), startCost, s.costNow(levelGPU), c2, s.portImbalance())

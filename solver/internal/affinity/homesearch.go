@@ -285,6 +285,11 @@ func (se *searcher) gpuPhase() {
 	}
 	stuck := make([]bool, sh.N)
 	scratch := make([]float64, sh.G)
+	// Swaps of copies of replicated experts change how the dispatch
+	// splits them, and pricing one walks their tokens: a node tries them
+	// only once the swaps priced from loads alone (withinNode) are
+	// exhausted there.
+	slow := make([]bool, sh.N)
 	for !se.m.Done() {
 		top, tv := -1, -1.0
 		for g := 0; g < sh.G; g++ {
@@ -310,6 +315,9 @@ func (se *searcher) gpuPhase() {
 					}
 					t2, d := s.withinNode(mv, scratch)
 					if t2 == nil {
+						if !slow[B] {
+							continue
+						}
 						d, t2 = s.try(mv, levelGPU), s.tr.t2
 					}
 					se.spend()
@@ -324,11 +332,63 @@ func (se *searcher) gpuPhase() {
 			}
 		}
 		if !found {
-			stuck[B] = true
+			// No swap lowers the node's busiest GPU: even out another
+			// pair of its GPUs, which may open one, before giving up.
+			switch {
+			case se.evenPair(B, scratch):
+			case !slow[B]:
+				slow[B] = true
+			default:
+				stuck[B] = true
+			}
 			continue
 		}
 		s.apply(best)
 	}
+}
+
+// evenPair applies, among the swaps within node B that the GPU phase
+// prices from loads alone (withinNode) and that do not raise the cost,
+// the one that lowers the busier GPU of its pair the most, and reports
+// whether there was one. A busiest GPU that no swap helps often has a
+// partner that one would once the other GPUs are more even.
+func (se *searcher) evenPair(B int, scratch []float64) bool {
+	s := se.s
+	sh := s.ly.sh
+	P := sh.P
+	load := func(g int, tok []float64) float64 {
+		return sh.terms.Compute(g, tok[g], float64(sh.slots[g]))
+	}
+	var best move
+	gain, found := 0.0, false
+	for a := B * P; a < (B+1)*P && !se.m.Done(); a++ {
+		for b := a + 1; b < (B+1)*P; b++ {
+			before := math.Max(load(a, s.tok), load(b, s.tok))
+			for ia := range s.held[a] {
+				for ib := range s.held[b] {
+					mv := move{kind: moveSwap, a: a, ia: ia, b: b, ib: ib}
+					if !se.ok(mv) {
+						continue
+					}
+					t2, d := s.withinNode(mv, scratch)
+					if t2 == nil {
+						continue
+					}
+					se.spend()
+					if d > 1e-15*s.costNow(levelGPU) {
+						continue
+					}
+					if g := before - math.Max(load(a, t2), load(b, t2)); g > gain+1e-12*before {
+						best, gain, found = mv, g, true
+					}
+				}
+			}
+		}
+	}
+	if found {
+		s.apply(best)
+	}
+	return found
 }
 
 // withinNode prices a swap of two experts of one copy each between GPUs
