@@ -94,7 +94,6 @@ func checkLog2Phy(t *testing.T, name string, exact bool, ref [][][]int, got [][]
 	}
 }
 
-
 func count(b bool) int {
 	if b {
 		return 1
