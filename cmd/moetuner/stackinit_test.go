@@ -227,3 +227,76 @@ func randomStackEPLB(seed uint64) (*placement.Plan, placement.Layout) {
 	}
 	return plan, layout
 }
+
+// TestStackEPLBCompareRecount: compare's EPLB row under SGLang's static
+// table, dealt as init_by_eplb, has the busiest/mean (mean over layers and
+// worst layer) of an independent recount (scripts/recount_plan.py --init
+// init_by_eplb: the table built with Python's own random from EPLB's
+// log2phy for every decoder row, every token sent whole to its rank's
+// entry); it skips without python3.
+func TestStackEPLBCompareRecount(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not on PATH")
+	}
+	const nodes, perNode, experts, k, layers, decoder, tokens, redundant = 2, 4, 32, 4, 3, 5, 3000, 8
+	gpus := nodes * perNode
+	dir, err := filepath.Abs(t.TempDir())
+	require.NoError(t, err)
+	trace := recountTrace(t, dir, 17, tokens, layers, k, experts, gpus)
+	model := filepath.Join(dir, "model.yaml")
+	require.NoError(t, os.WriteFile(model, fmt.Appendf(nil,
+		"name: tiny\nlayers: %d\ndecoder_layers: %d\nexperts: %d\ntop_k: %d\nhidden: 1024\nffn: 512\nbytes_per_activation: 2\n",
+		layers, decoder, experts, k), 0o644))
+	// The plan compare builds, with the log2phy SGLang holds after
+	// init_by_eplb, written as the recount reads it.
+	src, err := routing.Load(trace, routing.LoadOptions{})
+	require.NoError(t, err)
+	plan, err := baseline.EPLB(src.Stats, gpus, baseline.EPLBOptions{RedundantSlots: redundant, Nodes: nodes, FixDuplicates: true, StackEPLB: true})
+	require.NoError(t, err)
+	layout := placement.Layout{GPUs: gpus, Experts: experts, ModelLayers: decoder, LayerIDs: []int{2, 3, 4}}
+	cands := stackCandidates(plan, layout)
+	phy2log := make([][]int, decoder)
+	for r, rows := range cands {
+		phy2log[r] = make([]int, experts+redundant)
+		for e, slots := range rows {
+			for _, s := range slots {
+				phy2log[r][s] = e
+			}
+		}
+	}
+	planPath := filepath.Join(dir, "eplb-stack.json")
+	b, err := json.Marshal(map[string]any{"physical_to_logical_map": phy2log, "logical_to_all_physical_map": cands})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(planPath, b, 0o644))
+	for _, d := range []string{"sglang-static", "sglang-static-node-narrow"} {
+		t.Run(d, func(t *testing.T) {
+			out := filepath.Join(dir, d+".json")
+			code, _, stderr := runCLI(t, "compare", "--trace", trace, "--model", model, "--nodes", fmt.Sprint(nodes), "--gpus-per-node", fmt.Sprint(perNode),
+				"--dispatch", d, "--redundant-slots", fmt.Sprint(redundant), "--strategies", "eplb", "--json", out, "--quiet")
+			require.Equal(t, 0, code, stderr)
+			var cmp struct {
+				Results []struct {
+					Strategy string  `json:"strategy"`
+					Init     string  `json:"sglang_init"`
+					Mean     float64 `json:"mean_balance"`
+					Max      float64 `json:"max_balance"`
+				} `json:"results"`
+			}
+			b, err := os.ReadFile(out)
+			require.NoError(t, err)
+			require.NoError(t, json.Unmarshal(b, &cmp))
+			require.Len(t, cmp.Results, 1)
+			got := cmp.Results[0]
+			require.Equal(t, "init_by_eplb", got.Init)
+			msg, err := exec.Command(py, filepath.Join("..", "..", "scripts", "recount_plan.py"), trace, planPath,
+				"--gpus", fmt.Sprint(gpus), "--gpus-per-node", fmt.Sprint(perNode), "--dispatch", d, "--init", "init_by_eplb", "--json").Output()
+			require.NoError(t, err, "%s", msg)
+			var want recount
+			require.NoError(t, json.Unmarshal(msg, &want), "%s", msg)
+			t.Logf("%s: compare %.6f / %.6f, recount %.6f / %.6f", d, got.Mean, got.Max, want.Mean, want.Max)
+			require.InEpsilon(t, want.Mean, got.Mean, 1e-9, "mean busiest/mean, compare vs recount")
+			require.InEpsilon(t, want.Max, got.Max, 1e-9, "worst layer busiest/mean, compare vs recount")
+		})
+	}
+}
