@@ -300,3 +300,44 @@ func TestStackEPLBCompareRecount(t *testing.T) {
 		})
 	}
 }
+
+// TestStackEPLBRowsMarked: under SGLang's static table compare deals the
+// stack's own algorithms (eplb, deepseek-vec) as init_by_eplb and flashlb
+// as a loaded map; under a dispatch that deals no table no row says
+// either.
+func TestStackEPLBRowsMarked(t *testing.T) {
+	dir, err := filepath.Abs(t.TempDir())
+	require.NoError(t, err)
+	trace := recountTrace(t, dir, 5, 400, 2, 4, 32, 8)
+	model := filepath.Join(dir, "model.yaml")
+	require.NoError(t, os.WriteFile(model, []byte("name: tiny\nlayers: 2\ndecoder_layers: 3\nexperts: 32\ntop_k: 4\nhidden: 1024\nffn: 512\nbytes_per_activation: 2\n"), 0o644))
+	want := map[string]map[string]string{
+		"sglang-static": {"eplb": "init_by_eplb", "deepseek-vec": "init_by_eplb", "flashlb": "init_by_mapping"},
+		"even":          {"eplb": "", "deepseek-vec": "", "flashlb": ""},
+	}
+	for d, rows := range want {
+		out := filepath.Join(dir, d+".json")
+		code, stdout, stderr := runCLI(t, "compare", "--trace", trace, "--model", model, "--nodes", "2", "--gpus-per-node", "4",
+			"--dispatch", d, "--redundant-slots", "8", "--strategies", "eplb,deepseek-vec,flashlb", "--json", out)
+		require.Equal(t, 0, code, stderr)
+		var cmp struct {
+			Results []struct {
+				Strategy string `json:"strategy"`
+				Init     string `json:"sglang_init"`
+			} `json:"results"`
+		}
+		b, err := os.ReadFile(out)
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(b, &cmp))
+		got := map[string]string{}
+		for _, r := range cmp.Results {
+			got[r.Strategy] = r.Init
+		}
+		require.Equal(t, rows, got, d)
+		if d == "even" {
+			require.NotContains(t, stdout, "init_by_eplb", d)
+		} else {
+			require.Contains(t, stdout, "deepseek-vec [init_by_eplb]", d)
+		}
+	}
+}
