@@ -52,6 +52,9 @@ type DeepSeekVecOptions struct {
 	// as EPLBOptions.FixDuplicates does. False makes DeepSeekVec return an
 	// error naming the duplicate instead.
 	FixDuplicates bool
+	// StackEPLB records deepseek_vec's log2phy on the plan, as
+	// EPLBOptions.StackEPLB does.
+	StackEPLB bool
 }
 
 // vecShape is a checked deepseek_vec problem.
@@ -461,14 +464,17 @@ func DeepSeekVec(stats *routing.Stats, gpus int, opts DeepSeekVecOptions) (*plac
 			return nil, err
 		}
 	}
-	phy2log, _, logcnt := runVec(s, steps)
+	phy2log, rank, logcnt := runVec(s, steps)
 	strategy, domain := "deepseek-vec", gpus
 	if opts.Hierarchical {
 		strategy, domain = "deepseek-vec-hierarchical", gpus/nodes
 	}
-	p, err := slotPlan(strategy, stats, gpus, phy2log, logcnt, domain, opts.FixDuplicates)
+	p, err := slotPlan(strategy, stats, gpus, phy2log, rank, logcnt, domain, opts.FixDuplicates)
 	if err != nil {
 		return nil, err
+	}
+	if opts.StackEPLB {
+		p.StackEPLB = vecStackEPLB(s, p, rank)
 	}
 	p.Meta["redundant_slots"] = strconv.Itoa(opts.RedundantSlots)
 	p.Meta["steps"] = strconv.Itoa(len(steps))
@@ -482,10 +488,11 @@ func DeepSeekVec(stats *routing.Stats, gpus int, opts DeepSeekVecOptions) (*plac
 }
 
 // slotPlan builds a GPU-major plan from flat per-layer slot maps
-// (phy2log [L*P], logcnt [L*E]): slot p on GPU p/(P/gpus). Duplicates on
-// a GPU are repaired within domains of gpusPerDomain GPUs when fix is set
-// and reported as an error otherwise.
-func slotPlan(strategy string, stats *routing.Stats, gpus int, phy2log, logcnt []int, gpusPerDomain int, fix bool) (*placement.Plan, error) {
+// (phy2log and rank [L*P], logcnt [L*E]): slot p on GPU p/(P/gpus).
+// Duplicates on a GPU are repaired within domains of gpusPerDomain GPUs when
+// fix is set (rank swapped with its slots) and reported as an error
+// otherwise.
+func slotPlan(strategy string, stats *routing.Stats, gpus int, phy2log, rank, logcnt []int, gpusPerDomain int, fix bool) (*placement.Plan, error) {
 	L, E := stats.Layers, stats.Experts
 	P := len(phy2log) / L
 	perGPU := P / gpus
@@ -521,7 +528,7 @@ func slotPlan(strategy string, stats *routing.Stats, gpus int, phy2log, logcnt [
 		if !dup {
 			continue
 		}
-		n, err := fixDuplicates(l, row, stats.Load[l], logcnt[l*E:(l+1)*E], gpus, perGPU, gpusPerDomain)
+		n, err := fixDuplicates(l, row, rank[l*P:(l+1)*P], stats.Load[l], logcnt[l*E:(l+1)*E], gpus, perGPU, gpusPerDomain)
 		if err != nil {
 			return nil, fmt.Errorf("baseline: %s: %s", strategy, strings.TrimPrefix(err.Error(), "baseline: eplb: "))
 		}

@@ -35,6 +35,11 @@ type EPLBOptions struct {
 	// chosen to keep the busier of the two GPUs as light as possible.
 	// False makes EPLB return an error naming the duplicate instead.
 	FixDuplicates bool
+	// StackEPLB records EPLB's log2phy on the plan (Plan.StackEPLB), for a
+	// plan that stands for the serving stack running EPLB itself (SGLang's
+	// init_by_eplb), so that SGLang's static dispatch deals it as the stack
+	// would. Leave it unset for a plan that will be written to a file.
+	StackEPLB bool
 }
 
 // eplbShape is a checked EPLB problem.
@@ -476,7 +481,7 @@ func EPLB(stats *routing.Stats, gpus int, opts EPLBOptions) (*placement.Plan, er
 			return nil, fmt.Errorf("baseline: eplb: layer %d: EPLB put two copies of expert %d on GPU %d (slots %d and %d), a known defect of its packing (deepseek-ai/EPLB#22); set EPLBOptions.FixDuplicates to repair the plan by swapping slots within the node",
 				l, row[a], g, first, a)
 		}
-		n, err := fixDuplicates(l, row, stats.Load[l], m.logcnt[l*E:(l+1)*E], gpus, perGPU, gpus/s.nodes)
+		n, err := fixDuplicates(l, row, m.rank[l*R:(l+1)*R], stats.Load[l], m.logcnt[l*E:(l+1)*E], gpus, perGPU, gpus/s.nodes)
 		if err != nil {
 			return nil, err
 		}
@@ -484,6 +489,13 @@ func EPLB(stats *routing.Stats, gpus int, opts EPLBOptions) (*placement.Plan, er
 	}
 	if swaps > 0 {
 		p.Meta["duplicates_fixed"] = strconv.Itoa(swaps)
+	}
+	if opts.StackEPLB {
+		one := s
+		one.layers = 1
+		zero := runEPLB(one, [][]float64{make([]float64, E)})
+		p.StackEPLB = &placement.StackEPLB{Log2Phy: log2phyRows(L, E, slotExpert, m.rank),
+			Unrouted: log2phyRows(1, E, zero.phy2log, zero.rank)[0]}
 	}
 	// The plan validates by construction (the tests check it): GPU-major
 	// with R/G slots per GPU, every expert has a copy, and the loop above
@@ -499,8 +511,9 @@ func EPLB(stats *routing.Stats, gpus int, opts EPLBOptions) (*placement.Plan, er
 // expert they receive, it takes the one that minimises the larger of the
 // two GPUs' new loads (ties: the lower slot). Every swap removes one
 // duplicate and creates none, so it ends after at most R swaps; it returns
-// their number.
-func fixDuplicates(l int, row []routing.Expert, load []float64, logcnt []int, gpus, perGPU, gpusPerDomain int) (int, error) {
+// their number. rank (EPLB's replica index of every slot; nil for none)
+// is swapped with the slots, so a copy keeps its place in log2phy.
+func fixDuplicates(l int, row []routing.Expert, rank []int, load []float64, logcnt []int, gpus, perGPU, gpusPerDomain int) (int, error) {
 	slotLoad := make([]float64, len(row))
 	for s, e := range row {
 		slotLoad[s] = float64(float32(load[e]) / float32(logcnt[e]))
@@ -563,6 +576,9 @@ func fixDuplicates(l int, row []routing.Expert, load []float64, logcnt []int, gp
 		gpuLoad[g] += slotLoad[best] - slotLoad[a]
 		gpuLoad[h] += slotLoad[a] - slotLoad[best]
 		row[a], row[best] = row[best], row[a]
+		if rank != nil {
+			rank[a], rank[best] = rank[best], rank[a]
+		}
 		slotLoad[a], slotLoad[best] = slotLoad[best], slotLoad[a]
 		swaps++
 	}

@@ -36,7 +36,10 @@ type Splitter interface {
 // stream before the MoE rows that follow them), which needs the same
 // number of slots on every GPU (SGLang numbers physical experts GPU by
 // GPU). With a layout that does not know the decoder layers the map is the
-// plan's layers alone.
+// plan's layers alone. A plan loaded from a file (every plan without
+// Plan.StackEPLB) is dealt as SGLang's init_by_mapping builds the table; a
+// plan with Plan.StackEPLB, the stack running EPLB itself, as init_by_eplb
+// (its log2phy rows as candidates, one shared stream).
 func NewSplitter(d placement.Dispatch, plan *placement.Plan, G, gpusPerNode int, layout placement.Layout) (Splitter, error) {
 	switch d {
 	case placement.DispatchEven, placement.DispatchVLLM, placement.DispatchTRTLLM:
@@ -159,7 +162,7 @@ type dealSplit struct {
 	pos     [][]int32 // [l·E+e]: the position dealt to each of dealt
 }
 
-func newDealSplit(v stackdispatch.SGLangVariant, plan *placement.Plan, G, P int, layout placement.Layout) (*dealSplit, error) {
+func newDealSplit(v stackdispatch.SGLangVariant, plan *placement.Plan, G, P int, layout placement.Layout) (Splitter, error) {
 	if plan == nil {
 		return nil, fmt.Errorf("costmodel: %s dispatch needs the plan it deals for", v)
 	}
@@ -176,6 +179,9 @@ func newDealSplit(v stackdispatch.SGLangVariant, plan *placement.Plan, G, P int,
 	rows, moeRows, err := placement.SGLangRows(plan, layout)
 	if err != nil {
 		return nil, fmt.Errorf("costmodel: %s dispatch: %w", v, err)
+	}
+	if plan.StackEPLB != nil {
+		return newEPLBDealSplit(v, plan, G, P, rows, moeRows)
 	}
 	E, L := plan.Experts, len(plan.Layers)
 	S := len(rows[0]) / G

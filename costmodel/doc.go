@@ -30,7 +30,11 @@
 // give every rank all or nothing of an expert: the table SGLang deals from
 // random.Random(42) over every decoder layer's row of the map it loads
 // (internal/stackdispatch reproduces it bit for bit), so the busiest GPU is
-// the one SGLang's ranks really fill. vllm is vLLM's hash counted token by
+// the one SGLang's ranks really fill. A plan that stands for SGLang running
+// its EPLB algorithm itself (placement.Plan.StackEPLB) is dealt as
+// init_by_eplb: the algorithm's log2phy rows as candidate lists, one
+// stream; every other plan as a map loaded from a file (init_by_mapping).
+// vllm is vLLM's hash counted token by
 // token when the statistics carry their token order (Stats.Order,
 // HashOrder; home flow), else its expectation, even. sglang-dynamic and
 // trtllm are modeled by their expectation (the nearest copy, else even;

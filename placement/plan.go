@@ -88,6 +88,7 @@ func (p *Plan) Clone() *Plan {
 		}
 	}
 	q.Meta = maps.Clone(p.Meta)
+	q.StackEPLB = p.StackEPLB.clone()
 	return &q
 }
 
@@ -149,6 +150,20 @@ func (p *Plan) GPUMajor() *Plan {
 			lp.SlotGPU[i] = src.SlotGPU[s]
 			if lp.SlotShare != nil {
 				lp.SlotShare[i] = src.SlotShare[s]
+			}
+		}
+		if q.StackEPLB != nil && l < len(q.StackEPLB.Log2Phy) {
+			// The replica order stays; the slots it names are renumbered.
+			to := make([]int32, len(idx))
+			for i, s := range idx {
+				to[s] = int32(i)
+			}
+			for _, row := range q.StackEPLB.Log2Phy[l] {
+				for j, s := range row {
+					if s >= 0 && int(s) < len(to) {
+						row[j] = to[s]
+					}
+				}
 			}
 		}
 	}

@@ -38,6 +38,13 @@ the MoE layers, and the worst layer; --json prints them as
 {"dispatch", "mean_balance", "max_balance", "layers": [busiest/mean],
 "busiest_tokens": [the busiest GPU's tokens]} instead.
 
+--init init_by_eplb deals the table as SGLang does when it ran its EPLB
+algorithm itself (init_by_eplb): PLAN.sglang.json must then also hold
+"logical_to_all_physical_map": [decoder layers][expert][replica] -> physical
+id (-1 padded), the algorithm's log2phy in its replica order, and the
+candidate lists are those rows (one random stream for every rank). The
+default, init_by_mapping, is a map loaded from a file.
+
 --moe-rows R0,R1,... names the map rows of the trace's MoE layers when they
 are not the last ones. Standard library only.
 """
@@ -73,14 +80,18 @@ def read_npy(path):
         return a, tuple(header["shape"])
 
 
-def dealt(ids, shape, src, full, moe_rows, G, P, variant):
+def dealt(ids, shape, src, full, moe_rows, G, P, variant, log2phy=None):
     """Per MoE layer, (busiest/mean, busiest GPU's tokens) with every token
-    sent as SGLang's table says."""
+    sent as SGLang's table says (init_by_eplb on log2phy when given)."""
     T, L, K = shape
     experts = max(max(r) for r in full) + 1
-    cands = sglang_dispatch.candidates_of(full, experts)
     per = len(full[0]) // G
-    tab = sglang_dispatch.table(cands, G, per, P, variant, "init_by_mapping")
+    if log2phy is None:
+        cands = sglang_dispatch.candidates_of(full, experts)
+        tab = sglang_dispatch.table(cands, G, per, P, variant, "init_by_mapping")
+    else:
+        cands = [[[p for p in c if p != -1] for c in layer] for layer in log2phy]
+        tab = sglang_dispatch.table(cands, G, per, P, variant, "init_by_eplb")
     out = []
     for l, row in enumerate(moe_rows):
         load = [0.0] * G
@@ -107,6 +118,7 @@ def main():
     ap.add_argument("--gpus-per-node", type=int, required=True)
     ap.add_argument("--dispatch", choices=sglang_dispatch.VARIANTS)
     ap.add_argument("--moe-rows")
+    ap.add_argument("--init", choices=("init_by_mapping", "init_by_eplb"), default="init_by_mapping")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     ids, shape = read_npy(a.trace)
@@ -116,7 +128,15 @@ def main():
     if src is not None and len(src) != T:
         sys.exit(f"{src_path}: {len(src)} sources for {T} tokens")
     with open(a.plan) as f:
-        full = json.load(f)["physical_to_logical_map"]
+        doc = json.load(f)
+    full = doc["physical_to_logical_map"]
+    log2phy = None
+    if a.init == "init_by_eplb":
+        if not a.dispatch:
+            sys.exit("--init init_by_eplb needs --dispatch")
+        log2phy = doc.get("logical_to_all_physical_map")
+        if log2phy is None or len(log2phy) != len(full):
+            sys.exit(f"{a.plan}: --init init_by_eplb needs logical_to_all_physical_map with one row per map row")
     G, P = a.gpus, a.gpus_per_node
     if len(full[0]) % G:
         sys.exit(f"{a.plan}: {len(full[0])} slots do not divide over {G} GPUs")
@@ -129,11 +149,11 @@ def main():
     if len(moe_rows) != L or min(moe_rows) < 0 or max(moe_rows) >= len(full):
         sys.exit(f"{a.plan}: {len(full)} map rows cannot hold the trace's {L} MoE layers at rows {moe_rows}")
     if a.dispatch:
-        per_layer = dealt(ids, shape, src, full, moe_rows, G, P, a.dispatch)
+        per_layer = dealt(ids, shape, src, full, moe_rows, G, P, a.dispatch, log2phy)
         bal = [b for b, _ in per_layer]
         mean, worst = sum(bal) / L, max(bal)
         if a.json:
-            print(json.dumps({"dispatch": a.dispatch, "mean_balance": mean, "max_balance": worst,
+            print(json.dumps({"dispatch": a.dispatch, "init": a.init, "mean_balance": mean, "max_balance": worst,
                               "layers": bal, "busiest_tokens": [m for _, m in per_layer]}))
         else:
             print(f"layers {L}, tokens {T}, top-{K}, {G} GPUs ({G // P} nodes)")

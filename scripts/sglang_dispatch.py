@@ -7,6 +7,9 @@
 IN.json holds
     {"phy2log": [layer][physical id] -> logical expert, "experts": E}
  or {"candidates": [layer][expert] -> [physical ids], "num_physical": P},
+(for init_by_eplb, "candidates" are the EPLB algorithm's log2phy rows in
+its replica order, as init_by_eplb hands them over; -1 padding is dropped,
+as _logical_to_all_physical_raw drops it)
 plus "ep_size", "gpus_per_node", "variant" (sglang-static,
 sglang-static-node, sglang-static-node-narrow, sglang-static-gpu-only) and
 "init" (init_by_mapping or init_by_eplb; default init_by_mapping). It prints
@@ -14,7 +17,8 @@ sglang-static-node, sglang-static-node-narrow, sglang-static-gpu-only) and
 physical id added.
 
 --random SEED writes a random case instead (shape and map drawn from SEED)
-and its table; the Go tests use it to compare on maps nobody chose.
+and its table; the Go tests use it to compare on maps nobody chose. An
+init_by_eplb case gives its candidate lists in a random replica order.
 
 This is an independent restatement of what SGLang's
 compute_logical_to_rank_dispatch_physical_map and _find_nearest_expert
@@ -28,6 +32,10 @@ and standard library only:
     all copies);
   * the ranks with no nearest copy, in rank order, get
     arr * (k // n) + rnd.sample(arr, k % n), shuffled by rnd.shuffle;
+  * with init_by_eplb (ExpertLocationMetadata.init_by_eplb; sgl-project/
+    sglang python/sglang/srt/eplb/expert_location.py@01fec5c2e61f9568c41a
+    6e1d4fd5ac46c88504f1) the candidate lists are the algorithm's log2phy
+    rows, unchanged and in its order, and one pass serves every rank;
   * with init_by_mapping (the newer trees), each rank first narrows every
     candidate list to its own nearest copy and runs the whole pass on those
     lists, keeping only its own row. This script literally runs one pass per
@@ -126,7 +134,7 @@ def solve(case):
         cands = candidates_of(case["phy2log"], case["experts"])
         num_physical = len(case["phy2log"][0])
     else:
-        cands = case["candidates"]
+        cands = [[[p for p in c if p != -1] for c in layer] for layer in case["candidates"]]
         num_physical = case["num_physical"]
     per_gpu = num_physical // ep_size
     return table(cands, ep_size, per_gpu, case["gpus_per_node"], case["variant"],
@@ -152,11 +160,21 @@ def random_case(seed):
                 row[i] = hot if g.random() < 0.8 else row[i]
         g.shuffle(row)
         phy2log.append(row)
-    return {
+    case = {
         "phy2log": phy2log, "experts": experts, "ep_size": ep_size,
         "gpus_per_node": gpus_per_node, "variant": g.choice(VARIANTS),
         "init": g.choice(["init_by_mapping", "init_by_eplb"]),
     }
+    if case["init"] == "init_by_eplb":
+        # EPLB's log2phy order: each expert's copies in replica order, which
+        # need not be ascending.
+        cands = candidates_of(phy2log, experts)
+        for layer in cands:
+            for copies in layer:
+                g.shuffle(copies)
+        del case["phy2log"], case["experts"]
+        case["candidates"], case["num_physical"] = cands, num_physical
+    return case
 
 
 def main(argv):

@@ -89,6 +89,7 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	var results []*solver.Result
 	var names []solver.Strategy
+	stack := stackRunner(p)
 	for _, name := range strings.Split(list, ",") {
 		st, err := parseStrategy(strings.TrimSpace(name))
 		if err != nil {
@@ -119,10 +120,9 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		var res *solver.Result
 		var err error
 		if isPeer(st) {
-			res, err = solvePeer(p, st)
+			res, err = stack(solvePeer(p, st))
 		} else {
-			res, err = solver.Solve(ctx, p, sp.options(opts))
-			res, err = solved(res, err)
+			res, err = stack(solved(solver.Solve(ctx, p, sp.options(opts))))
 		}
 		sp.end(res, err)
 		if err != nil && isPeer(st) && *strategies == "" {
@@ -455,10 +455,7 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 		case !math.IsNaN(r.Gap):
 			gap = fmt.Sprintf("%.2f%%", 100*r.Gap)
 		}
-		name := string(r.Strategy)
-		if r.Strategy == stackDefault(p) {
-			name += " (stack default)"
-		}
+		name := rowLabel(p, r)
 		if r.Note != "" {
 			name += "*"
 		}
@@ -524,16 +521,7 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 		fmt.Fprintln(w, "remote/token: token copies sent to other nodes per token and layer in the dispatch (home flow: remote nodes reached; chain flow: cross-node transitions);")
 		fmt.Fprintln(w, "busiest NIC: the copies through the busiest NIC port, per token of one GPU's share and layer (1 would be one copy for every token the GPU hosts);")
 	}
-	for _, r := range results {
-		if r.Strategy == stackDefault(p) {
-			how := "--eplb-algorithm auto picks deepseek (global EPLB): the model has no expert groups, or they are not a multiple of the nodes"
-			if r.Strategy == solver.StrategyEPLBHierarchical {
-				how = fmt.Sprintf("--eplb-algorithm auto picks deepseek_hierarchical: the model's %d expert groups are a multiple of the %d nodes", p.Model.ExpertGroups, p.Cluster.Nodes)
-			}
-			fmt.Fprintf(w, "stack default: what SGLang and vLLM run with EPLB on unless told otherwise (SGLang %s);\n", how)
-			break
-		}
-	}
+	stackFooter(w, p, results)
 	fmt.Fprintln(w, "\"exact\": the gap to the best lower bound on the exact cost model itself that any strategy certified (one node, home flow, per-token traces).")
 	for _, r := range results {
 		if fromFile(r) {
@@ -560,6 +548,7 @@ func remotePer(p solver.Problem, rep *costmodel.Report) (remote, busiest float64
 type jsonResult struct {
 	Strategy       string   `json:"strategy"`
 	StackDefault   bool     `json:"stack_default,omitempty"`
+	SGLangInit     string   `json:"sglang_init,omitempty"`
 	Status         string   `json:"status"`
 	TimeSec        float64  `json:"layer_time_sec"`
 	MaxTokensSum   float64  `json:"token_tail"`
@@ -614,7 +603,7 @@ func jsonResults(p solver.Problem, results []*solver.Result) any {
 		out = append(out, jsonResult{
 			RemotePerToken: rt, BusiestNIC: bn, RemoteBound: nullable(r.RemoteBound), RemoteBoundOf: r.RemoteBoundLayers, RemoteBoundCap: r.RemoteBoundCap,
 			TrafficGap: tg, CostBound: nullable(r.CostBound), CostGap: nullable(r.CostGap),
-			Strategy: string(r.Strategy), StackDefault: r.Strategy == stackDefault(p), Status: status, TimeSec: r.Objective,
+			Strategy: string(r.Strategy), StackDefault: r.Strategy == stackDefault(p), SGLangInit: sglangInit(p, r), Status: status, TimeSec: r.Objective,
 			MaxTokensSum: r.Report.MaxTokensSum, MeanBalance: r.Report.MeanBalance, MaxBalance: r.Report.MaxBalance,
 			CommSec: r.Report.CommTime.Seconds(), CrossNodeBytes: r.Report.CrossNodeBytes,
 			ModelObjective: nullable(r.ModelObjective), Bound: nullable(r.Bound), Gap: nullable(r.Gap),

@@ -55,7 +55,7 @@ func printHeldOut(w io.Writer, p solver.Problem, test *routing.Stats, from, toke
 		if rep.Tokens > 0 {
 			remote = rep.RemoteCopies / (rep.Tokens * float64(len(rep.Layers)))
 		}
-		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.3f\t%.3f\t%.4f\t%s\t\n", string(r.Strategy), r.Report.MeanBalance, r.Report.MaxBalance, rep.MeanBalance, rep.MaxBalance, remote, dur(rep.Time))
+		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.3f\t%.3f\t%.4f\t%s\t\n", rowLabel(p, r), r.Report.MeanBalance, r.Report.MaxBalance, rep.MeanBalance, rep.MaxBalance, remote, dur(rep.Time))
 	}
 	return tw.Flush()
 }

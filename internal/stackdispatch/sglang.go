@@ -104,7 +104,10 @@ const (
 	// SGLangInitByEPLB is init_by_eplb (a logical_count file, or a rebalance
 	// at run time): the candidate lists are EPLB's log2phy rows, shared by
 	// every rank, and one stream advances at every (layer, expert) where any
-	// rank is dealt. It also models the tree between PR #9849 and PR #10874,
+	// rank is dealt. (expert_location.py@01fec5c2e61f9568c41a6e1d4fd5ac46c88504f1:
+	// init_by_eplb hands eplb_algorithms.rebalance_experts' second output to
+	// _init_raw unchanged, without _compute_logical_to_all_physical_map;
+	// baseline's EPLB ports record that order as placement.Plan.StackEPLB.) It also models the tree between PR #9849 and PR #10874,
 	// whose init_by_mapping did not narrow the lists.
 	SGLangInitByEPLB
 )
