@@ -49,24 +49,35 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		}
 		return res, nil
 	}
-	w, err := transitionWeights(st)
-	if err != nil {
-		return nil, err
-	}
-	cp := newChainProxy(p, copies, w)
-	keep := make([]bool, L) // layers that keep their start
-	startPeak := make([]float64, L)
-	for l := range startPeak {
-		startPeak[l] = cp.peak(l)
-	}
 	rep, evalTime := p.StartReport, p.EvalTime
 	if rep == nil {
 		t0 := time.Now()
+		var err error
 		if rep, err = p.Evaluate(p.Start); err != nil {
 			return nil, err
 		}
 		evalTime = time.Since(t0)
 	}
+	// The alignment and the gain-cached refinement first: their quality
+	// arrives in the first seconds, and the searches after them start
+	// from their plan.
+	res.Tries += alignSweeps(ctx, p, &opts, copies, evalTime)
+	startTail := make([]float64, L)
+	for l := range startTail {
+		startTail[l] = rep.Layers[l].ComputeTail.Seconds()
+	}
+	flim := task.Limit{Work: opts.Limit.Work / 4}
+	if !opts.Limit.ByWork() {
+		flim = task.Limit{Deadline: opts.Limit.Deadline.Add(-evalTime)}
+	}
+	if n := fmChain(ctx, p, opts, copies, startTail, flim); n > 0 {
+		res.Tries += n
+		if opts.Limit.ByWork() {
+			opts.Limit.Work = max(1, opts.Limit.Work-n)
+		}
+	}
+	keep := make([]bool, L) // layers that keep their start
+	var cp *chainProxy
 	var spare int64 // work the proxy cannot use, for the exact polish
 	if p.budgeted() {
 		// Under a move budget the proxy (which relabels whole nodes) and
@@ -74,25 +85,36 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		// the polish, which count every slot they change, get the work
 		// (the polish's tenth on top of it, as always).
 		spare = opts.Limit.Work - opts.Limit.Work/10
-	} else if cut := cp.cost(); cut > 0 && c.Nodes > 1 {
-		var tries int64
-		spare, tries = proxyChain(ctx, p, opts, cp, rep, cut, startPeak, keep)
-		res.Tries += tries
+	} else if c.Nodes > 1 && (opts.Limit.ByWork() || time.Until(opts.Limit.Deadline) >= chainProxyEvals*evalTime) {
+		w, err := transitionWeights(st)
+		if err != nil {
+			return nil, err
+		}
+		cp = newChainProxy(p, copies, w)
+		startPeak := make([]float64, L)
+		for l := range startPeak {
+			startPeak[l] = cp.peak(l)
+		}
+		if cut := cp.cost(); cut > 0 {
+			var tries int64
+			spare, tries = proxyChain(ctx, p, opts, cp, rep, cut, startPeak, keep)
+			res.Tries += tries
+		}
 	}
 	speed := make([]float64, G)
 	for g := range speed {
 		speed[g] = c.SpeedOf(g)
 	}
 	for l := 0; l < L; l++ {
-		from := cp.copies(l)
-		if keep[l] {
-			from = copies[l]
+		from := copies[l]
+		if cp != nil && !keep[l] {
+			from = cp.copies(l)
 		}
 		// With the tokens' paths the annealing has arranged each node's
 		// GPUs for their senders as well as for balance (capPeak bounds
 		// the busiest); without, only balance tells them apart.
 		bal := from
-		if cp.cgOf(l) == nil && !p.budgeted() {
+		if cp != nil && cp.cgOf(l) == nil {
 			bal = balanceNodes(from, st.Load[l], p.Slots, speed, c.GPUsPerNode)
 		}
 		res.Copies[l] = make([][]placement.GPU, st.Experts)
@@ -192,6 +214,64 @@ func proxyChain(ctx context.Context, p Problem, opts Options, cp *chainProxy, re
 // 78 µs) the proxy took every unit of `--effort 2` and the exact
 // annealing got none.
 const chainProxyPerUnit = 31
+
+// alignSweepsMax is the most sweeps of the alignment (chainAligner): on
+// the 32k-token DeepSeek-V3-shaped trace (4 × 8 GPUs, from EPLB's plan)
+// the sweeps took the cross-node transitions per token-layer from 19.73
+// to 19.03, 18.65, 18.52 and 18.47, each sweep swapping about half as
+// many experts as the one before; past eight the sweeps swap a few
+// hundred experts each, which the searches after them do as well.
+const alignSweepsMax = 8
+
+// alignSweeps runs the alignment's sweeps on copies (in place) while they
+// swap something, within alignSweepsMax and opts's limit: by time while
+// what is left after a sweep as long as the last one still holds two
+// evaluations (the searches after it and the caller's scoring); by work,
+// each sweep counting L·E units (about what its pass over every token's
+// experts in every layer costs in exact moves), taken from opts's work.
+// It returns the units (by time, the swaps) it used.
+func alignSweeps(ctx context.Context, p Problem, opts *Options, copies [][][]int32, evalTime time.Duration) int64 {
+	if p.budgeted() {
+		// Its sweeps move most experts of a layer; under a move budget
+		// the searches that count every slot they change do the work.
+		return 0
+	}
+	ag := newChainAligner(p, copies, opts.Parallel)
+	if ag == nil {
+		return 0
+	}
+	unit := int64(p.Stats.Layers * p.Stats.Experts)
+	var used int64
+	for sw := range alignSweepsMax {
+		if ctx.Err() != nil || opts.Limit.ByWork() && opts.Limit.Work-used < 2*unit {
+			break
+		}
+		t0 := time.Now()
+		n := ag.sweep(sw)
+		took := time.Since(t0)
+		if opts.Limit.ByWork() {
+			used += unit
+		} else {
+			used += int64(n)
+		}
+		if n == 0 || !opts.Limit.ByWork() && time.Until(opts.Limit.Deadline) < took+2*evalTime {
+			break
+		}
+	}
+	if opts.Limit.ByWork() {
+		opts.Limit.Work -= used
+	}
+	return used
+}
+
+// chainProxyEvals is the least time left, in evaluations of the start,
+// for which the proxy is built and annealed: building it is a pass over
+// every token path and the E² pairs of every layer, which took about one
+// evaluation (2.5 s against 2.5 s on the 32k-token DeepSeek-V3-shaped
+// trace, 4 × 8 GPUs, a loaded 2-core machine), and with under a dozen
+// evaluations left its annealing found nothing (−0.07 % cross-node bytes
+// at a 3 s limit) while the gain-cached refinement before it converges.
+const chainProxyEvals = 20
 
 // relabelsMax is how many times the chain's annealing stops to relabel
 // the nodes (chainProxy.relabel), at even steps of its progress. On a
