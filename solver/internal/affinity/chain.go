@@ -58,23 +58,13 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		}
 		evalTime = time.Since(t0)
 	}
-	// The alignment and the gain-cached refinement first: their quality
-	// arrives in the first seconds, and the searches after them start
-	// from their plan.
-	res.Tries += alignSweeps(ctx, p, &opts, copies, evalTime)
-	startTail := make([]float64, L)
-	for l := range startTail {
-		startTail[l] = rep.Layers[l].ComputeTail.Seconds()
-	}
-	flim := task.Limit{Work: opts.Limit.Work / 4}
-	if !opts.Limit.ByWork() {
-		flim = task.Limit{Deadline: opts.Limit.Deadline.Add(-evalTime)}
-	}
-	if n := fmChain(ctx, p, opts, copies, startTail, flim); n > 0 {
-		res.Tries += n
-		if opts.Limit.ByWork() {
-			opts.Limit.Work = max(1, opts.Limit.Work-n)
-		}
+	// The proxy needs a pass over every token path to build and many
+	// sweeps to anneal; under a short limit the alignment and the
+	// gain-cached refinement, whose quality arrives in the first
+	// seconds, take its place.
+	useProxy := !p.budgeted() && c.Nodes > 1 && (opts.Limit.ByWork() || time.Until(opts.Limit.Deadline) >= chainProxyEvals*evalTime)
+	if !useProxy && !opts.Limit.ByWork() {
+		res.Tries += fastChain(ctx, p, opts, copies, rep, evalTime)
 	}
 	keep := make([]bool, L) // layers that keep their start
 	var cp *chainProxy
@@ -85,7 +75,7 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		// the polish, which count every slot they change, get the work
 		// (the polish's tenth on top of it, as always).
 		spare = opts.Limit.Work - opts.Limit.Work/10
-	} else if c.Nodes > 1 && (opts.Limit.ByWork() || time.Until(opts.Limit.Deadline) >= chainProxyEvals*evalTime) {
+	} else if useProxy {
 		w, err := transitionWeights(st)
 		if err != nil {
 			return nil, err
@@ -223,54 +213,71 @@ const chainProxyPerUnit = 31
 // hundred experts each, which the searches after them do as well.
 const alignSweepsMax = 8
 
+// fastChain is the chain search under a short limit (no proxy, by
+// time): the alignment's sweeps (alignSweeps), then the gain-cached
+// refinement for fmShare of what they leave less one evaluation, on
+// copies in place, every layer's compute tail held to the start's (rep)
+// and its time to where the alignment left it. It returns the swaps
+// scored.
+func fastChain(ctx context.Context, p Problem, opts Options, copies [][][]int32, rep *costmodel.Report, evalTime time.Duration) int64 {
+	n := alignSweeps(ctx, p, opts, copies, evalTime)
+	startTail := make([]float64, len(copies))
+	for l := range startTail {
+		startTail[l] = rep.Layers[l].ComputeTail.Seconds()
+	}
+	left := time.Until(opts.Limit.Deadline) - evalTime
+	lim := task.Limit{Deadline: time.Now().Add(time.Duration(fmShare * float64(max(left, 0))))}
+	return n + fmChain(ctx, p, opts, copies, startTail, lim)
+}
+
 // alignSweeps runs the alignment's sweeps on copies (in place) while they
-// swap something, within alignSweepsMax and opts's limit: by time while
-// what is left after a sweep as long as the last one still holds two
-// evaluations (the searches after it and the caller's scoring); by work,
-// each sweep counting L·E units (about what its pass over every token's
-// experts in every layer costs in exact moves), taken from opts's work.
-// It returns the units (by time, the swaps) it used.
-func alignSweeps(ctx context.Context, p Problem, opts *Options, copies [][][]int32, evalTime time.Duration) int64 {
+// swap something, within alignSweepsMax, and while what opts's deadline
+// leaves after a sweep as long as the last one still holds two
+// evaluations (the searches after it and the caller's scoring). Under a
+// move budget it does nothing: its sweeps move most experts of a layer.
+// It returns the swaps made.
+func alignSweeps(ctx context.Context, p Problem, opts Options, copies [][][]int32, evalTime time.Duration) int64 {
 	if p.budgeted() {
-		// Its sweeps move most experts of a layer; under a move budget
-		// the searches that count every slot they change do the work.
 		return 0
 	}
 	ag := newChainAligner(p, copies, opts.Parallel)
 	if ag == nil {
 		return 0
 	}
-	unit := int64(p.Stats.Layers * p.Stats.Experts)
-	var used int64
+	var swaps int64
 	for sw := range alignSweepsMax {
-		if ctx.Err() != nil || opts.Limit.ByWork() && opts.Limit.Work-used < 2*unit {
+		if ctx.Err() != nil {
 			break
 		}
 		t0 := time.Now()
 		n := ag.sweep(sw)
-		took := time.Since(t0)
-		if opts.Limit.ByWork() {
-			used += unit
-		} else {
-			used += int64(n)
-		}
-		if n == 0 || !opts.Limit.ByWork() && time.Until(opts.Limit.Deadline) < took+2*evalTime {
+		swaps += int64(n)
+		if n == 0 || time.Until(opts.Limit.Deadline) < time.Since(t0)+2*evalTime {
 			break
 		}
 	}
-	if opts.Limit.ByWork() {
-		opts.Limit.Work -= used
-	}
-	return used
+	return swaps
 }
 
+// fmShare is the gain-cached refinement's share of what the alignment
+// leaves of the limit, less an evaluation; the exact annealing and the
+// polish get the rest. After the alignment it finds little: on the
+// 32k-token DeepSeek-V3-shaped trace (4 × 8 GPUs) it took the aligned
+// plan's cross-node transitions per token-layer from 18.756 to 18.751 in
+// 3.3 s, and from EPLB's plan alone from 19.73 to 19.58 in 5 s: the
+// single swaps it ranks are mostly refused by the compute tail's cap.
+const fmShare = 0.1
+
 // chainProxyEvals is the least time left, in evaluations of the start,
-// for which the proxy is built and annealed: building it is a pass over
-// every token path and the E² pairs of every layer, which took about one
-// evaluation (2.5 s against 2.5 s on the 32k-token DeepSeek-V3-shaped
-// trace, 4 × 8 GPUs, a loaded 2-core machine), and with under a dozen
-// evaluations left its annealing found nothing (−0.07 % cross-node bytes
-// at a 3 s limit) while the gain-cached refinement before it converges.
+// for which the proxy is built and annealed (by time; by work it always
+// is): building it is a pass over every token path and the E² pairs of
+// every layer, which took about one evaluation (2.5 s against 2.5 s on
+// the 32k-token DeepSeek-V3-shaped trace, 4 × 8 GPUs, a loaded 2-core
+// machine); at a 3 s limit its annealing found nothing (−0.07 % cross-node
+// bytes), at 10 s −4.7 % and at 20 s −6.6 %, where the alignment that
+// takes its place under a shorter limit reaches −3.6 % in one sweep and
+// −6.4 % in four (about half a second each there). Twenty evaluations
+// are about 10 s of search there, where the two cross.
 const chainProxyEvals = 20
 
 // relabelsMax is how many times the chain's annealing stops to relabel

@@ -2,6 +2,7 @@ package affinity
 
 import (
 	"context"
+	"math"
 	"math/bits"
 	"slices"
 	"sync"
@@ -185,8 +186,10 @@ func (cx *chainExact) fmLayer(l int, st *fmState, next func() bool) int {
 	node := func(x int) int { return int(gl[x]) / cx.P }
 	made := 0
 	for {
-		// The best move of an unlocked expert to another node.
-		be, bB, bg := -1, -1, 0.0
+		// The best move of an unlocked expert to another node (moves
+		// that add copies too: the swap's partner may save more, and a
+		// token of both changes the sum).
+		be, bB, bg := -1, -1, math.Inf(-1)
 		for e := 0; e < E; e++ {
 			if st.locked[e] {
 				continue
@@ -205,7 +208,7 @@ func (cx *chainExact) fmLayer(l int, st *fmState, next func() bool) int {
 		// Its partners on node B, by their gain back to A.
 		st.cand = st.cand[:0]
 		for f := 0; f < E; f++ {
-			if node(f) == bB && bg+st.gain[f*N+A] > 0 {
+			if node(f) == bB {
 				st.cand = append(st.cand, f)
 			}
 		}
@@ -225,8 +228,7 @@ func (cx *chainExact) fmLayer(l int, st *fmState, next func() bool) int {
 			if b != nil {
 				d += b.SlotSec * float64(dc)
 			}
-			// Under a move budget the charged cost alone decides.
-			if fits && (d < 0 || b == nil && cx.fmCutOnly(st.s, l, tl, tn)) {
+			if fits && cx.fmAccept(st.s, l, d, tl, tn, b != nil) {
 				cx.fmApply(st.s, l, be, f, tl, tn, st.gain)
 				if b != nil {
 					b.changed += dc
@@ -242,14 +244,19 @@ func (cx *chainExact) fmLayer(l int, st *fmState, next func() bool) int {
 	}
 }
 
-// fmCutOnly reports whether a scored swap of layer l (into s, layers l
-// and l+1 then taking tl and tn) sends fewer NIC copies while neither
-// layer's time rises above its cap (lcap).
-func (cx *chainExact) fmCutOnly(s *swapScratch, l int, tl, tn float64) bool {
-	if cx.lcap == nil || s.dCut[0]+s.dCut[1] >= 0 || tl > cx.lcap[l] {
+// fmAccept reports whether a scored swap of layer l (into s, its exact
+// cost change d, layers l and l+1 then taking tl and tn) is made: with
+// layer time caps (lcap) when neither layer's time rises above its cap
+// and the swap lowers the cost or, outside a move budget (whose charged
+// cost alone decides), the NIC copies; without, when it lowers the cost.
+func (cx *chainExact) fmAccept(s *swapScratch, l int, d, tl, tn float64, budgeted bool) bool {
+	if cx.lcap == nil {
+		return d < 0
+	}
+	if tl > cx.lcap[l] || l+1 < cx.L && tn > cx.lcap[l+1] {
 		return false
 	}
-	return l+1 == cx.L || tn <= cx.lcap[l+1]
+	return d < 0 || !budgeted && s.dCut[0]+s.dCut[1] < 0
 }
 
 // cmpDesc orders by a descending, then by index.
@@ -312,12 +319,19 @@ func (cx *chainExact) refine(ctx context.Context, lim task.Limit, procs int) int
 							return
 						}
 						l := layers[k]
+						// By time each layer gets an even share of
+						// what is left for the round's layers.
+						dl := lim.Deadline
+						if !lim.ByWork() {
+							rounds := (len(layers) - k + procs - 1) / procs
+							dl = time.Now().Add(time.Until(lim.Deadline) / time.Duration(max(rounds, 1)))
+						}
 						next := func() bool {
 							used[l]++
 							if lim.ByWork() {
 								return used[l] <= per
 							}
-							return used[l]&7 != 1 || time.Now().Before(lim.Deadline) && ctx.Err() == nil
+							return used[l]&7 != 1 || time.Now().Before(dl) && ctx.Err() == nil
 						}
 						made[l] = cx.fmLayer(l, sts[i], next)
 					}
