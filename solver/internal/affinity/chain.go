@@ -104,7 +104,7 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		// GPUs for their senders as well as for balance (capPeak bounds
 		// the busiest); without, only balance tells them apart.
 		bal := from
-		if cp != nil && cp.cgOf(l) == nil {
+		if !p.budgeted() && (cp != nil && cp.cgOf(l) == nil || cp == nil && !senderPairs(p, l)) {
 			bal = balanceNodes(from, st.Load[l], p.Slots, speed, c.GPUsPerNode)
 		}
 		res.Copies[l] = make([][]placement.GPU, st.Experts)
@@ -188,6 +188,16 @@ func proxyChain(ctx context.Context, p Problem, opts Options, cp *chainProxy, re
 		}
 	}
 	return spare, tries
+}
+
+// senderPairs reports whether the chain proxy of p prices layer l's
+// senders (chainProxy.cgOf is not nil): per-token paths, a layer below
+// the last, and pairs within a layer that weigh (two experts a token or
+// more, two nodes or more).
+func senderPairs(p Problem, l int) bool {
+	st, c := p.Stats, p.Cluster
+	K, N := st.TopK, c.Nodes
+	return st.Patterns != nil && l+1 < st.Layers && intraWeight(K, N) > 0 && sendWeight(K, c.GPUs(), N) > 0
 }
 
 // chainProxyPerUnit is how many chain proxy moves one work unit (one
