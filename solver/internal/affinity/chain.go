@@ -230,7 +230,7 @@ const alignSweepsMax = 8
 // and its time to where the alignment left it. It returns the swaps
 // scored.
 func fastChain(ctx context.Context, p Problem, opts Options, copies [][][]int32, rep *costmodel.Report, evalTime time.Duration) int64 {
-	n := alignSweeps(ctx, p, opts, copies, evalTime)
+	n := alignSweeps(ctx, p, opts, copies)
 	startTail := make([]float64, len(copies))
 	for l := range startTail {
 		startTail[l] = rep.Layers[l].ComputeTail.Seconds()
@@ -241,12 +241,12 @@ func fastChain(ctx context.Context, p Problem, opts Options, copies [][][]int32,
 }
 
 // alignSweeps runs the alignment's sweeps on copies (in place) while they
-// swap something, within alignSweepsMax, and while what opts's deadline
-// leaves after a sweep as long as the last one still holds two
-// evaluations (the searches after it and the caller's scoring). Under a
-// move budget it does nothing: its sweeps move most experts of a layer.
-// It returns the swaps made.
-func alignSweeps(ctx context.Context, p Problem, opts Options, copies [][][]int32, evalTime time.Duration) int64 {
+// swap something, within alignSweepsMax, and while opts's deadline
+// leaves another sweep as long as the last (the caller's scoring is
+// outside the deadline): they gain more a second than the searches after
+// them. Under a move budget it does nothing: its sweeps move most
+// experts of a layer. It returns the swaps made.
+func alignSweeps(ctx context.Context, p Problem, opts Options, copies [][][]int32) int64 {
 	if p.budgeted() {
 		return 0
 	}
@@ -262,7 +262,7 @@ func alignSweeps(ctx context.Context, p Problem, opts Options, copies [][][]int3
 		t0 := time.Now()
 		n := ag.sweep(sw)
 		swaps += int64(n)
-		if n == 0 || time.Until(opts.Limit.Deadline) < time.Since(t0)+2*evalTime {
+		if n == 0 || time.Until(opts.Limit.Deadline) < time.Since(t0) {
 			break
 		}
 	}

@@ -119,9 +119,10 @@ func (a *chainAligner) affinity(l int, next bool) {
 func (a *chainAligner) affinityRange(l int, next bool, aff []float64, lo, hi int) {
 	L, K, N := len(a.ex), a.K, a.N
 	clear(aff)
+	on := make([]float64, N)
 	for t := lo; t < hi; t++ {
-		var on [64]float64
-		for _, m := range []int{l - 1, l + 1} {
+		clear(on)
+		for _, m := range [2]int{l - 1, l + 1} {
 			switch {
 			case m == l+1 && !next:
 			case m >= 0 && m < L:
