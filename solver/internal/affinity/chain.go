@@ -283,12 +283,13 @@ const fmShare = 0.1
 // is): building it is a pass over every token path and the E² pairs of
 // every layer, which took about one evaluation (2.5 s against 2.5 s on
 // the 32k-token DeepSeek-V3-shaped trace, 4 × 8 GPUs, a loaded 2-core
-// machine); at a 3 s limit its annealing found nothing (−0.07 % cross-node
-// bytes), at 10 s −4.7 % and at 20 s −6.6 %, where the alignment that
-// takes its place under a shorter limit reaches −3.6 % in one sweep and
-// −6.4 % in four (about half a second each there). Twenty evaluations
-// are about 10 s of search there, where the two cross.
-const chainProxyEvals = 20
+// machine, an evaluation there 1.4 s); its annealing then took the
+// cross-node bytes 0.07 % lower at a 3 s limit, 4.7 % at 10 s, 6.6 % at
+// 20 s and 7.0 % at 45 s, where the alignment that takes its place under a
+// shorter limit reaches 6.4 % at 5 s and stays there (6.4 % at 30 s on
+// half the machine). The two cross at about 15 s there, a dozen
+// evaluations.
+const chainProxyEvals = 12
 
 // relabelsMax is how many times the chain's annealing stops to relabel
 // the nodes (chainProxy.relabel), at even steps of its progress. On a
