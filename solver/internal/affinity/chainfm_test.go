@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -288,4 +289,31 @@ func TestAlignerNotForReplicas(t *testing.T) {
 	q.Stats = &st
 	require.Nil(t, newChainAligner(q, copies, 1))
 	_ = costmodel.FlowChain
+}
+
+// TestSolveChainShortLimitKeepsBalance: by time with fewer evaluations
+// left than the proxy needs (the start's evaluation said to take a
+// tenth of the limit), SolveChain takes the short path (alignment,
+// refinement, exact annealing, polish) and returns a valid plan whose
+// every layer's compute tail is within its start's, and whose exact
+// cost (time and copies) is no higher than the start's. It asserts what
+// holds whatever the clock reached, not what it reached.
+func TestSolveChainShortLimitKeepsBalance(t *testing.T) {
+	rng := rand.New(rand.NewPCG(67, 5))
+	for it := range 6 {
+		t.Run(fmt.Sprint(it), func(t *testing.T) {
+			p, cx := fmInstance(t, rng, it)
+			rep, err := p.Evaluate(p.Start)
+			require.NoError(t, err)
+			limit := 300 * time.Millisecond
+			p.StartReport, p.EvalTime = rep, limit/10
+			res, err := SolveChain(context.Background(), p, Options{Limit: task.Limit{Deadline: time.Now().Add(limit)}, Parallel: 2})
+			require.NoError(t, err)
+			checkPlan(t, res.Copies, cx.E, p.Slots)
+			after := newChainExact(p, res.Copies, make([]float64, cx.L))
+			for l := range cx.L {
+				assert.LessOrEqual(t, after.tail(l, -1, -1, 0), cx.tcap[l]*(1+1e-9), "layer %d tail", l)
+			}
+		})
+	}
 }
