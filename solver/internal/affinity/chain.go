@@ -334,7 +334,10 @@ func exactChain(ctx context.Context, p Problem, opts Options, spare int64, res *
 	if !opts.Limit.ByWork() {
 		left := time.Until(opts.Limit.Deadline) - evalTime
 		share := opts.Chain.exact() / (1 - opts.Chain.proxy())
-		if left <= 0 {
+		if left <= 0 || time.Duration(share*float64(left)) < evalTime/2 {
+			// Building the counters is a pass over every token's
+			// experts in every layer, about half an evaluation: a share
+			// shorter than that would end past its deadline.
 			return spare
 		}
 		lim = task.Limit{Deadline: time.Now().Add(time.Duration(share * float64(left)))}
