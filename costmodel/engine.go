@@ -445,6 +445,10 @@ func (ev *engine) addHomeCount(l, e int, sh *shares, sign float64, ms *massSet) 
 // transMasses adds the masses of the transition from layer l−1 (shares
 // prev) into layer l (shares cur) to ms.
 func (ev *engine) transMasses(l int, prev, cur *shares, ms *massSet) {
+	if ev.usePatterns && prev.unit && cur.unit && ev.g <= 64 {
+		ev.transUnit(l, prev, cur, ms)
+		return
+	}
 	if ev.usePatterns {
 		for i := range ev.stats.Patterns {
 			ev.addTransPattern(l, i, prev, cur, 1, ms)

@@ -49,24 +49,25 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		}
 		return res, nil
 	}
-	w, err := transitionWeights(st)
-	if err != nil {
-		return nil, err
-	}
-	cp := newChainProxy(p, copies, w)
-	keep := make([]bool, L) // layers that keep their start
-	startPeak := make([]float64, L)
-	for l := range startPeak {
-		startPeak[l] = cp.peak(l)
-	}
 	rep, evalTime := p.StartReport, p.EvalTime
 	if rep == nil {
 		t0 := time.Now()
+		var err error
 		if rep, err = p.Evaluate(p.Start); err != nil {
 			return nil, err
 		}
 		evalTime = time.Since(t0)
 	}
+	// The proxy needs a pass over every token path to build and many
+	// sweeps to anneal; under a short limit the alignment and the
+	// gain-cached refinement, whose quality arrives in the first
+	// seconds, take its place.
+	useProxy := !p.budgeted() && c.Nodes > 1 && (opts.Limit.ByWork() || time.Until(opts.Limit.Deadline) >= chainProxyEvals*evalTime)
+	if !useProxy && !opts.Limit.ByWork() {
+		res.Tries += fastChain(ctx, p, opts, copies, rep, evalTime)
+	}
+	keep := make([]bool, L) // layers that keep their start
+	var cp *chainProxy
 	var spare int64 // work the proxy cannot use, for the exact polish
 	if p.budgeted() {
 		// Under a move budget the proxy (which relabels whole nodes) and
@@ -74,25 +75,36 @@ func SolveChain(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		// the polish, which count every slot they change, get the work
 		// (the polish's tenth on top of it, as always).
 		spare = opts.Limit.Work - opts.Limit.Work/10
-	} else if cut := cp.cost(); cut > 0 && c.Nodes > 1 {
-		var tries int64
-		spare, tries = proxyChain(ctx, p, opts, cp, rep, cut, startPeak, keep)
-		res.Tries += tries
+	} else if useProxy {
+		w, err := transitionWeights(st)
+		if err != nil {
+			return nil, err
+		}
+		cp = newChainProxy(p, copies, w)
+		startPeak := make([]float64, L)
+		for l := range startPeak {
+			startPeak[l] = cp.peak(l)
+		}
+		if cut := cp.cost(); cut > 0 {
+			var tries int64
+			spare, tries = proxyChain(ctx, p, opts, cp, rep, cut, startPeak, keep)
+			res.Tries += tries
+		}
 	}
 	speed := make([]float64, G)
 	for g := range speed {
 		speed[g] = c.SpeedOf(g)
 	}
 	for l := 0; l < L; l++ {
-		from := cp.copies(l)
-		if keep[l] {
-			from = copies[l]
+		from := copies[l]
+		if cp != nil && !keep[l] {
+			from = cp.copies(l)
 		}
 		// With the tokens' paths the annealing has arranged each node's
 		// GPUs for their senders as well as for balance (capPeak bounds
 		// the busiest); without, only balance tells them apart.
 		bal := from
-		if cp.cgOf(l) == nil && !p.budgeted() {
+		if !p.budgeted() && (cp != nil && cp.cgOf(l) == nil || cp == nil && !senderPairs(p, l)) {
 			bal = balanceNodes(from, st.Load[l], p.Slots, speed, c.GPUsPerNode)
 		}
 		res.Copies[l] = make([][]placement.GPU, st.Experts)
@@ -178,6 +190,16 @@ func proxyChain(ctx context.Context, p Problem, opts Options, cp *chainProxy, re
 	return spare, tries
 }
 
+// senderPairs reports whether the chain proxy of p prices layer l's
+// senders (chainProxy.cgOf is not nil): per-token paths, a layer below
+// the last, and pairs within a layer that weigh (two experts a token or
+// more, two nodes or more).
+func senderPairs(p Problem, l int) bool {
+	st, c := p.Stats, p.Cluster
+	K, N := st.TopK, c.Nodes
+	return st.Patterns != nil && l+1 < st.Layers && intraWeight(K, N) > 0 && sendWeight(K, c.GPUs(), N) > 0
+}
+
 // chainProxyPerUnit is how many chain proxy moves one work unit (one
 // exact move) buys. Unlike the home flow's proxy (proxyPerUnit), a chain
 // proxy move walks the layer's GPUs for its balance and ports, and an
@@ -192,6 +214,105 @@ func proxyChain(ctx context.Context, p Problem, opts Options, cp *chainProxy, re
 // 78 µs) the proxy took every unit of `--effort 2` and the exact
 // annealing got none.
 const chainProxyPerUnit = 31
+
+// alignSweepsMax is the most sweeps of the alignment (chainAligner): on
+// the 32k-token DeepSeek-V3-shaped trace (4 × 8 GPUs, from EPLB's plan)
+// the sweeps took the cross-node transitions per token-layer from 19.73
+// to 19.03, 18.65, 18.52 and 18.47, each sweep swapping about half as
+// many experts as the one before; past eight the sweeps swap a few
+// hundred experts each, which the searches after them do as well.
+const alignSweepsMax = 8
+
+// fastChain is the chain search under a short limit (no proxy, by
+// time): the alignment's sweeps (alignSweeps), then the gain-cached
+// refinement for fmShare of what they leave less one evaluation, on
+// copies in place, every layer's compute tail held to the start's (rep)
+// and its time to where the alignment left it. The refinement runs only
+// when its share holds an evaluation: building its counters and a
+// layer's gains for every layer is a pass over every token's experts in
+// every layer, as an evaluation is. It returns the swaps scored.
+func fastChain(ctx context.Context, p Problem, opts Options, copies [][][]int32, rep *costmodel.Report, evalTime time.Duration) int64 {
+	n := alignSweeps(ctx, p, opts, copies, evalTime)
+	if n > 0 {
+		// The alignment holds every GPU to the layer's busiest; within
+		// each node its experts can then be balanced (the nodes' tokens
+		// and transitions stay, the senders move little). On the 32k
+		// trace this took the mean busiest/mean from 1.0670 to 1.0599
+		// and the time 0.4405 s to 0.4370 s, the transitions 18.466 to
+		// 18.479, in a tenth of a second.
+		speed := make([]float64, p.Cluster.GPUs())
+		for g := range speed {
+			speed[g] = p.Cluster.SpeedOf(g)
+		}
+		for l := range copies {
+			copies[l] = balanceNodes(copies[l], p.Stats.Load[l], p.Slots, speed, p.Cluster.GPUsPerNode)
+		}
+	}
+	startTail := make([]float64, len(copies))
+	for l := range startTail {
+		startTail[l] = rep.Layers[l].ComputeTail.Seconds()
+	}
+	share := time.Duration(fmShare * float64(time.Until(opts.Limit.Deadline)-evalTime))
+	if share < evalTime {
+		return n
+	}
+	return n + fmChain(ctx, p, opts, copies, startTail, task.Limit{Deadline: time.Now().Add(share)})
+}
+
+// alignSweeps runs the alignment's sweeps on copies (in place) while they
+// swap something, within alignSweepsMax, and while opts's deadline
+// leaves another sweep as long as the last (the caller's scoring is
+// outside the deadline): they gain more a second than the searches after
+// them. The first runs when half an evaluation (evalTime) is left: a
+// sweep, a pass over every token's experts in three layers for each
+// layer, took 0.33 s of CPU where an evaluation took 0.7 s (32k-token
+// DeepSeek-V3-shaped trace, 4 × 8 GPUs). Under a move budget it does
+// nothing: its sweeps move most experts of a layer. It returns the swaps
+// made.
+func alignSweeps(ctx context.Context, p Problem, opts Options, copies [][][]int32, evalTime time.Duration) int64 {
+	if p.budgeted() || time.Until(opts.Limit.Deadline) < evalTime/2 {
+		return 0
+	}
+	ag := newChainAligner(p, copies, opts.Parallel)
+	if ag == nil {
+		return 0
+	}
+	var swaps int64
+	for sw := range alignSweepsMax {
+		if ctx.Err() != nil {
+			break
+		}
+		t0 := time.Now()
+		n := ag.sweep(sw)
+		swaps += int64(n)
+		if n == 0 || time.Until(opts.Limit.Deadline) < time.Since(t0) {
+			break
+		}
+	}
+	return swaps
+}
+
+// fmShare is the gain-cached refinement's share of what the alignment
+// leaves of the limit, less an evaluation; the exact annealing and the
+// polish get the rest. After the alignment it finds little: on the
+// 32k-token DeepSeek-V3-shaped trace (4 × 8 GPUs) it took the aligned
+// plan's cross-node transitions per token-layer from 18.756 to 18.751 in
+// 3.3 s, and from EPLB's plan alone from 19.73 to 19.58 in 5 s: the
+// single swaps it ranks are mostly refused by the compute tail's cap.
+const fmShare = 0.1
+
+// chainProxyEvals is the least time left, in evaluations of the start,
+// for which the proxy is built and annealed (by time; by work it always
+// is): building it is a pass over every token path and the E² pairs of
+// every layer, which took about one evaluation (2.5 s against 2.5 s on
+// the 32k-token DeepSeek-V3-shaped trace, 4 × 8 GPUs, a loaded 2-core
+// machine, an evaluation there 1.4 s); its annealing then took the
+// cross-node bytes 0.07 % lower at a 3 s limit, 4.7 % at 10 s, 6.6 % at
+// 20 s and 7.0 % at 45 s, where the alignment that takes its place under a
+// shorter limit reaches 6.4 % at 5 s and stays there (6.4 % at 30 s on
+// half the machine). The two cross at about 15 s there, a dozen
+// evaluations.
+const chainProxyEvals = 12
 
 // relabelsMax is how many times the chain's annealing stops to relabel
 // the nodes (chainProxy.relabel), at even steps of its progress. On a
@@ -213,7 +334,10 @@ func exactChain(ctx context.Context, p Problem, opts Options, spare int64, res *
 	if !opts.Limit.ByWork() {
 		left := time.Until(opts.Limit.Deadline) - evalTime
 		share := opts.Chain.exact() / (1 - opts.Chain.proxy())
-		if left <= 0 {
+		if left <= 0 || time.Duration(share*float64(left)) < evalTime/2 {
+			// Building the counters is a pass over every token's
+			// experts in every layer, about half an evaluation: a share
+			// shorter than that would end past its deadline.
 			return spare
 		}
 		lim = task.Limit{Deadline: time.Now().Add(time.Duration(share * float64(left)))}

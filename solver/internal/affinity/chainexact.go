@@ -43,7 +43,10 @@ type chainExact struct {
 	speed   []float64
 	tcap    []float64 // [l]: compute tail cap, seconds
 	ltime   []float64 // [l]: the layer's modeled time, seconds
-	cut     []float64 // [phase]: NIC copies
+	// lcap[l], when set, lets a swap that sends fewer NIC copies raise
+	// layer l's time up to it (the gain-cached refinement, chainfm.go).
+	lcap []float64
+	cut  []float64 // [phase]: NIC copies
 
 	// nodeMask[b] is node b's GPUs, a bit each.
 	nodeMask []uint64

@@ -13,7 +13,10 @@
 //     (chainproxy.go, chainanneal.go, chainrelabel.go), balancing within
 //     nodes (chainbalance.go), an exact annealing on the chain's counters
 //     (chainexact.go, chainexactanneal.go) and a polish on the cost
-//     model's incremental evaluator (chainpolish.go).
+//     model's incremental evaluator (chainpolish.go); under a short
+//     limit an alignment of every layer to its neighbours' nodes
+//     (chainalign.go) and a gain-cached refinement on the exact
+//     counters (chainfm.go) take the proxy's place.
 //
 // problem.go holds what both share (Problem, Options, Result, the move
 // budget); schedule.go the annealing schedules and the layer blocks. The

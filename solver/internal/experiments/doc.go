@@ -34,9 +34,12 @@
 // chain [-limit 45s] [-shares p,x]: the chain flow's search
 // (affinity.SolveChain) from EPLB's plan (one copy per expert),
 // DeepSeek-V3. -shares gives the proxy's and the exact counters' shares
-// of the limit (default 0.6,0.3; the polish gets the rest). It prints
-// compute and all-to-all time, the busiest NIC ports over the mean, and
-// cross-node bytes, time and balance before and after.
+// of the limit (default 0.6,0.3; the polish gets the rest). A limit that
+// leaves under a dozen evaluations of the plan takes the short path (the
+// alignment and the gain-cached refinement in place of the proxy): -limit
+// 5s measures it. It prints compute and all-to-all time, the busiest NIC
+// ports over the mean, and cross-node bytes, time and balance before and
+// after.
 //
 // chain-ceiling [-limit 240s] [-capx 0]: how far the cross-node
 // transitions alone could fall at EPLB's balance (affinity.ChainCeiling):
