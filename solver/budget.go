@@ -3,7 +3,6 @@ package solver
 import (
 	"time"
 
-
 	"github.com/moetuner/moetuner/solver/internal/affinity"
 	"github.com/moetuner/moetuner/solver/internal/onenode"
 	"github.com/moetuner/moetuner/solver/internal/replica"
