@@ -272,6 +272,9 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	// each swap charged and bounded by the budget (an annealing would
 	// spend the budget on moves it later undoes).
 	a := sh.Proxy
+	// short: the layer's limit affords under shortSchedule of a full
+	// proxy annealing; the phases then favour their cheapest moves.
+	short := false
 	if s.ly.sh.N > 1 && a > 0 {
 		px := newProxy(s)
 		if px.cut > 0 {
@@ -281,9 +284,14 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 			if ly.bud != nil {
 				px.bud, px.changed = ly.bud, s.changed
 				o := &proxyObj{scale: scale, perNodeTok: perNodeTok, copySec: copySec, capOn: px.cap.On(), nl: make([]float64, ly.sh.N)}
+				var pace time.Duration
+				if !lim.ByWork() {
+					pace = px.pace(o)
+				}
+				short = px.scheduleShare(sc, pace) < shortSchedule
 				px.descend(o, 1e-9*s.costNow(levelGPU), func() bool { return sc.progress() >= 1 || ctx.Err() != nil })
 			} else {
-				px.anneal(rng, sc, scale, perNodeTok, copySec)
+				short = px.anneal(rng, sc, scale, perNodeTok, copySec)
 			}
 			s = newStateKappa(ly, px.copies(), s.kappa)
 			tries += phase(0, a).Work
@@ -298,7 +306,7 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	if skip {
 		b = a
 	}
-	se := &searcher{s: s, m: phase(a, b).Meter(ctx), nodeLevel: levelNode}
+	se := &searcher{s: s, m: phase(a, b).Meter(ctx), nodeLevel: levelNode, short: short}
 	switch {
 	case skip:
 	case sh.refineNodes:
@@ -324,9 +332,12 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	// found instead of undoing it.
 	s.kappa = 0
 	c2 := s.costNow(levelGPU)
-	// The annealing leaves a third of the GPU phase's share for a last
-	// balance within the nodes (5.).
-	end := 1 - sh.GPUs/3
+	// Under a short limit the annealing leaves a third of the GPU phase's
+	// share for a last balance within the nodes (5.).
+	end := 1.0
+	if short {
+		end = 1 - sh.GPUs/3
+	}
 	last := phase(c, end)
 	expect := float64(last.Work)
 	if !lim.ByWork() {
@@ -350,12 +361,15 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	se.anneal(rng, newSchedule(ctx, last, 1), levelGPU, hot)
 	s.tie = false
 	s.resync()
-	// 5. Balance within the nodes again: where the NICs set the layer's
+	// 5. Under a short limit, balance within the nodes again: where the
+	// NICs set the layer's
 	// time the annealing trades the busiest GPU for NIC copies freely,
 	// and a swap within a node that does not raise the cost evens the
 	// GPUs out for nothing.
-	se.m = phase(end, 1).Meter(ctx)
-	se.gpuPhase()
+	if short {
+		se.m = phase(end, 1).Meter(ctx)
+		se.gpuPhase()
+	}
 	tries += se.tries
 	if logf != nil {
 		logf("layer %d: %v: remote start %.0f proxy %.0f nodes %.0f (imb %.4f) gpus %.0f (imb %.4f) end %.0f (imb %.4f); cost %.4g → %.4g (after gpus %.4g, port imb %.4f)", ly.l, time.Since(t0), startRemote, r0, r1, i1, r2, i2, s.remote(), s.imbalance(levelGPU), startCost, s.costNow(levelGPU), c2, s.portImbalance())

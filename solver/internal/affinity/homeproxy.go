@@ -321,10 +321,10 @@ const shortSchedule = 1.0 / 8
 // first descends (descend), then starts at r times the full temperature,
 // and descends again at the end: a short schedule started at the full
 // temperature would undo the descent and end before it cooled.
-func (px *proxy) anneal(rng *rand.Rand, sc *schedule, scale, perNodeTok, copySec float64) {
+func (px *proxy) anneal(rng *rand.Rand, sc *schedule, scale, perNodeTok, copySec float64) (short bool) {
 	V, N := len(px.exp), px.N
 	if N < 2 || V < 2 {
-		return
+		return false
 	}
 	byNode := make([][]int, N)
 	pos := make([]int, V)
@@ -365,11 +365,11 @@ func (px *proxy) anneal(rng *rand.Rand, sc *schedule, scale, perNodeTok, copySec
 	perMove := time.Since(tm) / time.Duration(4*V)
 	o.capOn = px.cap.On()
 	if n0 == 0 || t0 == 0 {
-		return
+		return false
 	}
 	t0 /= float64(n0)
-	r := min(1, sc.affords(perMove)/(annealSweeps*float64(V*V*(N-1))/float64(2*N)))
-	short := r < shortSchedule
+	r := px.scheduleShare(sc, perMove)
+	short = r < shortSchedule
 	if !short {
 		r = 1
 	}
@@ -397,12 +397,35 @@ func (px *proxy) anneal(rng *rand.Rand, sc *schedule, scale, perNodeTok, copySec
 	if short {
 		px.descend(o, t0*coolTo, func() bool { return sc.ctx.Err() != nil })
 	}
+	return short
 }
 
 // swapChanged is how many more slots differ from the running plan when x
 // and y swap GPUs (px.bud's count; negative when the swap undoes moves).
 func (px *proxy) swapChanged(x, y int) int {
 	return px.bud.SwapChanged(px.gpu[x], int(px.exp[x]), px.gpu[y], int(px.exp[y]))
+}
+
+// scheduleShare is the share of a full annealing schedule (every swap of
+// the neighbourhood annealSweeps times) that sc affords at perMove a
+// move, at most 1.
+func (px *proxy) scheduleShare(sc *schedule, perMove time.Duration) float64 {
+	V, N := len(px.exp), px.N
+	return min(1, sc.affords(perMove)/(annealSweeps*float64(V*V*(N-1))/float64(2*N)))
+}
+
+// pace is how long o takes to price a swap, timed over a pass of 4V
+// fixed pairs.
+func (px *proxy) pace(o *proxyObj) time.Duration {
+	V := len(px.exp)
+	t0 := time.Now()
+	for i := range 4 * V {
+		x, y := i%V, (i*7+3)%V
+		if a, b := px.node[x], px.node[y]; a != b {
+			o.delta(px, a, b, x, y, px.swapDelta(x, y))
+		}
+	}
+	return time.Since(t0) / time.Duration(4*V)
 }
 
 // holds reports whether a copy of e sits on GPU g.

@@ -19,6 +19,9 @@ type searcher struct {
 	tries           int64
 	nodeLevel       level
 	applied, passes int
+	// short: the layer's limit is short (see improve): the GPU phase
+	// tries its cheapest swaps first.
+	short bool
 }
 
 // spend charges one scored move.
@@ -286,10 +289,15 @@ func (se *searcher) gpuPhase() {
 	stuck := make([]bool, sh.N)
 	scratch := make([]float64, sh.G)
 	// Swaps of copies of replicated experts change how the dispatch
-	// splits them, and pricing one walks their tokens: a node tries them
-	// only once the swaps priced from loads alone (withinNode) are
-	// exhausted there.
+	// splits them, and pricing one walks their tokens: under a short
+	// limit a node tries them only once the swaps priced from loads alone
+	// (withinNode) and evenPair are exhausted there.
 	slow := make([]bool, sh.N)
+	if !se.short {
+		for b := range slow {
+			slow[b] = true
+		}
+	}
 	for !se.m.Done() {
 		top, tv := -1, -1.0
 		for g := 0; g < sh.G; g++ {
@@ -335,7 +343,7 @@ func (se *searcher) gpuPhase() {
 			// No swap lowers the node's busiest GPU: even out another
 			// pair of its GPUs, which may open one, before giving up.
 			switch {
-			case se.evenPair(B, scratch):
+			case se.short && se.evenPair(B, scratch):
 			case !slow[B]:
 				slow[B] = true
 			default:
