@@ -33,7 +33,6 @@ var longFuncs = map[string]int{
 	"replay/gpu.go:GPU.Run":                                  209,
 	"routing/megatron.go:addMegatron":                        133,
 	"routing/stream.go:readNPYTrace":                         133,
-	"routing/vllm.go:readVLLMLoadStats":                      122,
 	"solver/internal/experiments/hub.go:nodeLayer.hubCopies": 158,
 }
 
