@@ -31,7 +31,6 @@ var longFuncs = map[string]int{
 	"cmd/moetuner/stats.go:cmdStats":                         134,
 	"internal/torchpt/scan.go:scanPickle":                    217,
 	"replay/gpu.go:GPU.Run":                                  209,
-	"routing/stream.go:readNPYTrace":                         133,
 	"solver/internal/experiments/hub.go:nodeLayer.hubCopies": 158,
 }
 
