@@ -29,7 +29,6 @@ var longFuncs = map[string]int{
 	"cmd/moetuner/replay.go:cmdReplay":                       146,
 	"cmd/moetuner/setup.go:common.setup":                     205,
 	"cmd/moetuner/stats.go:cmdStats":                         134,
-	"internal/torchpt/scan.go:scanPickle":                    217,
 	"replay/gpu.go:GPU.Run":                                  209,
 	"solver/internal/experiments/hub.go:nodeLayer.hubCopies": 158,
 }
