@@ -28,7 +28,6 @@ var longFuncs = map[string]int{
 	"cmd/moetuner/plan.go:cmdPlan":         176,
 	"cmd/moetuner/replay.go:cmdReplay":     146,
 	"cmd/moetuner/setup.go:common.setup":   205,
-	"cmd/moetuner/stats.go:cmdStats":       134,
 	"replay/gpu.go:GPU.Run":                209,
 }
 
