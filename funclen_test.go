@@ -22,9 +22,7 @@ const maxFuncLines = 120
 // when it was listed: shorten one and take it off; the test fails on a
 // new long function, on one that grew, and on an entry that no longer
 // needs its place.
-var longFuncs = map[string]int{
-	"replay/gpu.go:GPU.Run": 209,
-}
+var longFuncs = map[string]int{}
 
 // TestFunctionLength keeps non-test functions short enough to read
 // (at most maxFuncLines lines) outside the known exceptions in longFuncs.
