@@ -22,20 +22,7 @@ const maxFuncLines = 120
 // when it was listed: shorten one and take it off; the test fails on a
 // new long function, on one that grew, and on an entry that no longer
 // needs its place.
-var longFuncs = map[string]int{
-	"cmd/moetuner/compare.go:cmdCompare":                     159,
-	"cmd/moetuner/compare.go:printCompare":                   133,
-	"cmd/moetuner/plan.go:cmdPlan":                           176,
-	"cmd/moetuner/replay.go:cmdReplay":                       146,
-	"cmd/moetuner/setup.go:common.setup":                     205,
-	"cmd/moetuner/stats.go:cmdStats":                         134,
-	"internal/torchpt/scan.go:scanPickle":                    217,
-	"replay/gpu.go:GPU.Run":                                  209,
-	"routing/megatron.go:addMegatron":                        133,
-	"routing/stream.go:readNPYTrace":                         133,
-	"routing/vllm.go:readVLLMLoadStats":                      122,
-	"solver/internal/experiments/hub.go:nodeLayer.hubCopies": 158,
-}
+var longFuncs = map[string]int{}
 
 // TestFunctionLength keeps non-test functions short enough to read
 // (at most maxFuncLines lines) outside the known exceptions in longFuncs.

@@ -101,6 +101,132 @@ type gpuDevice struct {
 	allocs         []devPtr
 }
 
+// gpuRun is one GPU.Run: the driver, the workload, the expert and
+// activation sizes, and the buffers of each physical device used so far.
+type gpuRun struct {
+	drv                driver
+	w                  *Workload
+	h, f, reps         int
+	frac               float64
+	maxTok             int64
+	setBytes, actBytes int64
+	maxSlots           int
+	state              map[int]*gpuDevice
+}
+
+// release frees every device's buffers and events.
+func (r *gpuRun) release() {
+	for d, st := range r.state {
+		if r.drv.Use(d) != nil {
+			continue
+		}
+		for _, p := range st.allocs {
+			r.drv.Free(p)
+		}
+		for _, ev := range append(st.start, st.end...) {
+			r.drv.DestroyEvent(ev)
+		}
+	}
+}
+
+// setup makes device d current, allocating its weights, activations and
+// events on first use.
+func (r *gpuRun) setup(d int) (*gpuDevice, error) {
+	drv, w := r.drv, r.w
+	if st, ok := r.state[d]; ok {
+		return st, drv.Use(d)
+	}
+	if err := drv.Use(d); err != nil {
+		return nil, fmt.Errorf("replay: gpu: device %d: %w", d, err)
+	}
+	st := &gpuDevice{}
+	r.state[d] = st
+	free, _, err := drv.MemInfo()
+	if err != nil {
+		return nil, fmt.Errorf("replay: gpu: device %d: %w", d, err)
+	}
+	setBytes, actBytes, maxTok, frac := r.setBytes, r.actBytes, r.maxTok, r.frac
+	budget := int64(float64(free) * frac)
+	sets := int64(w.Plan.Experts)
+	if sets*setBytes+actBytes > budget {
+		sets = int64(r.maxSlots)
+	}
+	if sets*setBytes+actBytes > budget {
+		sets = 1
+	}
+	if sets*setBytes+actBytes > budget {
+		return nil, fmt.Errorf("replay: gpu: device %d: one expert (%d MiB) and activations for %d tokens (%d MiB) exceed %.0f%% of the %d MiB free", d, setBytes>>20, maxTok, actBytes>>20, 100*frac, free>>20)
+	}
+	hf := int64(r.h) * int64(r.f)
+	for range sets {
+		var ws [3]devPtr
+		for j := range ws {
+			if ws[j], err = r.alloc(st, d, hf); err != nil {
+				return nil, err
+			}
+		}
+		st.weights = append(st.weights, ws)
+	}
+	for _, p := range []*devPtr{&st.x, &st.gate, &st.up, &st.y} {
+		elems := maxTok * int64(r.h)
+		if p == &st.gate || p == &st.up {
+			elems = maxTok * int64(r.f)
+		}
+		if *p, err = r.alloc(st, d, elems); err != nil {
+			return nil, err
+		}
+	}
+	for range r.reps {
+		s, err := drv.NewEvent()
+		if err != nil {
+			return nil, fmt.Errorf("replay: gpu: %w", err)
+		}
+		st.start = append(st.start, s)
+		e, err := drv.NewEvent()
+		if err != nil {
+			return nil, fmt.Errorf("replay: gpu: %w", err)
+		}
+		st.end = append(st.end, e)
+	}
+	return st, nil
+}
+
+// alloc allocates elems bf16 elements on device d for st and fills them.
+func (r *gpuRun) alloc(st *gpuDevice, d int, elems int64) (devPtr, error) {
+	p, err := r.drv.Alloc(elems * 2)
+	if err != nil {
+		return 0, fmt.Errorf("replay: gpu: device %d: alloc %d bytes: %w", d, elems*2, err)
+	}
+	st.allocs = append(st.allocs, p)
+	// Small constant values keep the products finite (0x3c24 ≈ 0.01 in bf16).
+	if err := r.drv.Fill(p, 0x3c24, elems); err != nil {
+		return 0, fmt.Errorf("replay: gpu: device %d: fill: %w", d, err)
+	}
+	return p, nil
+}
+
+// enqueue runs GPU g's experts of layer l in iteration i.
+func (r *gpuRun) enqueue(st *gpuDevice, i, l int, slots []int) error {
+	drv, w, h, f := r.drv, r.w, r.h, r.f
+	for _, s := range slots {
+		n := w.SlotTokens[i][l][s]
+		if n == 0 {
+			continue
+		}
+		ws := st.weights[int(w.Plan.Layers[l].SlotExpert[s])%len(st.weights)]
+		if err := drv.Gemm(n, f, h, st.x, ws[0], st.gate); err != nil {
+			return err
+		}
+		if err := drv.Gemm(n, f, h, st.x, ws[1], st.up); err != nil {
+			return err
+		}
+		if err := drv.Gemm(n, h, f, st.gate, ws[2], st.y); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Run replays w on the GPU(s). Without a usable CUDA driver or device it
 // returns an error wrapping ErrNoDevice.
 //
@@ -157,109 +283,10 @@ func (b GPU) Run(ctx context.Context, w *Workload, opts RunOptions) (*Measuremen
 		}
 	}
 	// Only the physical devices actually used get buffers.
-	state := map[int]*gpuDevice{}
-	defer func() {
-		for d, st := range state {
-			if drv.Use(d) != nil {
-				continue
-			}
-			for _, p := range st.allocs {
-				drv.Free(p)
-			}
-			for _, ev := range append(st.start, st.end...) {
-				drv.DestroyEvent(ev)
-			}
-		}
-	}()
-	setup := func(d int) (*gpuDevice, error) {
-		if st, ok := state[d]; ok {
-			return st, drv.Use(d)
-		}
-		if err := drv.Use(d); err != nil {
-			return nil, fmt.Errorf("replay: gpu: device %d: %w", d, err)
-		}
-		st := &gpuDevice{}
-		state[d] = st
-		free, _, err := drv.MemInfo()
-		if err != nil {
-			return nil, fmt.Errorf("replay: gpu: device %d: %w", d, err)
-		}
-		budget := int64(float64(free) * frac)
-		sets := int64(w.Plan.Experts)
-		if sets*setBytes+actBytes > budget {
-			sets = int64(maxSlots)
-		}
-		if sets*setBytes+actBytes > budget {
-			sets = 1
-		}
-		if sets*setBytes+actBytes > budget {
-			return nil, fmt.Errorf("replay: gpu: device %d: one expert (%d MiB) and activations for %d tokens (%d MiB) exceed %.0f%% of the %d MiB free", d, setBytes>>20, maxTok, actBytes>>20, 100*frac, free>>20)
-		}
-		alloc := func(elems int64) (devPtr, error) {
-			p, err := drv.Alloc(elems * 2)
-			if err != nil {
-				return 0, fmt.Errorf("replay: gpu: device %d: alloc %d bytes: %w", d, elems*2, err)
-			}
-			st.allocs = append(st.allocs, p)
-			// Small constant values keep the products finite (0x3c24 ≈ 0.01 in bf16).
-			if err := drv.Fill(p, 0x3c24, elems); err != nil {
-				return 0, fmt.Errorf("replay: gpu: device %d: fill: %w", d, err)
-			}
-			return p, nil
-		}
-		hf := int64(h) * int64(f)
-		for range sets {
-			var ws [3]devPtr
-			for j := range ws {
-				if ws[j], err = alloc(hf); err != nil {
-					return nil, err
-				}
-			}
-			st.weights = append(st.weights, ws)
-		}
-		for _, p := range []*devPtr{&st.x, &st.gate, &st.up, &st.y} {
-			elems := maxTok * int64(h)
-			if p == &st.gate || p == &st.up {
-				elems = maxTok * int64(f)
-			}
-			if *p, err = alloc(elems); err != nil {
-				return nil, err
-			}
-		}
-		for range reps {
-			s, err := drv.NewEvent()
-			if err != nil {
-				return nil, fmt.Errorf("replay: gpu: %w", err)
-			}
-			st.start = append(st.start, s)
-			e, err := drv.NewEvent()
-			if err != nil {
-				return nil, fmt.Errorf("replay: gpu: %w", err)
-			}
-			st.end = append(st.end, e)
-		}
-		return st, nil
-	}
-	// enqueue runs GPU g's experts of layer l in iteration i.
-	enqueue := func(st *gpuDevice, i, l int, slots []int) error {
-		for _, s := range slots {
-			n := w.SlotTokens[i][l][s]
-			if n == 0 {
-				continue
-			}
-			ws := st.weights[int(w.Plan.Layers[l].SlotExpert[s])%len(st.weights)]
-			if err := drv.Gemm(n, f, h, st.x, ws[0], st.gate); err != nil {
-				return err
-			}
-			if err := drv.Gemm(n, f, h, st.x, ws[1], st.up); err != nil {
-				return err
-			}
-			if err := drv.Gemm(n, h, f, st.gate, ws[2], st.y); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
+	run := &gpuRun{drv: drv, w: w, h: h, f: f, reps: reps, frac: frac, maxTok: maxTok,
+		setBytes: setBytes, actBytes: actBytes, maxSlots: maxSlots, state: map[int]*gpuDevice{}}
+	defer run.release()
+	setup, enqueue := run.setup, run.enqueue
 	devOf := func(g int) int { return devs[g%len(devs)] }
 	// Warm-up: every device runs the first layer of every virtual GPU.
 	for range warm {

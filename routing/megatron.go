@@ -158,67 +158,9 @@ func parseMegatron(r io.Reader, file string, rank int64, experts int) (*megatron
 // returns notes on what it did.
 func addMegatron(files []*megatronFile, b *tokenBuilder, opts LoadOptions) ([]string, error) {
 	var notes []string
-	offsets := opts.MegatronLayerOffsets
-	offsetOf := func(f *megatronFile) (int, bool) {
-		if o, ok := offsets[int(f.rank)]; ok && f.rank >= 0 {
-			return o, true
-		}
-		o, ok := offsets[-1]
-		return o, ok
-	}
-	// Group the files by stage: the files that record the same decoder
-	// layers (their ids plus their offset). Data-parallel ranks fall into
-	// one stage; pipeline stages record disjoint layers, either because
-	// their offsets say so (training) or because the ids are global
-	// (record_indices). The i-th file of every stage, by rank, forms
-	// pipeline i: Megatron's default rank order (tp-cp-ep-dp-pp) makes the
-	// pipeline rank the outermost coordinate.
-	type stage struct {
-		files  []*megatronFile
-		layers []int
-	}
-	byKey := map[string]*stage{}
-	for _, f := range files {
-		o, ok := offsetOf(f)
-		if offsets != nil && !ok {
-			return nil, perr(f.name, 0, "", "rank %d has no layer offset: give every rank file its stage's offset (--pp-layer-offset RANK=OFFSET,...), or one offset for all", f.rank)
-		}
-		if o < 0 || o > 1<<20 {
-			return nil, perr(f.name, 0, "", "layer offset %d out of range [0,%d]", o, 1<<20)
-		}
-		f.offset = o
-		set := map[int]bool{}
-		for _, st := range f.steps {
-			for l := range st.layers {
-				set[l+o] = true
-			}
-		}
-		layers := slices.Sorted(maps.Keys(set))
-		key := fmt.Sprint(layers)
-		if byKey[key] == nil {
-			byKey[key] = &stage{layers: layers}
-		}
-		byKey[key].files = append(byKey[key].files, f)
-	}
-	var stages []*stage
-	for _, key := range slices.Sorted(maps.Keys(byKey)) {
-		stages = append(stages, byKey[key])
-	}
-	slices.SortStableFunc(stages, func(a, c *stage) int { return a.layers[0] - c.layers[0] })
-	seen := map[int]*stage{}
-	for _, sg := range stages {
-		for _, l := range sg.layers {
-			if other := seen[l]; other != nil {
-				return nil, perr(sg.files[0].name, 0, "layer", "decoder layers %v, but %s has %v: every rank file must route the same layers, or, as pipeline stages, layers no other stage has (check the layer offsets, --pp-layer-offset)", clipInts(sg.layers), other.files[0].name, clipInts(other.layers))
-			}
-			seen[l] = sg
-		}
-	}
-	for _, sg := range stages {
-		slices.SortStableFunc(sg.files, func(a, c *megatronFile) int { return int(a.rank - c.rank) })
-		if len(sg.files) != len(stages[0].files) {
-			return nil, perr(sg.files[0].name, 0, "", "%d rank files record decoder layers %v but %d record %v: the files are neither data-parallel copies of one layer set nor pipeline stages with the same number of ranks each; check the layer offsets (--pp-layer-offset)", len(sg.files), clipInts(sg.layers), len(stages[0].files), clipInts(stages[0].layers))
-		}
+	stages, err := megatronStages(files, opts.MegatronLayerOffsets)
+	if err != nil {
+		return nil, err
 	}
 	if len(stages) > 1 {
 		var spans []string
@@ -288,4 +230,75 @@ func addMegatron(files []*megatronFile, b *tokenBuilder, opts LoadOptions) ([]st
 		}
 	}
 	return notes, nil
+}
+
+// megatronStage is the rank files that record the same decoder layers
+// (their ids plus their offset), sorted by rank.
+type megatronStage struct {
+	files  []*megatronFile
+	layers []int
+}
+
+// megatronStages sets each file's layer offset from offsets and groups the
+// files by stage, ordered by first layer, checking that the stages record
+// disjoint layers with the same number of rank files each.
+func megatronStages(files []*megatronFile, offsets map[int]int) ([]*megatronStage, error) {
+	offsetOf := func(f *megatronFile) (int, bool) {
+		if o, ok := offsets[int(f.rank)]; ok && f.rank >= 0 {
+			return o, true
+		}
+		o, ok := offsets[-1]
+		return o, ok
+	}
+	// Group the files by stage: the files that record the same decoder
+	// layers (their ids plus their offset). Data-parallel ranks fall into
+	// one stage; pipeline stages record disjoint layers, either because
+	// their offsets say so (training) or because the ids are global
+	// (record_indices). The i-th file of every stage, by rank, forms
+	// pipeline i: Megatron's default rank order (tp-cp-ep-dp-pp) makes the
+	// pipeline rank the outermost coordinate.
+	byKey := map[string]*megatronStage{}
+	for _, f := range files {
+		o, ok := offsetOf(f)
+		if offsets != nil && !ok {
+			return nil, perr(f.name, 0, "", "rank %d has no layer offset: give every rank file its stage's offset (--pp-layer-offset RANK=OFFSET,...), or one offset for all", f.rank)
+		}
+		if o < 0 || o > 1<<20 {
+			return nil, perr(f.name, 0, "", "layer offset %d out of range [0,%d]", o, 1<<20)
+		}
+		f.offset = o
+		set := map[int]bool{}
+		for _, st := range f.steps {
+			for l := range st.layers {
+				set[l+o] = true
+			}
+		}
+		layers := slices.Sorted(maps.Keys(set))
+		key := fmt.Sprint(layers)
+		if byKey[key] == nil {
+			byKey[key] = &megatronStage{layers: layers}
+		}
+		byKey[key].files = append(byKey[key].files, f)
+	}
+	var stages []*megatronStage
+	for _, key := range slices.Sorted(maps.Keys(byKey)) {
+		stages = append(stages, byKey[key])
+	}
+	slices.SortStableFunc(stages, func(a, c *megatronStage) int { return a.layers[0] - c.layers[0] })
+	seen := map[int]*megatronStage{}
+	for _, sg := range stages {
+		for _, l := range sg.layers {
+			if other := seen[l]; other != nil {
+				return nil, perr(sg.files[0].name, 0, "layer", "decoder layers %v, but %s has %v: every rank file must route the same layers, or, as pipeline stages, layers no other stage has (check the layer offsets, --pp-layer-offset)", clipInts(sg.layers), other.files[0].name, clipInts(other.layers))
+			}
+			seen[l] = sg
+		}
+	}
+	for _, sg := range stages {
+		slices.SortStableFunc(sg.files, func(a, c *megatronFile) int { return int(a.rank - c.rank) })
+		if len(sg.files) != len(stages[0].files) {
+			return nil, perr(sg.files[0].name, 0, "", "%d rank files record decoder layers %v but %d record %v: the files are neither data-parallel copies of one layer set nor pipeline stages with the same number of ranks each; check the layer offsets (--pp-layer-offset)", len(sg.files), clipInts(sg.layers), len(stages[0].files), clipInts(stages[0].layers))
+		}
+	}
+	return stages, nil
 }

@@ -250,13 +250,8 @@ func readNPYTrace(in, side *npyInput, opts LoadOptions, keep bool) (*Trace, *Sta
 	if err := in.expect(uint64(T) * uint64(LK)); err != nil {
 		return nil, nil, err
 	}
-	if side != nil {
-		if len(side.h.shape) != 1 || side.h.shape[0] != T {
-			return nil, nil, perr(side.file, 0, "shape", "shape %v, want [%d]: one source rank per token of the trace", side.h.shape, T)
-		}
-		if err := side.expect(uint64(T)); err != nil {
-			return nil, nil, err
-		}
+	if err := checkNPYSide(side, T); err != nil {
+		return nil, nil, err
 	}
 	limit := int64(math.MaxInt16 + 1)
 	if opts.Experts > 0 {
@@ -272,14 +267,7 @@ func readNPYTrace(in, side *npyInput, opts LoadOptions, keep bool) (*Trace, *Sta
 	b := newStatsBuilder(L, K, opts.Experts, known, (T+per-1)/per, opts.statsOptions())
 	var t *Trace
 	if keep {
-		t = &Trace{Tokens: T, Layers: L, TopK: K}
-		if in.size >= 0 {
-			// expect checked that the file holds every id.
-			t.IDs = make([]int16, T*LK)
-			if side != nil {
-				t.Source = make([]int32, T)
-			}
-		}
+		t = newNPYTrace(in, side, T, L, K)
 	}
 	pool := newBufPool(b.workers() + 2)
 	raw := make([]byte, min(per, T)*LK*in.esize)
@@ -318,15 +306,7 @@ func readNPYTrace(in, side *npyInput, opts LoadOptions, keep bool) (*Trace, *Sta
 		}
 		mx, bad, repeat := sc.decodeIDs(ids, raw, K, in.esize, in.order, limit)
 		if bad >= 0 {
-			v := npyInt(raw[bad*in.esize:(bad+1)*in.esize], in.esize, in.order)
-			field := npyField(tok, bad, L, K)
-			switch {
-			case repeat:
-				return fail(perr(in.file, 0, field, "expert %d appears twice in the token's top-k at that layer: list each selected expert once", v))
-			case opts.Experts > 0:
-				return fail(perr(in.file, 0, field, "expert %d out of range [0,%d): fix the id, or set LoadOptions.Experts to the model's experts per layer", v, limit))
-			}
-			return fail(perr(in.file, 0, field, "expert %d out of range [0,%d): ids must be non-negative int16", v, limit))
+			return fail(npyIDError(in, raw, tok, bad, L, K, repeat, opts.Experts, limit))
 		}
 		maxID = max(maxID, mx)
 		if side != nil {
@@ -369,6 +349,47 @@ func readNPYTrace(in, side *npyInput, opts LoadOptions, keep bool) (*Trace, *Sta
 		t.Experts = E
 	}
 	return t, s, nil
+}
+
+// checkNPYSide checks that the source-rank file side, if any, holds one
+// rank per token of a T-token trace.
+func checkNPYSide(side *npyInput, T int) error {
+	if side == nil {
+		return nil
+	}
+	if len(side.h.shape) != 1 || side.h.shape[0] != T {
+		return perr(side.file, 0, "shape", "shape %v, want [%d]: one source rank per token of the trace", side.h.shape, T)
+	}
+	return side.expect(uint64(T))
+}
+
+// newNPYTrace returns the Trace that readNPYTrace fills: when the file's
+// size is known, with its ids (and sources, given side) allocated up front.
+func newNPYTrace(in, side *npyInput, T, L, K int) *Trace {
+	t := &Trace{Tokens: T, Layers: L, TopK: K}
+	if in.size >= 0 {
+		// expect checked that the file holds every id.
+		t.IDs = make([]int16, T*L*K)
+		if side != nil {
+			t.Source = make([]int32, T)
+		}
+	}
+	return t
+}
+
+// npyIDError is the error for the bad id at element bad of raw, the chunk
+// starting at token tok: a repeat in a token's top-k at one layer, or an
+// id out of [0,limit).
+func npyIDError(in *npyInput, raw []byte, tok, bad, L, K int, repeat bool, experts int, limit int64) error {
+	v := npyInt(raw[bad*in.esize:(bad+1)*in.esize], in.esize, in.order)
+	field := npyField(tok, bad, L, K)
+	switch {
+	case repeat:
+		return perr(in.file, 0, field, "expert %d appears twice in the token's top-k at that layer: list each selected expert once", v)
+	case experts > 0:
+		return perr(in.file, 0, field, "expert %d out of range [0,%d): fix the id, or set LoadOptions.Experts to the model's experts per layer", v, limit)
+	}
+	return perr(in.file, 0, field, "expert %d out of range [0,%d): ids must be non-negative int16", v, limit)
 }
 
 // npyField names element i of the chunk starting at token tok.

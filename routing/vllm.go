@@ -195,23 +195,34 @@ func readVLLMLoadStats(r io.Reader, file string, opts LoadOptions) (*Stats, *Dep
 	if c == nil {
 		return nil, nil, perr(file, 0, "", "no \"eplb_load_stats\" records")
 	}
-	if meta != nil {
-		switch {
-		case metaLayers != L:
-			return nil, nil, perr(file, meta.Line, "num_layers", "%d, but the eplb_load_stats records have %d layers", metaLayers, L)
-		case P%meta.Ranks != 0:
-			return nil, nil, perr(file, meta.Line, "num_ranks", "%d ranks do not divide the %d physical slots of expert_load", meta.Ranks, P)
-		case P-meta.RedundantExperts != E:
-			return nil, nil, perr(file, meta.Line, "num_redundant_experts", "%d, but expert_load has %d slots for %d logical experts (p2l_map): %d redundant", meta.RedundantExperts, P, E, P-E)
-		case E%meta.Groups != 0:
-			return nil, nil, perr(file, meta.Line, "num_groups", "%d groups do not divide %d logical experts", meta.Groups, E)
-		}
+	if err := checkVLLMMeta(file, meta, metaLayers, L, P, E); err != nil {
+		return nil, nil, err
 	}
 	s, err := c.stats(opts.TopK, true)
 	if err != nil {
 		return nil, nil, perr(file, 0, "", "%v", err)
 	}
 	return s, meta, nil
+}
+
+// checkVLLMMeta checks the eplb_load_meta record, if any, against the
+// shape of the eplb_load_stats records: L layers of P physical slots
+// holding E logical experts.
+func checkVLLMMeta(file string, meta *Deployment, metaLayers, L, P, E int) error {
+	if meta == nil {
+		return nil
+	}
+	switch {
+	case metaLayers != L:
+		return perr(file, meta.Line, "num_layers", "%d, but the eplb_load_stats records have %d layers", metaLayers, L)
+	case P%meta.Ranks != 0:
+		return perr(file, meta.Line, "num_ranks", "%d ranks do not divide the %d physical slots of expert_load", meta.Ranks, P)
+	case P-meta.RedundantExperts != E:
+		return perr(file, meta.Line, "num_redundant_experts", "%d, but expert_load has %d slots for %d logical experts (p2l_map): %d redundant", meta.RedundantExperts, P, E, P-E)
+	case E%meta.Groups != 0:
+		return perr(file, meta.Line, "num_groups", "%d groups do not divide %d logical experts", meta.Groups, E)
+	}
+	return nil
 }
 
 // SGLang's return_routed_experts: meta_info["routed_experts"] is base64 of

@@ -40,52 +40,13 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	// Read the files first: a bad one should not wait for the solves. The
 	// running plan (--from) is one: the plans are measured against it.
-	var files []*solver.Result
-	paths := []string(planFiles)
-	if c.from != "" && !slices.Contains(paths, c.from) {
-		paths = append([]string{c.from}, paths...)
-	}
-	for _, path := range paths {
-		var r *solver.Result
-		var err error
-		if path == c.from {
-			// Read once already, by setup.
-			r, err = scorePlan(p, p.Current, path)
-		} else {
-			r, err = c.scoreFile(p, path)
-		}
-		if err != nil {
-			return err
-		}
-		files = append(files, r)
+	files, err := c.readComparePlans(p, planFiles)
+	if err != nil {
+		return err
 	}
 	list := *strategies
 	if list == "" {
-		list = "contiguous,round-robin,greedy,eplb"
-		if g := p.Cluster.GPUs(); p.Stats.Experts%g != 0 {
-			list = "round-robin,greedy,eplb"
-			if !c.quiet {
-				fmt.Fprintf(stderr, "moetuner: compare: skipping the contiguous strategy: %d experts do not divide over %d GPUs\n", p.Stats.Experts, g)
-			}
-		}
-		if p.ExpertGroups > 0 || (p.Model.ExpertGroups > 0 && p.Model.ExpertGroups%p.Cluster.Nodes == 0) {
-			list += ",eplb-hierarchical"
-		}
-		// The other algorithms the stacks ship, with the same slots.
-		list += "," + string(stratDeepSeekVec) + "," + string(stratFlashLB)
-		switch {
-		case p.RedundantSlots > 0 || len(p.Workloads) > 0 || p.Current != nil:
-			if !c.quiet {
-				fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: it places one copy per expert for one workload")
-			}
-		case p.Stats.Experts*p.Cluster.GPUs() > 4096:
-			if !c.quiet {
-				fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: its ILP 2 has G⁴ variables per layer pair; pass --strategies to force it")
-			}
-		default:
-			list += ",moetuner"
-		}
-		list += ",joint"
+		list = c.defaultCompareList(p, stderr)
 	}
 	var results []*solver.Result
 	var names []solver.Strategy
@@ -176,6 +137,63 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintf(stdout, "wrote %s\n", *reportOut)
 	}
 	return writeJSON(c.jsonOut, jsonResults(p, results))
+}
+
+// readComparePlans reads and scores compare's --plan files, the running
+// plan (--from) first: read before the solves, so that a bad one does not
+// wait for them.
+func (c *common) readComparePlans(p solver.Problem, planFiles multiFlag) ([]*solver.Result, error) {
+	var files []*solver.Result
+	paths := []string(planFiles)
+	if c.from != "" && !slices.Contains(paths, c.from) {
+		paths = append([]string{c.from}, paths...)
+	}
+	for _, path := range paths {
+		var r *solver.Result
+		var err error
+		if path == c.from {
+			// Read once already, by setup.
+			r, err = scorePlan(p, p.Current, path)
+		} else {
+			r, err = c.scoreFile(p, path)
+		}
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, r)
+	}
+	return files, nil
+}
+
+// defaultCompareList is compare's default --strategies for p, saying on
+// stderr (unless --quiet) which it leaves out and why.
+func (c *common) defaultCompareList(p solver.Problem, stderr io.Writer) string {
+	list := "contiguous,round-robin,greedy,eplb"
+	if g := p.Cluster.GPUs(); p.Stats.Experts%g != 0 {
+		list = "round-robin,greedy,eplb"
+		if !c.quiet {
+			fmt.Fprintf(stderr, "moetuner: compare: skipping the contiguous strategy: %d experts do not divide over %d GPUs\n", p.Stats.Experts, g)
+		}
+	}
+	if p.ExpertGroups > 0 || (p.Model.ExpertGroups > 0 && p.Model.ExpertGroups%p.Cluster.Nodes == 0) {
+		list += ",eplb-hierarchical"
+	}
+	// The other algorithms the stacks ship, with the same slots.
+	list += "," + string(stratDeepSeekVec) + "," + string(stratFlashLB)
+	switch {
+	case p.RedundantSlots > 0 || len(p.Workloads) > 0 || p.Current != nil:
+		if !c.quiet {
+			fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: it places one copy per expert for one workload")
+		}
+	case p.Stats.Experts*p.Cluster.GPUs() > 4096:
+		if !c.quiet {
+			fmt.Fprintln(stderr, "moetuner: compare: skipping the moetuner strategy: its ILP 2 has G⁴ variables per layer pair; pass --strategies to force it")
+		}
+	default:
+		list += ",moetuner"
+	}
+	list += ",joint"
+	return list
 }
 
 // filePrefix marks the results of compare --plan files: their Strategy is
@@ -468,50 +486,13 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 	}
 	tw.Flush()
 	for _, r := range results {
-		if r.Note != "" {
-			fmt.Fprintf(w, "%s*: %s\n", r.Strategy, r.Note)
-		}
-		if r.Strategy == solver.StrategyJoint && !math.IsNaN(r.CostGap) {
-			fmt.Fprintf(w, "%s: modeled time %.2f%% above a lower bound on the exact cost model for every plan (%s)\n", r.Strategy, 100*r.CostGap, dur(time.Duration(r.CostBound*1e9)))
-		}
-		if !math.IsNaN(r.RemoteBound) && r.RemoteBound >= 0 {
-			rt, _ := remotePer(p, r.Report)
-			above := "-"
-			if r.RemoteBound > 0 {
-				above = fmt.Sprintf("%.1f%%", 100*(rt/r.RemoteBound-1))
-			}
-			what := "remote-node copies"
-			plans := "any plan with these slots"
-			if p.Flow == costmodel.FlowChain {
-				what, plans = "cross-node transitions", "any plan with one copy of every expert"
-			} else if r.RemoteBoundCap > 0 {
-				plans = fmt.Sprintf("any plan with these slots and every layer's busiest/mean at most %g (--max-imbalance)", r.RemoteBoundCap)
-			}
-			part := ""
-			if n := r.RemoteBoundLayers; n > 0 && n < p.Stats.Layers {
-				part = fmt.Sprintf(" (%d of %d layers bounded in the time, the others counted as 0)", n, p.Stats.Layers)
-			}
-			fmt.Fprintf(w, "%s: %.4f %s per token-layer, %s above a certified lower bound of %.4f for %s%s\n", r.Strategy, rt, what, above, r.RemoteBound, plans, part)
-		}
-		if p.Dispatch == placement.DispatchLocal && r.Balance != nil && p.Stats.Patterns == nil {
-			fmt.Fprintf(w, "%s: cross-node traffic %.2f%% above its lower bound for plans at least as balanced in every layer (local dispatch)\n", r.Strategy, 100*r.Balance.TrafficGap)
-		}
+		printResultNotes(w, p, r)
 	}
 	if note := slotsNote(p, results); note != "" {
 		fmt.Fprintln(w, note)
 	}
 	if p.Current != nil {
-		for _, r := range results {
-			if r.Plan == nil || fromFile(r) || len(r.Plan.Layers) != len(p.Current.Layers) {
-				continue
-			}
-			total, most := 0, 0
-			for l := range r.Plan.Layers {
-				n := placement.ChangedSlots(p.Current.Layers[l], r.Plan.Layers[l])
-				total, most = total+n, max(most, n)
-			}
-			fmt.Fprintf(w, "%s: changes %d slots of the running plan (--from), at most %d in a layer\n", r.Strategy, total, most)
-		}
+		printChangedSlots(w, p, results)
 	}
 	fmt.Fprintln(w, "token tail: Σ over layers of the busiest GPU's routed tokens; max/mean: the busiest GPU's load over the mean, averaged over layers; worst: its largest layer; all-to-all tail: Σ of dispatch+combine bottleneck times; layer time: Σ modeled layer times;")
 	fmt.Fprintln(w, "vs contiguous: how much lower the layer time is than Megatron's contiguous placement; gap: joint's proven gap to HiGHS's bound on its ILP model,")
@@ -532,6 +513,55 @@ func printCompare(w io.Writer, p solver.Problem, results []*solver.Result) {
 			fmt.Fprintf(w, "file: %s, scored as it is (no solve).\n", what)
 			break
 		}
+	}
+}
+
+// printResultNotes prints the notes under compare's table for result r:
+// its footnote, and how far it lies above the lower bounds it carries.
+func printResultNotes(w io.Writer, p solver.Problem, r *solver.Result) {
+	if r.Note != "" {
+		fmt.Fprintf(w, "%s*: %s\n", r.Strategy, r.Note)
+	}
+	if r.Strategy == solver.StrategyJoint && !math.IsNaN(r.CostGap) {
+		fmt.Fprintf(w, "%s: modeled time %.2f%% above a lower bound on the exact cost model for every plan (%s)\n", r.Strategy, 100*r.CostGap, dur(time.Duration(r.CostBound*1e9)))
+	}
+	if !math.IsNaN(r.RemoteBound) && r.RemoteBound >= 0 {
+		rt, _ := remotePer(p, r.Report)
+		above := "-"
+		if r.RemoteBound > 0 {
+			above = fmt.Sprintf("%.1f%%", 100*(rt/r.RemoteBound-1))
+		}
+		what := "remote-node copies"
+		plans := "any plan with these slots"
+		if p.Flow == costmodel.FlowChain {
+			what, plans = "cross-node transitions", "any plan with one copy of every expert"
+		} else if r.RemoteBoundCap > 0 {
+			plans = fmt.Sprintf("any plan with these slots and every layer's busiest/mean at most %g (--max-imbalance)", r.RemoteBoundCap)
+		}
+		part := ""
+		if n := r.RemoteBoundLayers; n > 0 && n < p.Stats.Layers {
+			part = fmt.Sprintf(" (%d of %d layers bounded in the time, the others counted as 0)", n, p.Stats.Layers)
+		}
+		fmt.Fprintf(w, "%s: %.4f %s per token-layer, %s above a certified lower bound of %.4f for %s%s\n", r.Strategy, rt, what, above, r.RemoteBound, plans, part)
+	}
+	if p.Dispatch == placement.DispatchLocal && r.Balance != nil && p.Stats.Patterns == nil {
+		fmt.Fprintf(w, "%s: cross-node traffic %.2f%% above its lower bound for plans at least as balanced in every layer (local dispatch)\n", r.Strategy, 100*r.Balance.TrafficGap)
+	}
+}
+
+// printChangedSlots prints how many slots of the running plan (--from)
+// each solved plan changes.
+func printChangedSlots(w io.Writer, p solver.Problem, results []*solver.Result) {
+	for _, r := range results {
+		if r.Plan == nil || fromFile(r) || len(r.Plan.Layers) != len(p.Current.Layers) {
+			continue
+		}
+		total, most := 0, 0
+		for l := range r.Plan.Layers {
+			n := placement.ChangedSlots(p.Current.Layers[l], r.Plan.Layers[l])
+			total, most = total+n, max(most, n)
+		}
+		fmt.Fprintf(w, "%s: changes %d slots of the running plan (--from), at most %d in a layer\n", r.Strategy, total, most)
 	}
 }
 

@@ -44,16 +44,7 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	pf := placement.Format(format)
-	if format == "json" {
-		pf = placement.FormatJSON
-	}
-	if pf == "" {
-		if pf, err = placement.FormatFromPath(*out); err != nil {
-			return err
-		}
-	}
-	pf, note, err := formatForName(pf, *out)
+	pf, note, err := planFormat(format, *out)
 	if err != nil {
 		return err
 	}
@@ -69,20 +60,8 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return c.layoutError(err, *out, p.Cluster)
 	}
 	if *writeLP != "" {
-		mips, err := solver.JointMIPs(p, c.options())
-		if err != nil {
+		if err := writeJointModels(p, c.options(), *writeLP); err != nil {
 			return err
-		}
-		for i, m := range mips {
-			var err error
-			if base, ok := strings.CutSuffix(*writeLP, ".mps"); ok {
-				err = writeMPSFile(m, fmt.Sprintf("%s%d.mps", base, i))
-			} else {
-				err = writeLPFile(fmt.Sprintf("%s%d.lp", strings.TrimSuffix(*writeLP, ".lp"), i), m)
-			}
-			if err != nil {
-				return err
-			}
 		}
 	}
 	// Score the contiguous baseline first: the summary shows it, and its
@@ -134,50 +113,10 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stderr, "moetuner plan: %v; writing the best plan found so far (status %s)\n", context.Cause(ctx), res.Status)
 	}
 	plan := res.Plan
-	plan.Meta = map[string]string{
-		"flow":      p.Flow.String(),
-		"mode":      p.Mode.String(),
-		"dispatch":  p.Dispatch.String(),
-		"cluster":   fmt.Sprintf("%s (%d nodes × %d GPUs)", p.Cluster.Name, p.Cluster.Nodes, p.Cluster.GPUsPerNode),
-		"model":     p.Model.Name,
-		"objective": fmt.Sprintf("%.9g s", res.Objective),
-		"status":    res.Status.String(),
-		"traces":    sourceList(sources),
-	}
-	var costs [][]float64
-	if *topology != "" {
-		if costs, err = rankCosts(p.Cluster); err != nil {
-			return err
-		}
-		if _, err := placement.EncodeRankCostMatrix(costs); err != nil {
-			return err
-		}
-	}
-	var dm *placement.DispatchMap
-	if *dispatchMap != "" {
-		// Check before writing anything: both files or neither.
-		if dm, err = placement.LocalDispatchMap(plan, p.Cluster.GPUsPerNode); err != nil {
-			return err
-		}
-	}
-	if err := placement.WriteFileWith(*out, plan, pf, c.layout); err != nil {
-		return c.layoutError(err, *out, p.Cluster)
-	}
-	if dm != nil {
-		if err := placement.WriteDispatchMap(*dispatchMap, plan, p.Cluster.GPUsPerNode); err != nil {
-			return err
-		}
-	}
-	if costs != nil {
-		if err := placement.WriteRankCostMatrix(*topology, costs); err != nil {
-			return err
-		}
-		if !*quiet {
-			fmt.Fprintf(stdout, "wrote %s: rank_cost_matrix of %d EP ranks, picoseconds per byte (%s); for SGLang's --eplb-algorithm topology_aware --eplb-topology %s\n", *topology, len(costs), topologyWords(p.Cluster, costs), *topology)
-		}
-		if len(plan.Layers) > 0 && plan.Slots(0) != plan.Experts && !*quiet {
-			fmt.Fprintf(stderr, "moetuner: note: SGLang's topology_aware EPLB places no redundant experts (--ep-num-redundant-experts 0); this plan has %d slots for %d experts\n", plan.Slots(0), plan.Experts)
-		}
+	plan.Meta = planMeta(p, res, sources)
+	outs := planOutputs{out: *out, format: pf, dispatchMap: *dispatchMap, topology: *topology}
+	if err := c.writePlanOutputs(stdout, stderr, p, plan, outs); err != nil {
+		return err
 	}
 	results := []*solver.Result{base}
 	if st != ref {
@@ -192,6 +131,110 @@ func cmdPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		printCompare(stdout, p, results)
 	}
 	return writeJSON(c.jsonOut, jsonResults(p, results))
+}
+
+// planFormat is plan's placement format: --format (json for moetuner),
+// else the one --out's extension names, checked against --out's name; note
+// says what the name changed.
+func planFormat(format, out string) (placement.Format, string, error) {
+	var err error
+	pf := placement.Format(format)
+	if format == "json" {
+		pf = placement.FormatJSON
+	}
+	if pf == "" {
+		if pf, err = placement.FormatFromPath(out); err != nil {
+			return "", "", err
+		}
+	}
+	return formatForName(pf, out)
+}
+
+// writeJointModels writes the joint ILP(s) of p to prefix<i>.lp or, with
+// a .mps suffix, prefix<i>.mps (plan --write-model).
+func writeJointModels(p solver.Problem, opts solver.Options, prefix string) error {
+	mips, err := solver.JointMIPs(p, opts)
+	if err != nil {
+		return err
+	}
+	for i, m := range mips {
+		var err error
+		if base, ok := strings.CutSuffix(prefix, ".mps"); ok {
+			err = writeMPSFile(m, fmt.Sprintf("%s%d.mps", base, i))
+		} else {
+			err = writeLPFile(fmt.Sprintf("%s%d.lp", strings.TrimSuffix(prefix, ".lp"), i), m)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// planMeta is what a written plan records of how it was made.
+func planMeta(p solver.Problem, res *solver.Result, sources []*routing.Source) map[string]string {
+	return map[string]string{
+		"flow":      p.Flow.String(),
+		"mode":      p.Mode.String(),
+		"dispatch":  p.Dispatch.String(),
+		"cluster":   fmt.Sprintf("%s (%d nodes × %d GPUs)", p.Cluster.Name, p.Cluster.Nodes, p.Cluster.GPUsPerNode),
+		"model":     p.Model.Name,
+		"objective": fmt.Sprintf("%.9g s", res.Objective),
+		"status":    res.Status.String(),
+		"traces":    sourceList(sources),
+	}
+}
+
+// planOutputs are the files plan writes: the placement, and with
+// --dispatch-map and --write-topology the dispatch tables and the rank
+// cost matrix.
+type planOutputs struct {
+	out         string
+	format      placement.Format
+	dispatchMap string
+	topology    string
+}
+
+// writePlanOutputs writes plan's files, each atomically, checking all of
+// them before writing any.
+func (c *common) writePlanOutputs(stdout, stderr io.Writer, p solver.Problem, plan *placement.Plan, o planOutputs) error {
+	var err error
+	var costs [][]float64
+	if o.topology != "" {
+		if costs, err = rankCosts(p.Cluster); err != nil {
+			return err
+		}
+		if _, err := placement.EncodeRankCostMatrix(costs); err != nil {
+			return err
+		}
+	}
+	var dm *placement.DispatchMap
+	if o.dispatchMap != "" {
+		// Check before writing anything: both files or neither.
+		if dm, err = placement.LocalDispatchMap(plan, p.Cluster.GPUsPerNode); err != nil {
+			return err
+		}
+	}
+	if err := placement.WriteFileWith(o.out, plan, o.format, c.layout); err != nil {
+		return c.layoutError(err, o.out, p.Cluster)
+	}
+	if dm != nil {
+		if err := placement.WriteDispatchMap(o.dispatchMap, plan, p.Cluster.GPUsPerNode); err != nil {
+			return err
+		}
+	}
+	if costs != nil {
+		if err := placement.WriteRankCostMatrix(o.topology, costs); err != nil {
+			return err
+		}
+		if !c.quiet {
+			fmt.Fprintf(stdout, "wrote %s: rank_cost_matrix of %d EP ranks, picoseconds per byte (%s); for SGLang's --eplb-algorithm topology_aware --eplb-topology %s\n", o.topology, len(costs), topologyWords(p.Cluster, costs), o.topology)
+		}
+		if len(plan.Layers) > 0 && plan.Slots(0) != plan.Experts && !c.quiet {
+			fmt.Fprintf(stderr, "moetuner: note: SGLang's topology_aware EPLB places no redundant experts (--ep-num-redundant-experts 0); this plan has %d slots for %d experts\n", plan.Slots(0), plan.Experts)
+		}
+	}
+	return nil
 }
 
 func writeLPFile(path string, m *mip.Model) error {

@@ -12,6 +12,7 @@ import (
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/replay"
+	"github.com/moetuner/moetuner/solver"
 )
 
 func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -88,20 +89,9 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		in = replay.Input{Trace: sources[0].Trace}
 	}
 	wopts := replay.WorkloadOptions{BatchTokens: *batch, Iterations: *iters, Seed: *seed, TopK: p.Model.TopK, Dispatch: p.Dispatch, GPUsPerNode: p.Cluster.GPUsPerNode, Layout: p.Layout()}
-	var ws []*replay.Workload
-	for _, path := range plans {
-		plan, err := c.readPlan(path, p.Cluster)
-		if err != nil {
-			return err
-		}
-		if plan.GPUs != p.Cluster.GPUs() {
-			return fmt.Errorf("%s: plan has %d GPUs but the cluster %d (%d nodes × %d); set --nodes/--gpus-per-node", path, plan.GPUs, p.Cluster.GPUs(), p.Cluster.Nodes, p.Cluster.GPUsPerNode)
-		}
-		w, err := replay.NewWorkload(plan, in, wopts)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		ws = append(ws, w)
+	ws, err := c.replayWorkloads(plans, p, in, wopts)
+	if err != nil {
+		return err
 	}
 	ropts := replay.RunOptions{Cluster: p.Cluster, Model: p.Model, Flow: p.Flow, Mode: p.Mode, Chunks: *chunks, Repeats: *repeats, Dispatch: p.Dispatch}
 	if *confidence <= 0 || *confidence >= 1 {
@@ -129,36 +119,77 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		out.Plans = append(out.Plans, jsonReplayPlan{File: plans[j], Measurement: m})
 	}
 	if *calibrate != "" {
-		var obs []replay.Observation
-		tokens := func(n int) int { return n }
-		if cb, ok := b.(replay.CPU); ok {
-			tokens = cb.ScaledTokens
-		}
-		for j, m := range ms {
-			obs = append(obs, replay.Observations(ws[j], m, tokens)...)
-		}
-		fit, err := replay.Calibrate(obs)
-		if err != nil {
+		rc := replayCalibration{path: *calibrate, backend: b, model: model, scale: scale}
+		if out.Calibration, err = rc.run(stdout, p.Cluster, plans, ws, ms); err != nil {
 			return err
-		}
-		cl := fit.Apply(p.Cluster)
-		if err := replay.WriteCluster(*calibrate, cl); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "\ncalibrated on %d GPU-layer shares at hidden %d, FFN %d: token_cost %v (%.4g s), expert_cost %v (%.4g s); wrote %s\n",
-			fit.N, model.Hidden, model.FFN, cl.TokenCost, fit.PerTokenSec, cl.ExpertCost, fit.PerExpertSec, *calibrate)
-		out.Calibration = &jsonCalibration{File: *calibrate, PerTokenSec: fit.PerTokenSec, PerExpertSec: fit.PerExpertSec, Hidden: model.Hidden, FFN: model.FFN, Fit: fit.Accuracy}
-		for j, m := range ms {
-			acc, err := replay.CheckModel(ws[j], m, cl, model, scale)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(stdout, "cost model vs measurement, %s: per GPU-layer mean |error| %.2f%% (max %.2f%%), per-layer tail mean %.2f%% (max %.2f%%)\n",
-				plans[j], acc.MeanAbsPct, acc.MaxAbsPct, acc.TailMeanAbsPct, acc.TailMaxAbsPct)
-			out.Calibration.Model = append(out.Calibration.Model, acc)
 		}
 	}
 	return writeJSON(c.jsonOut, out)
+}
+
+// replayWorkloads reads the --plan files and cuts each one's workload
+// from in.
+func (c *common) replayWorkloads(plans []string, p solver.Problem, in replay.Input, wopts replay.WorkloadOptions) ([]*replay.Workload, error) {
+	var ws []*replay.Workload
+	for _, path := range plans {
+		plan, err := c.readPlan(path, p.Cluster)
+		if err != nil {
+			return nil, err
+		}
+		if plan.GPUs != p.Cluster.GPUs() {
+			return nil, fmt.Errorf("%s: plan has %d GPUs but the cluster %d (%d nodes × %d); set --nodes/--gpus-per-node", path, plan.GPUs, p.Cluster.GPUs(), p.Cluster.Nodes, p.Cluster.GPUsPerNode)
+		}
+		w, err := replay.NewWorkload(plan, in, wopts)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		ws = append(ws, w)
+	}
+	return ws, nil
+}
+
+// replayCalibration is replay --calibrate: the cluster YAML to write, and
+// the backend and expert sizes the measurement ran.
+type replayCalibration struct {
+	path    string
+	backend replay.Backend
+	model   costmodel.Model
+	scale   float64
+}
+
+// run fits the cost model's compute costs to the measurements ms of the
+// workloads ws, writes the calibrated cluster to rc.path, and prints the
+// fit and how well the calibrated model predicts each plan.
+func (rc replayCalibration) run(stdout io.Writer, cluster costmodel.Cluster, plans []string, ws []*replay.Workload, ms []*replay.Measurement) (*jsonCalibration, error) {
+	var obs []replay.Observation
+	tokens := func(n int) int { return n }
+	if cb, ok := rc.backend.(replay.CPU); ok {
+		tokens = cb.ScaledTokens
+	}
+	for j, m := range ms {
+		obs = append(obs, replay.Observations(ws[j], m, tokens)...)
+	}
+	fit, err := replay.Calibrate(obs)
+	if err != nil {
+		return nil, err
+	}
+	cl := fit.Apply(cluster)
+	if err := replay.WriteCluster(rc.path, cl); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(stdout, "\ncalibrated on %d GPU-layer shares at hidden %d, FFN %d: token_cost %v (%.4g s), expert_cost %v (%.4g s); wrote %s\n",
+		fit.N, rc.model.Hidden, rc.model.FFN, cl.TokenCost, fit.PerTokenSec, cl.ExpertCost, fit.PerExpertSec, rc.path)
+	cal := &jsonCalibration{File: rc.path, PerTokenSec: fit.PerTokenSec, PerExpertSec: fit.PerExpertSec, Hidden: rc.model.Hidden, FFN: rc.model.FFN, Fit: fit.Accuracy}
+	for j, m := range ms {
+		acc, err := replay.CheckModel(ws[j], m, cl, rc.model, rc.scale)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(stdout, "cost model vs measurement, %s: per GPU-layer mean |error| %.2f%% (max %.2f%%), per-layer tail mean %.2f%% (max %.2f%%)\n",
+			plans[j], acc.MeanAbsPct, acc.MaxAbsPct, acc.TailMeanAbsPct, acc.TailMaxAbsPct)
+		cal.Model = append(cal.Model, acc)
+	}
+	return cal, nil
 }
 
 func cmpOr(v, def int) int {

@@ -143,57 +143,8 @@ func (c *common) register(fs *flag.FlagSet, solve bool) {
 // setup loads statistics, cluster and model and builds the problem.
 func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, error) {
 	var p solver.Problem
-	traces := []string(c.traces)
-	if len(traces) == 0 {
-		if !defaultTrace {
-			return p, nil, usagef("no --trace given")
-		}
-		if _, err := os.Stat(DefaultTrace); err != nil {
-			return p, nil, fmt.Errorf("no --trace given and the bundled data %s is not here (run from the repository root or pass --trace)", DefaultTrace)
-		}
-		traces = []string{DefaultTrace}
-	}
-	if c.pathError < 0 {
-		return p, nil, usagef("--path-error %v: want 0 (every path) or a positive relative error such as 0.01", c.pathError)
-	}
-	if !(c.holdout >= 0 && c.holdout < 1) {
-		return p, nil, usagef("--holdout %v: want a fraction of the trace's tokens in [0, 1), such as 0.5", c.holdout)
-	}
-	lo := routing.LoadOptions{Format: routing.Format(c.format), TopK: c.topK, StatsOnly: !c.keepTrace(), PathError: libPathError(c.pathError)}
-	offsets, err := parsePPOffsets(c.ppOffsets)
+	stats, sources, err := c.loadTraces(defaultTrace)
 	if err != nil {
-		return p, nil, err
-	}
-	lo.MegatronLayerOffsets = offsets
-	switch c.transitions {
-	case "all-pairs":
-	case "top1":
-		lo.Transitions = routing.TransitionTop1
-	default:
-		return p, nil, fmt.Errorf("--transitions %q: want all-pairs or top1", c.transitions)
-	}
-	if err := c.modelLoadOptions(&lo); err != nil {
-		return p, nil, err
-	}
-	if c.serving.path == "" && c.from != "" {
-		c.serving = servingPlan{path: c.from, flag: "--from"}
-	}
-	var servingErr error
-	lo.SlotExperts, servingErr = c.serving.slotExperts(c.flagGPUs(), lo.Experts)
-	rd := c.progress.reading(traces)
-	stats, sources, err := routing.LoadAll(traces, rd.options(lo))
-	rd.end(stats, err)
-	if err != nil {
-		if servingErr != nil && strings.Contains(err.Error(), "load balancer") {
-			return p, nil, fmt.Errorf("%w (%s %s could not be read as the placement that was serving: %v)", routingError(err), c.serving.flag, c.serving.path, servingErr)
-		}
-		return p, nil, routingError(err)
-	}
-	if !c.quiet {
-		printNotes(c.stderr, stats.Notes)
-		printSlotNotes(c.stderr, sources, c.serving, stats.Experts)
-	}
-	if stats, err = c.cutAndOrder(sources, stats, lo); err != nil {
 		return p, nil, err
 	}
 	model, err := c.loadModel(stats)
@@ -206,44 +157,9 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	if c.held != nil {
 		c.held.stats.AssumeTopK(model.TopK)
 	}
-	cluster, err := costmodel.LoadCluster(c.cluster)
+	cluster, err := c.setupCluster(stats, sources)
 	if err != nil {
 		return p, nil, err
-	}
-	if c.nodes > 0 {
-		cluster = cluster.WithNodes(c.nodes)
-	}
-	dep, err := deploymentOf(sources)
-	if err != nil {
-		return p, nil, err
-	}
-	switch {
-	case dep != nil:
-		if err := c.applyDeployment(&cluster, dep); err != nil {
-			return p, nil, err
-		}
-		if !c.quiet && c.stderr != nil {
-			fmt.Fprintf(c.stderr, "moetuner: note: --trace %s records its deployment (vLLM's eplb_load_meta): %d ranks on %d nodes, %d expert groups, %d redundant experts; planned for it\n", dep.File, dep.Ranks, dep.Nodes, dep.Groups, dep.RedundantExperts)
-		}
-	case c.gpusPerNode > 0:
-		cluster = cluster.WithGPUsPerNode(c.gpusPerNode)
-	default:
-		cluster = cluster.FitExperts(stats.Experts)
-	}
-	if c.sigma >= 0 {
-		s := c.sigma
-		cluster.Sigma = &s
-	}
-	if err := cluster.Validate(); err != nil {
-		return p, nil, err
-	}
-	// A token's source rank is the GPU it lives on (its home): a trace
-	// recorded on more ranks than the cluster has has homes the cluster
-	// cannot hold.
-	for _, src := range sources {
-		if _, top := src.Stats.MaxSource(); top >= cluster.GPUs() {
-			return p, nil, fmt.Errorf("--trace %s: its tokens come from source ranks up to %d (each token's home GPU in the deployment it was recorded on), but the cluster has %d GPUs (--nodes %d × --gpus-per-node %d); plan for the deployment it was recorded on, at least %d GPUs", src.Path, top, cluster.GPUs(), cluster.Nodes, cluster.GPUsPerNode, top+1)
-		}
 	}
 	flow, err := costmodel.ParseFlow(c.flow)
 	if err != nil {
@@ -261,59 +177,8 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 	}
 	p = solver.Problem{Stats: stats, Cluster: cluster, Model: model, Flow: flow, Mode: mode,
 		RedundantSlots: c.redundant, ExpertGroups: c.groups, ShrinkSources: c.shrink}
-	if c.across != "" {
-		if p.Across, err = solver.ParseAcross(c.across); err != nil {
-			return p, nil, err
-		}
-		switch {
-		case len(sources) >= 2:
-			for _, src := range sources {
-				p.Workloads = append(p.Workloads, src.Stats)
-			}
-		case len(stats.StepLoad) >= 2:
-			// One file with per-step loads ([steps][L][E] logical_count):
-			// every step is a workload, as SGLang's deepseek_vec does.
-			for _, load := range stats.StepLoad {
-				p.Workloads = append(p.Workloads, routing.StatsFromLoad(load, stats.TopK))
-			}
-		default:
-			return p, nil, fmt.Errorf("--across needs at least two --trace workloads, or one trace with per-step loads")
-		}
-	}
-	if !(c.moveCost >= 0) || math.IsInf(c.moveCost, 0) {
-		return p, nil, usagef("--move-cost %v: want 0 (free moves) or more, in units of busiest/mean load per changed slot, such as 0.001", c.moveCost)
-	}
-	if c.maxMoves < 0 {
-		return p, nil, usagef("--max-moves %d: want 0 (no bound) or more slots per layer", c.maxMoves)
-	}
-	if c.from == "" && (c.maxMoves != 0 || c.moveCost != 0) {
-		flag := "--max-moves"
-		if c.maxMoves == 0 {
-			flag = "--move-cost"
-		}
-		return p, nil, usagef("%s counts the moves from a running plan: give that plan with --from", flag)
-	}
-	p.MoveCost = c.moveCost
-	if c.maxImbalance != 0 && !(c.maxImbalance >= 1 && !math.IsInf(c.maxImbalance, 0)) {
-		return p, nil, usagef("--max-imbalance %v: want 0 (no cap) or a busiest/mean ratio of at least 1, such as 1.02", c.maxImbalance)
-	}
-	p.MaxImbalance = c.maxImbalance
-	if c.slotsPerGPU != "" {
-		for _, f := range strings.Split(c.slotsPerGPU, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 0 {
-				return p, nil, fmt.Errorf("--slots-per-gpu %q: want comma-separated non-negative integers", c.slotsPerGPU)
-			}
-			p.SlotsPerGPU = append(p.SlotsPerGPU, n)
-		}
-		if len(p.SlotsPerGPU) != cluster.GPUs() {
-			return p, nil, fmt.Errorf("--slots-per-gpu has %d entries for %d GPUs; give one per GPU", len(p.SlotsPerGPU), cluster.GPUs())
-		}
-	}
-	if c.split != "" {
-		if p.Split, err = solver.ParseSplit(c.split); err != nil {
-			return p, nil, err
-		}
+	if err := c.problemFlags(&p, sources); err != nil {
+		return p, nil, err
 	}
 	if p.Dispatch, err = placement.ParseDispatch(c.dispatch); err != nil {
 		return p, nil, err
@@ -338,6 +203,174 @@ func (c *common) setup(defaultTrace bool) (solver.Problem, []*routing.Source, er
 		}
 	}
 	return p, sources, nil
+}
+
+// loadTraces reads the --trace files (the bundled trace when none is
+// given and defaultTrace is set) with the flags' load options, prints the
+// loaders' notes unless --quiet, and holds out and orders what it read
+// (cutAndOrder).
+func (c *common) loadTraces(defaultTrace bool) (*routing.Stats, []*routing.Source, error) {
+	traces := []string(c.traces)
+	if len(traces) == 0 {
+		if !defaultTrace {
+			return nil, nil, usagef("no --trace given")
+		}
+		if _, err := os.Stat(DefaultTrace); err != nil {
+			return nil, nil, fmt.Errorf("no --trace given and the bundled data %s is not here (run from the repository root or pass --trace)", DefaultTrace)
+		}
+		traces = []string{DefaultTrace}
+	}
+	if c.pathError < 0 {
+		return nil, nil, usagef("--path-error %v: want 0 (every path) or a positive relative error such as 0.01", c.pathError)
+	}
+	if !(c.holdout >= 0 && c.holdout < 1) {
+		return nil, nil, usagef("--holdout %v: want a fraction of the trace's tokens in [0, 1), such as 0.5", c.holdout)
+	}
+	lo := routing.LoadOptions{Format: routing.Format(c.format), TopK: c.topK, StatsOnly: !c.keepTrace(), PathError: libPathError(c.pathError)}
+	offsets, err := parsePPOffsets(c.ppOffsets)
+	if err != nil {
+		return nil, nil, err
+	}
+	lo.MegatronLayerOffsets = offsets
+	switch c.transitions {
+	case "all-pairs":
+	case "top1":
+		lo.Transitions = routing.TransitionTop1
+	default:
+		return nil, nil, fmt.Errorf("--transitions %q: want all-pairs or top1", c.transitions)
+	}
+	if err := c.modelLoadOptions(&lo); err != nil {
+		return nil, nil, err
+	}
+	if c.serving.path == "" && c.from != "" {
+		c.serving = servingPlan{path: c.from, flag: "--from"}
+	}
+	var servingErr error
+	lo.SlotExperts, servingErr = c.serving.slotExperts(c.flagGPUs(), lo.Experts)
+	rd := c.progress.reading(traces)
+	stats, sources, err := routing.LoadAll(traces, rd.options(lo))
+	rd.end(stats, err)
+	if err != nil {
+		if servingErr != nil && strings.Contains(err.Error(), "load balancer") {
+			return nil, nil, fmt.Errorf("%w (%s %s could not be read as the placement that was serving: %v)", routingError(err), c.serving.flag, c.serving.path, servingErr)
+		}
+		return nil, nil, routingError(err)
+	}
+	if !c.quiet {
+		printNotes(c.stderr, stats.Notes)
+		printSlotNotes(c.stderr, sources, c.serving, stats.Experts)
+	}
+	if stats, err = c.cutAndOrder(sources, stats, lo); err != nil {
+		return nil, nil, err
+	}
+	return stats, sources, nil
+}
+
+// setupCluster is the cluster of the flags (--cluster, --nodes,
+// --gpus-per-node, --sigma), or of the deployment a trace records, checked
+// to hold every source rank of the traces.
+func (c *common) setupCluster(stats *routing.Stats, sources []*routing.Source) (costmodel.Cluster, error) {
+	cluster, err := costmodel.LoadCluster(c.cluster)
+	if err != nil {
+		return costmodel.Cluster{}, err
+	}
+	if c.nodes > 0 {
+		cluster = cluster.WithNodes(c.nodes)
+	}
+	dep, err := deploymentOf(sources)
+	if err != nil {
+		return costmodel.Cluster{}, err
+	}
+	switch {
+	case dep != nil:
+		if err := c.applyDeployment(&cluster, dep); err != nil {
+			return costmodel.Cluster{}, err
+		}
+		if !c.quiet && c.stderr != nil {
+			fmt.Fprintf(c.stderr, "moetuner: note: --trace %s records its deployment (vLLM's eplb_load_meta): %d ranks on %d nodes, %d expert groups, %d redundant experts; planned for it\n", dep.File, dep.Ranks, dep.Nodes, dep.Groups, dep.RedundantExperts)
+		}
+	case c.gpusPerNode > 0:
+		cluster = cluster.WithGPUsPerNode(c.gpusPerNode)
+	default:
+		cluster = cluster.FitExperts(stats.Experts)
+	}
+	if c.sigma >= 0 {
+		s := c.sigma
+		cluster.Sigma = &s
+	}
+	if err := cluster.Validate(); err != nil {
+		return costmodel.Cluster{}, err
+	}
+	// A token's source rank is the GPU it lives on (its home): a trace
+	// recorded on more ranks than the cluster has has homes the cluster
+	// cannot hold.
+	for _, src := range sources {
+		if _, top := src.Stats.MaxSource(); top >= cluster.GPUs() {
+			return costmodel.Cluster{}, fmt.Errorf("--trace %s: its tokens come from source ranks up to %d (each token's home GPU in the deployment it was recorded on), but the cluster has %d GPUs (--nodes %d × --gpus-per-node %d); plan for the deployment it was recorded on, at least %d GPUs", src.Path, top, cluster.GPUs(), cluster.Nodes, cluster.GPUsPerNode, top+1)
+		}
+	}
+	return cluster, nil
+}
+
+// problemFlags sets p's workloads (--across), move limits (--move-cost,
+// --max-moves), imbalance cap, slots per GPU and split from the flags.
+func (c *common) problemFlags(p *solver.Problem, sources []*routing.Source) error {
+	var err error
+	if c.across != "" {
+		if p.Across, err = solver.ParseAcross(c.across); err != nil {
+			return err
+		}
+		switch {
+		case len(sources) >= 2:
+			for _, src := range sources {
+				p.Workloads = append(p.Workloads, src.Stats)
+			}
+		case len(p.Stats.StepLoad) >= 2:
+			// One file with per-step loads ([steps][L][E] logical_count):
+			// every step is a workload, as SGLang's deepseek_vec does.
+			for _, load := range p.Stats.StepLoad {
+				p.Workloads = append(p.Workloads, routing.StatsFromLoad(load, p.Stats.TopK))
+			}
+		default:
+			return fmt.Errorf("--across needs at least two --trace workloads, or one trace with per-step loads")
+		}
+	}
+	if !(c.moveCost >= 0) || math.IsInf(c.moveCost, 0) {
+		return usagef("--move-cost %v: want 0 (free moves) or more, in units of busiest/mean load per changed slot, such as 0.001", c.moveCost)
+	}
+	if c.maxMoves < 0 {
+		return usagef("--max-moves %d: want 0 (no bound) or more slots per layer", c.maxMoves)
+	}
+	if c.from == "" && (c.maxMoves != 0 || c.moveCost != 0) {
+		flag := "--max-moves"
+		if c.maxMoves == 0 {
+			flag = "--move-cost"
+		}
+		return usagef("%s counts the moves from a running plan: give that plan with --from", flag)
+	}
+	p.MoveCost = c.moveCost
+	if c.maxImbalance != 0 && !(c.maxImbalance >= 1 && !math.IsInf(c.maxImbalance, 0)) {
+		return usagef("--max-imbalance %v: want 0 (no cap) or a busiest/mean ratio of at least 1, such as 1.02", c.maxImbalance)
+	}
+	p.MaxImbalance = c.maxImbalance
+	if c.slotsPerGPU != "" {
+		for _, f := range strings.Split(c.slotsPerGPU, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 {
+				return fmt.Errorf("--slots-per-gpu %q: want comma-separated non-negative integers", c.slotsPerGPU)
+			}
+			p.SlotsPerGPU = append(p.SlotsPerGPU, n)
+		}
+		if len(p.SlotsPerGPU) != p.Cluster.GPUs() {
+			return fmt.Errorf("--slots-per-gpu has %d entries for %d GPUs; give one per GPU", len(p.SlotsPerGPU), p.Cluster.GPUs())
+		}
+	}
+	if c.split != "" {
+		if p.Split, err = solver.ParseSplit(c.split); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // fromSGLang reports whether every trace was recorded by SGLang (its

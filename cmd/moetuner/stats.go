@@ -96,6 +96,19 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 		printSlotNotes(stderr, sources, serving, stats.Experts)
 	}
 	sum := routing.Summary(stats)
+	printStatsSummary(stdout, sources, sum)
+	printGroupsTouched(stdout, stats, *model, &sum)
+	if *out != "" {
+		if err := writeStatsOut(stdout, stderr, stats, *out, outFormat, *model); err != nil {
+			return err
+		}
+	}
+	return writeJSON(*jsonOut, sum)
+}
+
+// printStatsSummary prints stats' report: the sources, the totals and a
+// row per layer.
+func printStatsSummary(stdout io.Writer, sources []*routing.Source, sum routing.SummaryReport) {
 	for _, s := range sources {
 		fmt.Fprintf(stdout, "source %s (%s)\n", s.Path, s.Format)
 	}
@@ -115,7 +128,12 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 			optPct(sum.HasTransitions && int(l.Layer) < sum.Layers-1, l.TopPairShare), optPct(sum.HasTransitions && int(l.Layer) < sum.Layers-1, l.RowMaxShare))
 	}
 	tw.Flush()
-	if m, err := (&common{model: *model}).loadModel(stats); err == nil && m.ExpertGroups > 0 {
+}
+
+// printGroupsTouched prints how many expert groups a token touches per
+// layer when the model groups its experts, and records it in sum.
+func printGroupsTouched(stdout io.Writer, stats *routing.Stats, model string, sum *routing.SummaryReport) {
+	if m, err := (&common{model: model}).loadModel(stats); err == nil && m.ExpertGroups > 0 {
 		if per, most, ok := routing.GroupsTouched(stats, m.ExpertGroups); ok {
 			lo, hi, mean := per[0], per[0], 0.0
 			for _, v := range per {
@@ -125,28 +143,32 @@ func cmdStats(args []string, stdout, stderr io.Writer) error {
 			sum.GroupsTouched = per
 		}
 	}
-	if *out != "" {
-		w := stats
-		if outFormat == "logical-count" {
-			if w, err = withLayout(stats, *model, stderr); err != nil {
-				return err
-			}
-		}
-		var buf bytes.Buffer
-		if err := routing.WriteStats(&buf, w, routing.StatsFormat(outFormat)); err != nil {
+}
+
+// writeStatsOut writes stats to out, atomically, in outFormat (moetuner
+// or logical-count), and says so on stdout.
+func writeStatsOut(stdout, stderr io.Writer, stats *routing.Stats, out, outFormat, model string) error {
+	w := stats
+	if outFormat == "logical-count" {
+		var err error
+		if w, err = withLayout(stats, model, stderr); err != nil {
 			return err
-		}
-		if err := placement.WriteFileAtomic(*out, buf.Bytes()); err != nil {
-			return err
-		}
-		if outFormat == "logical-count" {
-			rows, n := routing.LogicalCountRows(w)
-			fmt.Fprintf(stdout, "wrote %s: logical_count of %d rows × %d experts, MoE layers at rows %v\n", *out, n, stats.Experts, rows)
-		} else {
-			fmt.Fprintf(stdout, "wrote %s (moetuner.stats/v1)\n", *out)
 		}
 	}
-	return writeJSON(*jsonOut, sum)
+	var buf bytes.Buffer
+	if err := routing.WriteStats(&buf, w, routing.StatsFormat(outFormat)); err != nil {
+		return err
+	}
+	if err := placement.WriteFileAtomic(out, buf.Bytes()); err != nil {
+		return err
+	}
+	if outFormat == "logical-count" {
+		rows, n := routing.LogicalCountRows(w)
+		fmt.Fprintf(stdout, "wrote %s: logical_count of %d rows × %d experts, MoE layers at rows %v\n", out, n, stats.Experts, rows)
+	} else {
+		fmt.Fprintf(stdout, "wrote %s (moetuner.stats/v1)\n", out)
+	}
+	return nil
 }
 
 // statsServingSlots reads stats' --plan, saying what is missing: stats has

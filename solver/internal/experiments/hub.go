@@ -20,138 +20,39 @@ import (
 // It returns the remote count and node busiest/mean after, and the node
 // loads over the mean before and after.
 func (nl *nodeLayer) hubCopies(node []int, P, slots int, capf float64) (remote, imb float64, added int, before, after []float64) {
-	N, T, E := nl.N, nl.T, len(node)
-	G := N * P
-	// rl[e*G+h]: expert e's tokens from source h.
-	rl := make([]float64, E*G)
-	for e := range E {
-		for _, i := range nl.tok[e] {
-			rl[e*G+nl.rank[i]] += nl.w[i]
-		}
-	}
-	// onNode is node n's GPU whose source uses e most, where a copy of
-	// e on n goes.
-	onNode := func(e, n int) int {
-		g := n * P
-		for h := n * P; h < (n+1)*P; h++ {
-			if rl[e*G+h] > rl[e*G+g] {
-				g = h
-			}
-		}
-		return g
-	}
-	copies := make([][]int, E) // GPUs
-	for e, b := range node {
-		copies[e] = []int{onNode(e, b)}
-	}
-	// f[e*G*N+h*N+n]: the share of e's tokens from h that go to node n.
-	f := make([]float64, E*G*N)
-	// fill folds placement.StaticSplit's per-copy shares into nodes.
-	frac := make([]float64, G*G)
-	gpus := make([]int32, 0, N)
-	fill := func(e int, cs []int, out []float64) {
-		gpus = gpus[:0]
-		for _, g := range cs {
-			gpus = append(gpus, int32(g))
-		}
-		n := len(gpus)
-		placement.StaticSplit(gpus, G, frac)
-		clear(out)
-		for h := range G {
-			for i, g := range gpus {
-				out[h*N+int(g)/P] += frac[h*n+i]
-			}
-		}
-	}
-	for e := range E {
-		fill(e, copies[e], f[e*G*N:(e+1)*G*N])
-	}
-	nload := make([]float64, N)
-	loadOf := func(e int, fe []float64, sign float64) {
-		for h := range G {
-			for n := range N {
-				nload[n] += sign * rl[e*G+h] * fe[h*N+n]
-			}
-		}
-	}
-	for e := range E {
-		loadOf(e, f[e*G*N:(e+1)*G*N], 1)
-	}
-	rel := func() []float64 {
-		out := make([]float64, N)
-		for n, v := range nload {
-			out[n] = math.Round(v/nl.mean*1000) / 1000
-		}
-		return out
-	}
-	before = rel()
-	// exps[i]: pattern i's experts at this layer.
-	exps := make([][]int32, T)
-	for e := range E {
-		for _, i := range nl.tok[e] {
-			exps[i] = append(exps[i], int32(e))
-		}
-	}
-	// tokRemote is pattern i's expected remote nodes, with alt as e's
-	// shares when alt != nil.
-	tokRemote := func(i, alt int, fa []float64) float64 {
-		h := nl.rank[i]
-		H := h / P
-		r := 0.0
-		for n := range N {
-			if n == H {
-				continue
-			}
-			miss := 1.0
-			for _, e32 := range exps[i] {
-				e := int(e32)
-				fe := f[e*G*N:]
-				if e == alt {
-					fe = fa
-				}
-				miss *= 1 - fe[h*N+n]
-			}
-			r += 1 - miss
-		}
-		return r * nl.w[i]
-	}
-	for i := range T {
-		remote += tokRemote(i, -1, nil)
-	}
-	over := func(ld []float64) float64 {
-		o := 0.0
-		for _, v := range ld {
-			o += max(0, v-capf*nl.mean)
-		}
-		return o
+	h := newHubState(nl, node, P, capf)
+	N, E, G := h.N, h.E, h.G
+	before = h.rel()
+	for i := range nl.T {
+		remote += h.tokRemote(i, -1, nil)
 	}
 	free := make([]int, N)
 	for n := range free {
 		free[n] = slots
 	}
 	fa := make([]float64, G*N)
-	for over(nload) > 0 {
-		o0 := over(nload)
+	for h.over() > 0 {
+		o0 := h.over()
 		bestScore, bestE, bestG, bestD := math.Inf(1), -1, -1, 0.0
 		for e := range E {
 			for n := range N {
-				if free[n] == 0 || slices.ContainsFunc(copies[e], func(g int) bool { return g/P == n }) {
+				if free[n] == 0 || slices.ContainsFunc(h.copies[e], func(g int) bool { return g/P == n }) {
 					continue
 				}
-				g := onNode(e, n)
-				cs := append(slices.Clone(copies[e]), g)
-				fill(e, cs, fa)
-				loadOf(e, f[e*G*N:(e+1)*G*N], -1)
-				loadOf(e, fa, 1)
-				o1 := over(nload)
-				loadOf(e, fa, -1)
-				loadOf(e, f[e*G*N:(e+1)*G*N], 1)
+				g := h.onNode(e, n)
+				cs := append(slices.Clone(h.copies[e]), g)
+				h.fill(cs, fa)
+				h.loadOf(e, h.fe(e), -1)
+				h.loadOf(e, fa, 1)
+				o1 := h.over()
+				h.loadOf(e, fa, -1)
+				h.loadOf(e, h.fe(e), 1)
 				if o1 >= o0-1e-9 {
 					continue
 				}
 				d := 0.0
 				for _, i := range nl.tok[e] {
-					d += tokRemote(int(i), e, fa) - tokRemote(int(i), -1, nil)
+					d += h.tokRemote(int(i), e, fa) - h.tokRemote(int(i), -1, nil)
 				}
 				// remote added per unit of overload removed; savings rank first
 				score := d / (o0 - o1)
@@ -164,18 +65,160 @@ func (nl *nodeLayer) hubCopies(node []int, P, slots int, capf float64) (remote, 
 			break
 		}
 		e := bestE
-		loadOf(e, f[e*G*N:(e+1)*G*N], -1)
-		copies[e] = append(copies[e], bestG)
-		fill(e, copies[e], f[e*G*N:(e+1)*G*N])
-		loadOf(e, f[e*G*N:(e+1)*G*N], 1)
+		h.loadOf(e, h.fe(e), -1)
+		h.copies[e] = append(h.copies[e], bestG)
+		h.fill(h.copies[e], h.fe(e))
+		h.loadOf(e, h.fe(e), 1)
 		free[bestG/P]--
 		remote += bestD
 		added++
 	}
-	for _, v := range nload {
+	for _, v := range h.nload {
 		imb = max(imb, v/nl.mean)
 	}
-	return remote, imb, added, before, rel()
+	return remote, imb, added, before, h.rel()
+}
+
+// hubState is hubCopies' state: the layer's token counts by expert and
+// source GPU, each expert's copies and how static dispatch splits its
+// tokens over nodes, and the node loads that follow.
+type hubState struct {
+	nl         *nodeLayer
+	N, T, E, G int
+	P          int
+	capf       float64
+	// rl[e*G+h]: expert e's tokens from source h.
+	rl     []float64
+	copies [][]int // GPUs
+	// f[e*G*N+h*N+n]: the share of e's tokens from h that go to node n.
+	f     []float64
+	nload []float64
+	// exps[i]: pattern i's experts at this layer.
+	exps [][]int32
+	// fill's buffers
+	frac []float64
+	gpus []int32
+}
+
+// newHubState starts hubCopies from one copy of each expert e on node
+// node[e], on the GPU whose source uses it most.
+func newHubState(nl *nodeLayer, node []int, P int, capf float64) *hubState {
+	N, T, E := nl.N, nl.T, len(node)
+	G := N * P
+	h := &hubState{nl: nl, N: N, T: T, E: E, G: G, P: P, capf: capf}
+	h.rl = make([]float64, E*G)
+	for e := range E {
+		for _, i := range nl.tok[e] {
+			h.rl[e*G+nl.rank[i]] += nl.w[i]
+		}
+	}
+	h.copies = make([][]int, E)
+	for e, b := range node {
+		h.copies[e] = []int{h.onNode(e, b)}
+	}
+	h.f = make([]float64, E*G*N)
+	h.frac = make([]float64, G*G)
+	h.gpus = make([]int32, 0, N)
+	for e := range E {
+		h.fill(h.copies[e], h.fe(e))
+	}
+	h.nload = make([]float64, N)
+	for e := range E {
+		h.loadOf(e, h.fe(e), 1)
+	}
+	h.exps = make([][]int32, T)
+	for e := range E {
+		for _, i := range nl.tok[e] {
+			h.exps[i] = append(h.exps[i], int32(e))
+		}
+	}
+	return h
+}
+
+// fe is expert e's shares in f.
+func (h *hubState) fe(e int) []float64 {
+	return h.f[e*h.G*h.N : (e+1)*h.G*h.N]
+}
+
+// onNode is node n's GPU whose source uses e most, where a copy of e on
+// n goes.
+func (h *hubState) onNode(e, n int) int {
+	g := n * h.P
+	for s := n * h.P; s < (n+1)*h.P; s++ {
+		if h.rl[e*h.G+s] > h.rl[e*h.G+g] {
+			g = s
+		}
+	}
+	return g
+}
+
+// fill folds placement.StaticSplit's per-copy shares for copies cs into
+// nodes, in out.
+func (h *hubState) fill(cs []int, out []float64) {
+	h.gpus = h.gpus[:0]
+	for _, g := range cs {
+		h.gpus = append(h.gpus, int32(g))
+	}
+	n := len(h.gpus)
+	placement.StaticSplit(h.gpus, h.G, h.frac)
+	clear(out)
+	for s := range h.G {
+		for i, g := range h.gpus {
+			out[s*h.N+int(g)/h.P] += h.frac[s*n+i]
+		}
+	}
+}
+
+// loadOf adds sign times e's tokens, split by shares fe, to the node
+// loads.
+func (h *hubState) loadOf(e int, fe []float64, sign float64) {
+	for s := range h.G {
+		for n := range h.N {
+			h.nload[n] += sign * h.rl[e*h.G+s] * fe[s*h.N+n]
+		}
+	}
+}
+
+// rel is the node loads over the mean, to 3 decimals.
+func (h *hubState) rel() []float64 {
+	out := make([]float64, h.N)
+	for n, v := range h.nload {
+		out[n] = math.Round(v/h.nl.mean*1000) / 1000
+	}
+	return out
+}
+
+// tokRemote is pattern i's expected remote nodes, with fa as alt's
+// shares when fa != nil.
+func (h *hubState) tokRemote(i, alt int, fa []float64) float64 {
+	src := h.nl.rank[i]
+	H := src / h.P
+	r := 0.0
+	for n := range h.N {
+		if n == H {
+			continue
+		}
+		miss := 1.0
+		for _, e32 := range h.exps[i] {
+			e := int(e32)
+			fe := h.f[e*h.G*h.N:]
+			if e == alt {
+				fe = fa
+			}
+			miss *= 1 - fe[src*h.N+n]
+		}
+		r += 1 - miss
+	}
+	return r * h.nl.w[i]
+}
+
+// over is the node load above capf times the mean, summed over nodes.
+func (h *hubState) over() float64 {
+	o := 0.0
+	for _, v := range h.nload {
+		o += max(0, v-h.capf*h.nl.mean)
+	}
+	return o
 }
 
 // runHubCopies is the hub-copies experiment: anneal the node placement
