@@ -268,34 +268,13 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x6d6f65))
 	var tries int64
-	// 1. Nodes on the proxy. Under a move budget only its descent runs,
-	// each swap charged and bounded by the budget (an annealing would
-	// spend the budget on moves it later undoes).
+	// 1. Nodes on the proxy.
 	a := sh.Proxy
-	// short: the layer's limit affords under shortSchedule of a full
-	// proxy annealing; the phases then favour their cheapest moves.
 	short := false
-	if s.ly.sh.N > 1 && a > 0 {
-		px := newProxy(s)
-		if px.cut > 0 {
-			scale := s.remote() / px.cut
-			perNodeTok, copySec := ly.sh.perTok/float64(ly.sh.P), ly.sh.copySec/float64(ly.sh.G)
-			sc := newSchedule(ctx, phase(0, a), proxyPerUnit)
-			if ly.bud != nil {
-				px.bud, px.changed = ly.bud, s.changed
-				o := &proxyObj{scale: scale, perNodeTok: perNodeTok, copySec: copySec, capOn: px.cap.On(), nl: make([]float64, ly.sh.N)}
-				var pace time.Duration
-				if !lim.ByWork() {
-					pace = px.pace(o)
-				}
-				short = px.scheduleShare(sc, pace) < shortSchedule
-				px.descend(o, 1e-9*s.costNow(levelGPU), func() bool { return sc.progress() >= 1 || ctx.Err() != nil })
-			} else {
-				short = px.anneal(rng, sc, scale, perNodeTok, copySec)
-			}
-			s = newStateKappa(ly, px.copies(), s.kappa)
-			tries += phase(0, a).Work
-		}
+	if a > 0 {
+		var n int64
+		s, short, n = proxyPhase(ctx, s, phase(0, a), rng, !lim.ByWork())
+		tries += n
 	}
 	r0 := s.remote()
 	// 2. Exact node-level swaps, unless an earlier layer's pass did not
@@ -379,4 +358,39 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 		return newStateKappa(ly, start, 0), tries
 	}
 	return s, tries
+}
+
+// proxyPhase runs the node-level proxy on s within lim and returns the
+// state of its copies, whether the limit was short (the proxy's schedule
+// share under shortSchedule: the later phases then favour their
+// cheapest moves) and the work it was given. Under a move budget only
+// its descent runs, each swap bounded and charged by the budget (an
+// annealing would spend the budget on moves it later undoes); byTime
+// says the limit is a deadline (the descent's pace is then timed).
+func proxyPhase(ctx context.Context, s *state, lim task.Limit, rng *rand.Rand, byTime bool) (*state, bool, int64) {
+	ly := s.ly
+	if ly.sh.N < 2 {
+		return s, false, 0
+	}
+	px := newProxy(s)
+	if px.cut <= 0 {
+		return s, false, 0
+	}
+	scale := s.remote() / px.cut
+	perNodeTok, copySec := ly.sh.perTok/float64(ly.sh.P), ly.sh.copySec/float64(ly.sh.G)
+	sc := newSchedule(ctx, lim, proxyPerUnit)
+	short := false
+	if ly.bud != nil {
+		px.bud, px.changed = ly.bud, s.changed
+		o := &proxyObj{scale: scale, perNodeTok: perNodeTok, copySec: copySec, capOn: px.cap.On(), nl: make([]float64, ly.sh.N)}
+		var pace time.Duration
+		if byTime {
+			pace = px.pace(o)
+		}
+		short = px.scheduleShare(sc, pace) < shortSchedule
+		px.descend(o, 1e-9*s.costNow(levelGPU), func() bool { return sc.progress() >= 1 || ctx.Err() != nil })
+	} else {
+		short = px.anneal(rng, sc, scale, perNodeTok, copySec)
+	}
+	return newStateKappa(ly, px.copies(), s.kappa), short, lim.Work
 }
