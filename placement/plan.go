@@ -257,3 +257,27 @@ func ChangedSlots(prev, next LayerPlan) int {
 	}
 	return changed
 }
+
+// SameCopies reports whether a and b have the same GPUs and layers and
+// put every expert's copies on the same GPUs in every layer (slot order
+// aside).
+func SameCopies(a, b *Plan) bool {
+	if a.GPUs != b.GPUs || len(a.Layers) != len(b.Layers) {
+		return false
+	}
+	for l := range a.Layers {
+		x, y := a.ExpertGPUs(l), b.ExpertGPUs(l)
+		if len(x) != len(y) {
+			return false
+		}
+		for e := range x {
+			gx, gy := slices.Clone(x[e]), slices.Clone(y[e])
+			slices.Sort(gx)
+			slices.Sort(gy)
+			if !slices.Equal(gx, gy) {
+				return false
+			}
+		}
+	}
+	return true
+}

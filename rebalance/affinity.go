@@ -3,7 +3,6 @@ package rebalance
 import (
 	"context"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/moetuner/moetuner/costmodel"
@@ -80,7 +79,7 @@ func (r *Rebalancer) proposePaths(ctx context.Context, b Budget, s snapshot, t0 
 	// candidates keep their order): the solve's report stands for the
 	// aligned plan unless a layer was put back.
 	rep := res.Report
-	if reverted || !sameGPUs(next, res.Plan) {
+	if reverted || !placement.SameCopies(next, res.Plan) {
 		if rep, err = sc.Evaluate(next); err != nil {
 			return nil, err
 		}
@@ -106,24 +105,4 @@ func (r *Rebalancer) proposePaths(ctx context.Context, b Budget, s snapshot, t0 
 	prop.CurrentRemote, prop.Remote = curRep.RemoteCopies/per, rep.RemoteCopies/per
 	prop.CurrentLayerSec, prop.LayerSec = curRep.TimeSec, rep.TimeSec
 	return prop, r.summarize(prop, s, next, mig, r.windowCost(s, s.current), r.windowCost(s, next))
-}
-
-// sameGPUs reports whether a and b put every expert's copies on the same
-// GPUs in every layer.
-func sameGPUs(a, b *placement.Plan) bool {
-	for l := range a.Layers {
-		x, y := a.ExpertGPUs(l), b.ExpertGPUs(l)
-		if len(x) != len(y) {
-			return false
-		}
-		for e := range x {
-			gx, gy := slices.Clone(x[e]), slices.Clone(y[e])
-			slices.Sort(gx)
-			slices.Sort(gy)
-			if !slices.Equal(gx, gy) {
-				return false
-			}
-		}
-	}
-	return true
 }

@@ -9,7 +9,6 @@ package affinitypath
 
 import (
 	"context"
-	"slices"
 	"time"
 
 	"github.com/moetuner/moetuner/costmodel"
@@ -97,7 +96,7 @@ func Run(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	}
 	plan := placement.FromReplicas(p.Cluster.GPUs(), ar.Copies, "joint")
 	res.Plan, res.Report = p.Start, p.StartReport
-	if !sameCopies(plan, p.Start) {
+	if !placement.SameCopies(plan, p.Start) {
 		// The search moved something: keep it only if the cost model,
 		// evaluated on the plan itself, agrees that it is better.
 		r, err := p.Evaluate(plan)
@@ -158,27 +157,4 @@ func moveCharge(p Problem, plan *placement.Plan) float64 {
 		sec += affinity.SlotCharge(p.Scenario, p.MoveCost, l) * float64(placement.ChangedSlots(p.Current.Layers[l], plan.Layers[l]))
 	}
 	return sec
-}
-
-// sameCopies reports whether a and b put the same copies of every expert
-// on the same GPUs in every layer.
-func sameCopies(a, b *placement.Plan) bool {
-	if a.GPUs != b.GPUs || len(a.Layers) != len(b.Layers) {
-		return false
-	}
-	for l := range a.Layers {
-		x, y := a.ExpertGPUs(l), b.ExpertGPUs(l)
-		if len(x) != len(y) {
-			return false
-		}
-		for e := range x {
-			gx, gy := slices.Clone(x[e]), slices.Clone(y[e])
-			slices.Sort(gx)
-			slices.Sort(gy)
-			if !slices.Equal(gx, gy) {
-				return false
-			}
-		}
-	}
-	return true
 }

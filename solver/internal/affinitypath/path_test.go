@@ -15,9 +15,9 @@ func TestSameCopies(t *testing.T) {
 	a := placement.FromReplicas(4, [][][]placement.GPU{{{0, 1}, {2}, {3}, {1}}}, "a")
 	b := placement.FromReplicas(4, [][][]placement.GPU{{{1, 0}, {2}, {3}, {1}}}, "b")
 	c := placement.FromReplicas(4, [][][]placement.GPU{{{0, 2}, {1}, {3}, {1}}}, "c")
-	assert.True(t, sameCopies(a, b), "the same copies in another order")
-	assert.False(t, sameCopies(a, c), "a copy moved")
-	assert.False(t, sameCopies(a, testkit.PlanOf(4, []int{0, 1, 2, 3})), "a copy fewer")
+	assert.True(t, placement.SameCopies(a, b), "the same copies in another order")
+	assert.False(t, placement.SameCopies(a, c), "a copy moved")
+	assert.False(t, placement.SameCopies(a, testkit.PlanOf(4, []int{0, 1, 2, 3})), "a copy fewer")
 }
 
 // TestNodeSpeedPeak is 1 on equal GPUs and the fastest node's share of the
