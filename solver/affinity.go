@@ -78,18 +78,18 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 	W := int64(opts.Effort) * 1_000_000
 	limit := opts.TimeLimit
 	res := &Result{Status: StatusFeasible}
+	var eplb *placement.Plan
+	var eplbRep *costmodel.Report
 	if W == 0 && p.replicated() && p.Current == nil {
 		// Under a deadline, EPLB's plan (milliseconds) is scored first:
 		// when the time left is short for the packing too, the search
 		// starts from it.
-		if bp, err := Baseline(p, StrategyEPLB); err == nil && sameSlots(bp, p.slotCounts()) {
-			t0 := time.Now()
-			if r, err := p.Scenario().Evaluate(bp); err == nil {
-				evalTime := time.Since(t0)
-				if time.Until(start.Add(limit)) < packingWorth*evalTime {
-					res.Baseline, res.BaselineObjective = StrategyEPLB, r.TimeSec
-					return searchAffinity(ctx, p, opts, b, start, res, bp, r, evalTime)
-				}
+		t0 := time.Now()
+		if eplb, eplbRep = scoredEPLB(p); eplbRep != nil {
+			evalTime := time.Since(t0)
+			if time.Until(start.Add(limit)) < packingWorth*evalTime {
+				res.Baseline, res.BaselineObjective = StrategyEPLB, eplbRep.TimeSec
+				return searchAffinity(ctx, p, opts, b, start, res, eplb, eplbRep, evalTime)
 			}
 		}
 	}
@@ -105,14 +105,29 @@ func solveAffinity(ctx context.Context, p Problem, backend mip.Backend, opts Opt
 		// faster of the two, when the limit leaves the search as much
 		// time again as EPLB's plan and its evaluation take (about two
 		// evaluations).
-		if bp, err := Baseline(p, StrategyEPLB); err == nil && sameSlots(bp, p.slotCounts()) {
-			if r, err := p.Scenario().Evaluate(bp); err == nil && r.TimeSec < firstRep.TimeSec {
-				first, firstRep = bp, r
-				res.Baseline, res.BaselineObjective = StrategyEPLB, r.TimeSec
-			}
+		if eplbRep == nil {
+			eplb, eplbRep = scoredEPLB(p)
+		}
+		if eplbRep != nil && eplbRep.TimeSec < firstRep.TimeSec {
+			first, firstRep = eplb, eplbRep
+			res.Baseline, res.BaselineObjective = StrategyEPLB, eplbRep.TimeSec
 		}
 	}
 	return searchAffinity(ctx, p, opts, b, start, res, first, firstRep, evalTime)
+}
+
+// scoredEPLB is EPLB's plan of p and its report, or nils when EPLB cannot
+// fill p's slots or the plan cannot be scored.
+func scoredEPLB(p Problem) (*placement.Plan, *costmodel.Report) {
+	bp, err := Baseline(p, StrategyEPLB)
+	if err != nil || !sameSlots(bp, p.slotCounts()) {
+		return nil, nil
+	}
+	r, err := p.Scenario().Evaluate(bp)
+	if err != nil {
+		return nil, nil
+	}
+	return bp, r
 }
 
 // packingWorth is, in evaluations of a plan, the least time left for

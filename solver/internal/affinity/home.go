@@ -273,7 +273,7 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	short := false
 	if a > 0 {
 		var n int64
-		s, short, n = proxyPhase(ctx, s, phase(0, a), rng, !lim.ByWork())
+		s, short, n = proxyPhase(ctx, s, phase(0, a), rng)
 		tries += n
 	}
 	r0 := s.remote()
@@ -365,9 +365,9 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 // share under shortSchedule: the later phases then favour their
 // cheapest moves) and the work it was given. Under a move budget only
 // its descent runs, each swap bounded and charged by the budget (an
-// annealing would spend the budget on moves it later undoes); byTime
-// says the limit is a deadline (the descent's pace is then timed).
-func proxyPhase(ctx context.Context, s *state, lim task.Limit, rng *rand.Rand, byTime bool) (*state, bool, int64) {
+// annealing would spend the budget on moves it later undoes); under a
+// deadline the descent's pace is timed to size the schedule's share.
+func proxyPhase(ctx context.Context, s *state, lim task.Limit, rng *rand.Rand) (*state, bool, int64) {
 	ly := s.ly
 	if ly.sh.N < 2 {
 		return s, false, 0
@@ -384,7 +384,7 @@ func proxyPhase(ctx context.Context, s *state, lim task.Limit, rng *rand.Rand, b
 		px.bud, px.changed = ly.bud, s.changed
 		o := &proxyObj{scale: scale, perNodeTok: perNodeTok, copySec: copySec, capOn: px.cap.On(), nl: make([]float64, ly.sh.N)}
 		var pace time.Duration
-		if byTime {
+		if !lim.ByWork() {
 			pace = px.pace(o)
 		}
 		short = px.scheduleShare(sc, pace) < shortSchedule

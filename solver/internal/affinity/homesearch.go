@@ -283,9 +283,7 @@ func (se *searcher) gpuPhase() {
 	s := se.s
 	sh := s.ly.sh
 	P := sh.P
-	load := func(g int, tok []float64) float64 {
-		return sh.terms.Compute(g, tok[g], float64(sh.slots[g]))
-	}
+	load := sh.gpuCompute
 	stuck := make([]bool, sh.N)
 	scratch := make([]float64, sh.G)
 	// Swaps of copies of replicated experts change how the dispatch
@@ -311,6 +309,8 @@ func (se *searcher) gpuPhase() {
 		B := top / P
 		var best move
 		bestPeak, found := tv, false
+		// The state holds still while the swaps are priced.
+		now, base := s.costNow(levelGPU), s.baseCost()
 		for ia := range s.held[top] {
 			for g := B * P; g < (B+1)*P; g++ {
 				if g == top {
@@ -321,7 +321,7 @@ func (se *searcher) gpuPhase() {
 					if !se.ok(mv) {
 						continue
 					}
-					t2, d := s.withinNode(mv, scratch)
+					t2, d := s.withinNode(mv, scratch, base)
 					if t2 == nil {
 						if !slow[B] {
 							continue
@@ -329,7 +329,7 @@ func (se *searcher) gpuPhase() {
 						d, t2 = s.try(mv, levelGPU), s.tr.t2
 					}
 					se.spend()
-					if d > 1e-15*s.costNow(levelGPU) {
+					if d > 1e-15*now {
 						continue
 					}
 					peak := math.Max(load(top, t2), load(g, t2))
@@ -364,9 +364,8 @@ func (se *searcher) evenPair(B int, scratch []float64) bool {
 	s := se.s
 	sh := s.ly.sh
 	P := sh.P
-	load := func(g int, tok []float64) float64 {
-		return sh.terms.Compute(g, tok[g], float64(sh.slots[g]))
-	}
+	load := sh.gpuCompute
+	now, base := s.costNow(levelGPU), s.baseCost()
 	var best move
 	gain, found := 0.0, false
 	for a := B * P; a < (B+1)*P && !se.m.Done(); a++ {
@@ -378,12 +377,12 @@ func (se *searcher) evenPair(B int, scratch []float64) bool {
 					if !se.ok(mv) {
 						continue
 					}
-					t2, d := s.withinNode(mv, scratch)
+					t2, d := s.withinNode(mv, scratch, base)
 					if t2 == nil {
 						continue
 					}
 					se.spend()
-					if d > 1e-15*s.costNow(levelGPU) {
+					if d > 1e-15*now {
 						continue
 					}
 					if g := before - math.Max(load(a, t2), load(b, t2)); g > gain+1e-12*before {
@@ -404,10 +403,10 @@ func (se *searcher) evenPair(B int, scratch []float64) bool {
 // it reaches or the NIC port it uses (a port is the source's local index
 // on the node), so only the two GPUs' tokens change, by the copies'
 // loads. It returns the GPUs' tokens after the swap (in t2, G long) and
-// the cost's change at the GPU level, the same numbers try gives; nil
-// when the swap is not such a swap or NVLink is modeled (NVLink ports
-// do see the GPU).
-func (s *state) withinNode(mv move, t2 []float64) ([]float64, float64) {
+// the cost's change at the GPU level from base (s.baseCost()), the same
+// numbers try gives; nil when the swap is not such a swap or NVLink is
+// modeled (NVLink ports do see the GPU).
+func (s *state) withinNode(mv move, t2 []float64, base float64) ([]float64, float64) {
 	sh := s.ly.sh
 	if sh.nv || mv.kind != moveSwap || mv.a/sh.P != mv.b/sh.P {
 		return nil, 0
@@ -424,11 +423,22 @@ func (s *state) withinNode(mv move, t2 []float64) ([]float64, float64) {
 	da += cf.cl[0]
 	t2[mv.a] = s.tok[mv.a] + da
 	t2[mv.b] = s.tok[mv.b] + db
-	d := s.cost(t2, s.out, s.in, s.nvOut, s.nvIn, levelGPU) - s.cost(s.tok, s.out, s.in, s.nvOut, s.nvIn, levelGPU)
+	d := s.cost(t2, s.out, s.in, s.nvOut, s.nvIn, levelGPU) - base
 	if b := s.ly.bud; b != nil {
 		d += b.SlotSec * float64(s.dChanged(mv))
 	}
 	return t2, d
+}
+
+// baseCost is the state's cost at the GPU level without the move
+// budget's charge: what try and withinNode price a move's change from.
+func (s *state) baseCost() float64 {
+	return s.cost(s.tok, s.out, s.in, s.nvOut, s.nvIn, levelGPU)
+}
+
+// gpuCompute is GPU g's compute time for its tokens in tok and its slots.
+func (sh *shape) gpuCompute(g int, tok []float64) float64 {
+	return sh.terms.Compute(g, tok[g], float64(sh.slots[g]))
 }
 
 // anneal runs simulated annealing on the exact surrogate at lv until sc

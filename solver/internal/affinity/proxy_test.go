@@ -150,7 +150,7 @@ func TestWithinNodePricesAsTry(t *testing.T) {
 			if !ok || !s.valid(mv) {
 				continue
 			}
-			t2, d := s.withinNode(mv, scratch)
+			t2, d := s.withinNode(mv, scratch, s.baseCost())
 			if t2 == nil {
 				declined++
 				continue
