@@ -133,13 +133,15 @@ func scoredEPLB(p Problem) (*placement.Plan, *costmodel.Report) {
 // packingWorth is, in evaluations of a plan, the least time left for
 // which the affinity search starts from the packing (scored against
 // EPLB's plan) rather than from EPLB's plan alone. The packing and its
-// evaluation take about three evaluations; below ten times that the
-// search gains more from the time. On the 32k DeepSeek-V3 trace (4 × 8
-// GPUs, 32 slots, SGLang's table, about 12 evaluations left at 5 s and
-// 30 at 10 s) the search from EPLB's plan sent 2.586–2.592 remote copies
-// per token-layer at 5 s against 2.600–2.662 from the packing, and
-// 2.572–2.573 against 2.573 at 10 s.
-const packingWorth = 30
+// evaluation take about three evaluations. Measured on the 32k
+// DeepSeek-V3 trace, SGLang's table: on 4 × 8 GPUs with 32 slots (about
+// 12 evaluations left at 5 s, 30 at 10 s) the search from EPLB's plan
+// sent 2.586–2.592 remote copies per token-layer at 5 s against
+// 2.600–2.662 from the packing, and the same at 10 s; on 8 × 8 with 64
+// slots (about 10 at 5 s, 23 at 10 s) EPLB's start gave 205.8 ms against
+// 209.0 ms at 5 s, the packing 198.8 ms against 199.7 ms at 10 s. The
+// crossing lies between 12 and 23 on both shapes.
+const packingWorth = 20
 
 // searchAffinity runs the affinity search's pipeline from first (its
 // report firstRep, one evaluation taking evalTime) and fills res.
