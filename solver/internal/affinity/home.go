@@ -45,6 +45,7 @@ func newShape(p Problem) (*shape, error) {
 	}
 	sh.perTok, sh.speed = sh.terms.PerTokenSec, sh.terms.Speed
 	split, err := costmodel.NewSplitter(p.Dispatch, p.Start, G, c.GPUsPerNode, p.Scenario.Layout())
+	sh.keepCounts = err == nil && p.Dispatch.Dealt()
 	if err != nil {
 		// No start to deal for (or one SGLang could not number): plan
 		// with the closed form; the result is scored exactly all the same.

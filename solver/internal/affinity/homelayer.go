@@ -20,7 +20,15 @@ type shape struct {
 	// moves that keep a dealt table's random stream where it was (every
 	// swap of copies between GPUs), its closed form otherwise.
 	split costmodel.Splitter
-	ones  []int32 // one slot per copy
+	// keepCounts: split deals a table over one random stream (SGLang's
+	// static dispatch), so a move that changes an expert's copy count
+	// re-deals that expert and every expert after it, in this layer and
+	// the later ones, which other goroutines search at the same time: no
+	// layer could price its moves exactly. The search then keeps every
+	// expert's copy count (no retargets) and only moves copies, which
+	// split prices exactly.
+	keepCounts bool
+	ones       []int32 // one slot per copy
 
 	// terms are the cost model's coefficients and formulas (compute,
 	// layer time); perTok is terms.PerTokenSec.

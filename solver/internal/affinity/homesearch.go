@@ -480,8 +480,9 @@ func (se *searcher) anneal(rng *rand.Rand, sc *schedule, lv level, hot float64) 
 			}
 			mv := move{kind: moveSwap, a: a, ia: ia}
 			// One retarget in every slots-per-GPU moves: re-apportioning
-			// copies is as likely as moving any one slot of a GPU.
-			if rng.IntN(len(s.held[a])+1) == 0 {
+			// copies is as likely as moving any one slot of a GPU
+			// (none where the copy counts are kept: shape.keepCounts).
+			if !sh.keepCounts && rng.IntN(len(s.held[a])+1) == 0 {
 				mv.kind, mv.f = moveRetarget, rng.IntN(sh.E)
 			} else if full && rng.IntN(2) == 0 {
 				b, ib, ok := s.changedSlot(rng)
