@@ -69,7 +69,8 @@ func recount(lp placement.LayerPlan, G int, load []float64) float64 {
 // TestBacktestAccounting: every policy's per-step PAR is the PAR of the
 // plan its events put in force (recounted here), static never changes,
 // the dynamic policies change plans only at their cadence, the rebalancer
-// within its budget, and the totals add up. Catches scoring a step with
+// within its budget, the totals add up, and the balance as the (even)
+// dispatch deals it is the PAR. Catches scoring a step with
 // the plan made from it (look-ahead), counting the first plan as transit,
 // and totals that drift from the events.
 func TestBacktestAccounting(t *testing.T) {
@@ -121,6 +122,9 @@ func TestBacktestAccounting(t *testing.T) {
 			mean += want / 30
 		}
 		assert.InDelta(t, mean, p.MeanPAR, 1e-12, p.Name)
+		// The even dispatch on GPUs of one speed deals as PAR counts.
+		assert.InDeltaSlice(t, p.PAR, p.Balance, 1e-12, p.Name)
+		assert.InDelta(t, p.MeanPAR, p.MeanBalance, 1e-12, p.Name)
 		assert.Equal(t, moved, p.MovedSlots, p.Name)
 		assert.Equal(t, Harness{}.Score(p.MeanPAR, moved, p.Calls), p.Harness, p.Name)
 		if p.Policy == PolicyStatic {
