@@ -24,7 +24,10 @@ const (
 	// and never changes it.
 	PolicyStatic Policy = "static"
 	// PolicyEPLB re-plans with DeepSeek's EPLB every N steps on the last
-	// W steps, as SGLang (--enable-eplb) and vLLM (EPLBConfig) do.
+	// W steps, as SGLang (--enable-eplb) and vLLM (EPLBConfig) do. The
+	// stack runs it itself, so under SGLang's static dispatch
+	// (placement.Dispatch.Dealt) its plans carry the algorithm's log2phy
+	// (placement.Plan.StackEPLB) and are dealt as init_by_eplb.
 	PolicyEPLB Policy = "eplb"
 	// PolicyMoETuner re-plans from scratch with moetuner (Budget.Fresh)
 	// on the same cadence, its GPUs relabelled to move the fewest copies
@@ -59,7 +62,9 @@ type BacktestConfig struct {
 	// Dispatch is the stack's dispatch every step is scored under (the
 	// zero value: even): PolicyResult.Balance and the modeled times. Per-step
 	// loads carry no source ranks, so every rank is taken to send an equal
-	// share of each expert's tokens.
+	// share of each expert's tokens. Under SGLang's static tables EPLB's
+	// plans are dealt as init_by_eplb (the stack computed them), every
+	// other plan as init_by_mapping (a map loaded from a file).
 	Dispatch placement.Dispatch
 	// RedundantSlots are the slots per layer beyond one per expert.
 	RedundantSlots int
@@ -316,8 +321,12 @@ func (b *backtest) plan(ctx context.Context, pol Policy, load [][]float64) (*pla
 	switch pol {
 	case PolicyEPLB:
 		var err error
+		// The stack runs EPLB itself: under a dealt dispatch its table is
+		// built from EPLB's log2phy (init_by_eplb), as compare deals its
+		// EPLB rows.
 		plan, err = baseline.EPLB(routing.StatsFromLoad(load, b.cfg.Model.TopK), b.cfg.Cluster.GPUs(), baseline.EPLBOptions{
-			RedundantSlots: b.cfg.RedundantSlots, Groups: b.cfg.EPLBGroups, Nodes: b.cfg.Cluster.Nodes, FixDuplicates: true})
+			RedundantSlots: b.cfg.RedundantSlots, Groups: b.cfg.EPLBGroups, Nodes: b.cfg.Cluster.Nodes, FixDuplicates: true,
+			StackEPLB: b.cfg.Dispatch.Dealt()})
 		if err != nil {
 			return nil, 0, err
 		}

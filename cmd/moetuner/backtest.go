@@ -310,12 +310,18 @@ func printBacktest(w io.Writer, res *rebalance.BacktestResult, cfg rebalance.Bac
 		head += "mean as dealt\tmax as dealt\t"
 	}
 	fmt.Fprintln(tw, head+"rebalances\tslots moved\tper rebalance\tbytes moved\tharness s\t(PAR\ttransit\tplanner)\tmodeled s\t(steps\tmigration)\tplanner wall\t")
+	stackRun := false
 	for _, p := range res.Policies {
 		per := "-"
 		if p.Rebalances > 0 {
 			per = fmt.Sprintf("%.1f", float64(p.MovedSlots)/float64(p.Rebalances))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.4f\t", p.Name, dash(p.Every), dash(p.Window), p.MeanPAR, p.MaxPAR)
+		name := p.Name
+		if p.Policy == rebalance.PolicyEPLB && cfg.Dispatch.Dealt() {
+			name += " [init_by_eplb]"
+			stackRun = true
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.4f\t", name, dash(p.Every), dash(p.Window), p.MeanPAR, p.MaxPAR)
 		if dealt {
 			fmt.Fprintf(tw, "%.4f\t%.4f\t", p.MeanBalance, p.MaxBalance)
 		}
@@ -327,6 +333,9 @@ func printBacktest(w io.Writer, res *rebalance.BacktestResult, cfg rebalance.Bac
 	tw.Flush()
 	if dealt {
 		fmt.Fprintf(w, "as dealt: busiest/mean GPU load of every step under --dispatch %s (PAR and the harness split every expert evenly over its copies)\n", cfg.Dispatch)
+	}
+	if stackRun {
+		fmt.Fprintln(w, "[init_by_eplb]: "+stackRunNote+"; every other row is dealt as a map loaded from a file (init_by_mapping)")
 	}
 	ratios := ""
 	for _, p := range res.Policies {
