@@ -115,16 +115,25 @@ func StepCompute(lp placement.LayerPlan, load []float64, c Cluster, m Model) (pe
 // comm/Chunks). It returns the seconds summed over layers, or an error
 // when the inputs disagree (as Evaluate).
 func StepTime(plan *placement.Plan, load [][]float64, topK int, c Cluster, m Model, opts Options) (float64, error) {
+	sec, _, err := StepEvaluate(plan, load, topK, c, m, opts)
+	return sec, err
+}
+
+// StepEvaluate is StepTime with the Evaluate report it builds on, whose
+// layers' Balance (and MeanBalance) is the step's busiest GPU over the
+// mean as opts.Dispatch deals its tokens. The report's times are
+// Evaluate's, not the step's; the seconds are StepTime's.
+func StepEvaluate(plan *placement.Plan, load [][]float64, topK int, c Cluster, m Model, opts Options) (float64, *Report, error) {
 	if plan == nil {
-		return 0, fmt.Errorf("costmodel: step time: nil plan")
+		return 0, nil, fmt.Errorf("costmodel: step time: nil plan")
 	}
 	if len(load) != len(plan.Layers) {
-		return 0, fmt.Errorf("costmodel: step time: the step has %d layers, the plan %d", len(load), len(plan.Layers))
+		return 0, nil, fmt.Errorf("costmodel: step time: the step has %d layers, the plan %d", len(load), len(plan.Layers))
 	}
 	st := routing.StatsFromLoad(load, topK)
 	rep, err := Evaluate(plan, st, c, m, opts)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	t := NewTerms(c, m, opts.Mode, opts.Chunks)
 	total := 0.0
@@ -132,5 +141,5 @@ func StepTime(plan *placement.Plan, load [][]float64, topK int, c Cluster, m Mod
 		_, tail := StepCompute(plan.Layers[l], load[l], c, m)
 		total += t.LayerSec(tail, lr.DispatchTime.Seconds()+lr.CombineTime.Seconds(), 0)
 	}
-	return total, nil
+	return total, rep, nil
 }

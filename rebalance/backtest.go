@@ -24,7 +24,10 @@ const (
 	// and never changes it.
 	PolicyStatic Policy = "static"
 	// PolicyEPLB re-plans with DeepSeek's EPLB every N steps on the last
-	// W steps, as SGLang (--enable-eplb) and vLLM (EPLBConfig) do.
+	// W steps, as SGLang (--enable-eplb) and vLLM (EPLBConfig) do. The
+	// stack runs it itself, so under SGLang's static dispatch
+	// (placement.Dispatch.Dealt) its plans carry the algorithm's log2phy
+	// (placement.Plan.StackEPLB) and are dealt as init_by_eplb.
 	PolicyEPLB Policy = "eplb"
 	// PolicyMoETuner re-plans from scratch with moetuner (Budget.Fresh)
 	// on the same cadence, its GPUs relabelled to move the fewest copies
@@ -57,8 +60,11 @@ type BacktestConfig struct {
 	Cluster costmodel.Cluster
 	Model   costmodel.Model
 	// Dispatch is the stack's dispatch every step is scored under (the
-	// zero value: even). Per-step loads carry no source ranks, so every
-	// rank is taken to send an equal share of each expert's tokens.
+	// zero value: even): PolicyResult.Balance and the modeled times. Per-step
+	// loads carry no source ranks, so every rank is taken to send an equal
+	// share of each expert's tokens. Under SGLang's static tables EPLB's
+	// plans are dealt as init_by_eplb (the stack computed them), every
+	// other plan as init_by_mapping (a map loaded from a file).
 	Dispatch placement.Dispatch
 	// RedundantSlots are the slots per layer beyond one per expert.
 	RedundantSlots int
@@ -145,6 +151,13 @@ type PolicyResult struct {
 	// it.
 	PAR             []float64
 	MeanPAR, MaxPAR float64
+	// Balance[i] is the mean over layers of the busiest GPU's load (per
+	// unit of speed) over the mean at step FirstStep+i under the plan in
+	// force as BacktestConfig.Dispatch deals it (costmodel's
+	// LayerReport.Balance); MeanBalance and MaxBalance summarise it. Under
+	// the even dispatch on GPUs of one speed it is PAR.
+	Balance                 []float64
+	MeanBalance, MaxBalance float64
 	// Calls counts planner calls (the first plan's included) and
 	// Rebalances the calls after it.
 	Calls, Rebalances int
@@ -308,8 +321,12 @@ func (b *backtest) plan(ctx context.Context, pol Policy, load [][]float64) (*pla
 	switch pol {
 	case PolicyEPLB:
 		var err error
+		// The stack runs EPLB itself: under a dealt dispatch its table is
+		// built from EPLB's log2phy (init_by_eplb), as compare deals its
+		// EPLB rows.
 		plan, err = baseline.EPLB(routing.StatsFromLoad(load, b.cfg.Model.TopK), b.cfg.Cluster.GPUs(), baseline.EPLBOptions{
-			RedundantSlots: b.cfg.RedundantSlots, Groups: b.cfg.EPLBGroups, Nodes: b.cfg.Cluster.Nodes, FixDuplicates: true})
+			RedundantSlots: b.cfg.RedundantSlots, Groups: b.cfg.EPLBGroups, Nodes: b.cfg.Cluster.Nodes, FixDuplicates: true,
+			StackEPLB: b.cfg.Dispatch.Dealt()})
 		if err != nil {
 			return nil, 0, err
 		}
@@ -460,9 +477,14 @@ func (b *backtest) runPolicy(ctx context.Context, pol Policy, n int) (PolicyResu
 	pr.MeanPAR /= float64(len(pr.PAR))
 	pr.Harness = b.cfg.Harness.Score(pr.MeanPAR, pr.MovedSlots, pr.Calls)
 	var err error
-	if pr.StepSec, err = b.stepTime(inForce); err != nil {
+	if pr.StepSec, pr.Balance, err = b.stepTime(inForce); err != nil {
 		return pr, err
 	}
+	for _, v := range pr.Balance {
+		pr.MeanBalance += v
+		pr.MaxBalance = math.Max(pr.MaxBalance, v)
+	}
+	pr.MeanBalance /= float64(len(pr.Balance))
 	pr.ModeledSec = pr.StepSec + pr.MigrationSec
 	return pr, nil
 }
@@ -493,9 +515,12 @@ func (b *backtest) change(plan, next *placement.Plan, t int, sec float64) (Event
 }
 
 // stepTime adds up costmodel.StepTime of every scored step under its plan
-// in force, the steps modeled in parallel and summed in order.
-func (b *backtest) stepTime(inForce []*placement.Plan) (float64, error) {
+// in force, the steps modeled in parallel and summed in order, and returns
+// every step's balance as the dispatch deals it (the report's
+// MeanBalance).
+func (b *backtest) stepTime(inForce []*placement.Plan) (float64, []float64, error) {
 	per := make([]float64, len(inForce))
+	bal := make([]float64, len(inForce))
 	errs := make([]error, len(inForce))
 	workers := min(runtime.GOMAXPROCS(0), len(inForce))
 	var wg sync.WaitGroup
@@ -504,7 +529,11 @@ func (b *backtest) stepTime(inForce []*placement.Plan) (float64, error) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < len(inForce); i += workers {
-				per[i], errs[i] = costmodel.StepTime(inForce[i], b.steps[b.t0+i], b.cfg.Model.TopK, b.cfg.Cluster, b.cfg.Model, costmodel.Options{Dispatch: b.cfg.Dispatch})
+				var rep *costmodel.Report
+				per[i], rep, errs[i] = costmodel.StepEvaluate(inForce[i], b.steps[b.t0+i], b.cfg.Model.TopK, b.cfg.Cluster, b.cfg.Model, costmodel.Options{Dispatch: b.cfg.Dispatch})
+				if rep != nil {
+					bal[i] = rep.MeanBalance
+				}
 			}
 		}()
 	}
@@ -512,11 +541,11 @@ func (b *backtest) stepTime(inForce []*placement.Plan) (float64, error) {
 	total := 0.0
 	for i, v := range per {
 		if errs[i] != nil {
-			return 0, errs[i]
+			return 0, nil, errs[i]
 		}
 		total += v
 	}
-	return total, nil
+	return total, bal, nil
 }
 
 // recommend picks the policy with the lowest harness score, and says a

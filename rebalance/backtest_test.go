@@ -3,13 +3,17 @@ package rebalance
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/moetuner/moetuner/baseline"
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
+	"github.com/moetuner/moetuner/routing"
 )
 
 // TestHarnessScoreHand: 60 s × 1.5 + 1000 slots × 88,080,384 B / 900 GB/s
@@ -69,7 +73,8 @@ func recount(lp placement.LayerPlan, G int, load []float64) float64 {
 // TestBacktestAccounting: every policy's per-step PAR is the PAR of the
 // plan its events put in force (recounted here), static never changes,
 // the dynamic policies change plans only at their cadence, the rebalancer
-// within its budget, and the totals add up. Catches scoring a step with
+// within its budget, the totals add up, and the balance as the (even)
+// dispatch deals it is the PAR. Catches scoring a step with
 // the plan made from it (look-ahead), counting the first plan as transit,
 // and totals that drift from the events.
 func TestBacktestAccounting(t *testing.T) {
@@ -121,6 +126,9 @@ func TestBacktestAccounting(t *testing.T) {
 			mean += want / 30
 		}
 		assert.InDelta(t, mean, p.MeanPAR, 1e-12, p.Name)
+		// The even dispatch on GPUs of one speed deals as PAR counts.
+		assert.InDeltaSlice(t, p.PAR, p.Balance, 1e-12, p.Name)
+		assert.InDelta(t, p.MeanPAR, p.MeanBalance, 1e-12, p.Name)
 		assert.Equal(t, moved, p.MovedSlots, p.Name)
 		assert.Equal(t, Harness{}.Score(p.MeanPAR, moved, p.Calls), p.Harness, p.Name)
 		if p.Policy == PolicyStatic {
@@ -215,4 +223,95 @@ func TestRecommend(t *testing.T) {
 	r = recommend([]PolicyResult{static, mk("eplb/10", PolicyEPLB, 10, par(1.5, 1.7), 0)})
 	assert.Equal(t, "static", r.Best)
 	assert.True(t, r.StaticEnough)
+}
+
+// TestBacktestEPLBDealtAsStackRuns: under SGLang's static tables the EPLB
+// policy's plans are dealt as the stack deals what it computes itself
+// (init_by_eplb). Every scored step's Balance is costmodel's balance, on
+// that step, of EPLB's own plan for the window before it built with its
+// log2phy (baseline.EPLBOptions.StackEPLB, as compare builds its eplb
+// row), and on this instance it differs from the same plan loaded from a
+// file (init_by_mapping), so a policy that dropped the log2phy, or an
+// Align that left it naming the unaligned slots, fails. The slots moved,
+// the migration and the PAR are those of the run under the even dispatch,
+// whose plans carry no log2phy: it changes only the deal. 2 nodes × 4
+// GPUs, 32 experts, 16 redundant slots, one dense decoder layer before the
+// two MoE layers (its deal draws from the stream first).
+func TestBacktestEPLBDealtAsStackRuns(t *testing.T) {
+	const G, E, redundant, first, every = 8, 32, 16, 10, 5
+	rng := rand.New(rand.NewPCG(36, 1))
+	steps := make([][][]float64, 30)
+	for s := range steps {
+		steps[s] = skewedLoad(rng, 2, E)
+	}
+	c, m := tinyCluster(2, 4), tinyModel(2, E, 4)
+	m.DecoderLayers = 3
+	cfg := BacktestConfig{Cluster: c, Model: m, RedundantSlots: redundant, Every: []int{every}, FirstWindow: first, Policies: []Policy{PolicyEPLB}}
+	even, err := Backtest(context.Background(), steps, cfg)
+	require.NoError(t, err)
+	q := even.Policies[0]
+	assert.Nil(t, q.Events[1].Plan.StackEPLB, "the even dispatch deals no table")
+	for _, d := range []placement.Dispatch{placement.DispatchSGLangStatic, placement.DispatchSGLangStaticNarrow} {
+		t.Run(d.String(), func(t *testing.T) {
+			cfg := cfg
+			cfg.Dispatch = d
+			res, err := Backtest(context.Background(), steps, cfg)
+			require.NoError(t, err)
+			require.Len(t, res.Policies, 1)
+			p := res.Policies[0]
+			require.Len(t, p.Balance, len(steps)-first)
+			require.Len(t, p.Events, 4)
+			var mapped, mean, gap float64
+			for k, ev := range p.Events {
+				require.NotNil(t, ev.Plan.StackEPLB, "event %d", k)
+				lo := max(0, ev.Step-every)
+				if k == 0 {
+					lo = 0
+				}
+				own, err := baseline.EPLB(routing.StatsFromLoad(sumSteps(steps[lo:ev.Step]), m.TopK), G, baseline.EPLBOptions{
+					RedundantSlots: redundant, Nodes: c.Nodes, FixDuplicates: true, StackEPLB: true})
+				require.NoError(t, err)
+				loaded := own.Clone()
+				loaded.StackEPLB = nil
+				for l := range own.Layers {
+					require.Equal(t, own.ExpertGPUs(l), ev.Plan.ExpertGPUs(l), "event %d layer %d: EPLB's copies", k, l)
+				}
+				for s := ev.Step; s < min(ev.Step+every, len(steps)); s++ {
+					opts := costmodel.Options{Dispatch: d}
+					want, err := costmodel.Evaluate(own, routing.StatsFromLoad(steps[s], m.TopK), c, m, opts)
+					require.NoError(t, err)
+					asMap, err := costmodel.Evaluate(loaded, routing.StatsFromLoad(steps[s], m.TopK), c, m, opts)
+					require.NoError(t, err)
+					assert.InDelta(t, want.MeanBalance, p.Balance[s-first], 1e-12, "step %d", s)
+					mean += want.MeanBalance / float64(len(steps)-first)
+					mapped += asMap.MeanBalance / float64(len(steps)-first)
+					gap += math.Abs(want.MeanBalance - asMap.MeanBalance)
+				}
+			}
+			assert.InDelta(t, mean, p.MeanBalance, 1e-12)
+			t.Logf("mean balance as dealt: init_by_eplb %.6f, init_by_mapping %.6f", mean, mapped)
+			assert.Greater(t, gap, 1e-3, "init_by_eplb and init_by_mapping deal this instance alike: the test cannot tell them apart")
+			assert.Equal(t, q.PAR, p.PAR)
+			assert.Equal(t, q.MovedSlots, p.MovedSlots)
+			assert.Equal(t, q.MigrationSec, p.MigrationSec)
+			for k := range q.Events {
+				assert.Equal(t, q.Events[k].Moved, p.Events[k].Moved, "event %d", k)
+				assert.True(t, q.Events[k].Plan.Equal(p.Events[k].Plan), "event %d: the same slots", k)
+			}
+		})
+	}
+}
+
+// sumSteps adds up steps' loads.
+func sumSteps(steps [][][]float64) [][]float64 {
+	out := make([][]float64, len(steps[0]))
+	for l := range out {
+		out[l] = make([]float64, len(steps[0][l]))
+		for _, st := range steps {
+			for e, v := range st[l] {
+				out[l][e] += v
+			}
+		}
+	}
+	return out
 }

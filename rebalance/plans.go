@@ -78,23 +78,39 @@ func key(g placement.GPU, e routing.Expert, experts int) int64 {
 // A serving stack that loads the aligned plan then rewrites exactly
 // ChangedSlots slots, as vLLM's preserve_intragpu_slots does. Layers whose
 // GPUs hold different slot counts in prev and next are left as they are in
-// next. Strategy and Meta are next's.
+// next. Strategy and Meta are next's, and so is next.StackEPLB, its
+// log2phy rows renumbered to the aligned slots in the same replica order:
+// a copy keeps its GPU, so the stack's dispatch deals the aligned plan as
+// it deals next.
 func Align(prev, next *placement.Plan) (*placement.Plan, error) {
 	if err := sameShape(prev, next); err != nil {
 		return nil, err
 	}
 	out := next.Clone()
 	for l := range next.Layers {
-		if lp, ok := alignLayer(prev.Layers[l], next.Layers[l], next.GPUs, next.Experts); ok {
-			out.Layers[l] = lp
+		lp, to, ok := alignLayer(prev.Layers[l], next.Layers[l], next.GPUs, next.Experts)
+		if !ok {
+			continue
+		}
+		out.Layers[l] = lp
+		if out.StackEPLB != nil && l < len(out.StackEPLB.Log2Phy) {
+			for _, row := range out.StackEPLB.Log2Phy[l] {
+				for j, s := range row {
+					if s >= 0 && int(s) < len(to) {
+						row[j] = int32(to[s])
+					}
+				}
+			}
 		}
 	}
 	return out, nil
 }
 
-func alignLayer(prev, next placement.LayerPlan, gpus, experts int) (placement.LayerPlan, bool) {
+// alignLayer aligns next with prev (Align) and returns, with the aligned
+// layer, to[s]: the aligned slot of next's slot s.
+func alignLayer(prev, next placement.LayerPlan, gpus, experts int) (placement.LayerPlan, []int, bool) {
 	if len(prev.SlotExpert) != len(next.SlotExpert) || next.SlotShare != nil {
-		return next, false
+		return next, nil, false
 	}
 	count := make([]int, gpus)
 	for _, g := range prev.SlotGPU {
@@ -104,40 +120,44 @@ func alignLayer(prev, next placement.LayerPlan, gpus, experts int) (placement.La
 		count[g]--
 	}
 	if slices.ContainsFunc(count, func(c int) bool { return c != 0 }) {
-		return next, false
+		return next, nil, false
 	}
-	// Copies of next per (GPU, expert), and per GPU its experts ascending.
-	want := make(map[int64]int, len(next.SlotExpert))
+	// next's slots per (GPU, expert), ascending.
+	want := make(map[int64][]int, len(next.SlotExpert))
 	for s, e := range next.SlotExpert {
-		want[key(next.SlotGPU[s], e, experts)]++
+		k := key(next.SlotGPU[s], e, experts)
+		want[k] = append(want[k], s)
 	}
 	n := len(prev.SlotExpert)
 	out := placement.LayerPlan{SlotExpert: make([]routing.Expert, n), SlotGPU: slices.Clone(prev.SlotGPU)}
+	to := make([]int, n)
 	free := make([][]int, gpus) // per GPU, its free slots ascending
 	for s, e := range prev.SlotExpert {
 		g := prev.SlotGPU[s]
-		if k := key(g, e, experts); want[k] > 0 {
-			want[k]--
+		if k := key(g, e, experts); len(want[k]) > 0 {
+			to[want[k][0]] = s
+			want[k] = want[k][1:]
 			out.SlotExpert[s] = e
 			continue
 		}
 		free[g] = append(free[g], s)
 	}
-	incoming := make([][]routing.Expert, gpus)
+	incoming := make([][]int, gpus) // per GPU, next's slots of its new copies
 	for s, e := range next.SlotExpert {
 		g := next.SlotGPU[s]
-		if k := key(g, e, experts); want[k] > 0 {
-			want[k]--
-			incoming[g] = append(incoming[g], e)
+		if k := key(g, e, experts); len(want[k]) > 0 && want[k][0] == s {
+			want[k] = want[k][1:]
+			incoming[g] = append(incoming[g], s)
 		}
 	}
 	for g := range gpus {
-		slices.Sort(incoming[g])
+		slices.SortStableFunc(incoming[g], func(a, b int) int { return int(next.SlotExpert[a]) - int(next.SlotExpert[b]) })
 		for i, s := range free[g] {
-			out.SlotExpert[s] = incoming[g][i]
+			out.SlotExpert[s] = next.SlotExpert[incoming[g][i]]
+			to[incoming[g][i]] = s
 		}
 	}
-	return out, true
+	return out, to, true
 }
 
 // MigrationTime models, in seconds, the weight transfers of a switch from

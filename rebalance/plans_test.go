@@ -47,7 +47,11 @@ func TestChangedSlotsAndAlign(t *testing.T) {
 
 // TestAlignRandom: on random replicated plans, the aligned plan is the
 // same placement (the same copies per GPU) and differs from prev in
-// exactly ChangedSlots slots per layer.
+// exactly ChangedSlots slots per layer; next's log2phy (StackEPLB, in a
+// random replica order) comes out naming slots that hold its expert, on
+// the GPUs next's rows name, in the same order, so that the stack deals
+// the aligned plan as next. Catches an Align that drops the log2phy or
+// leaves it naming next's slot numbers.
 func TestAlignRandom(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range 300 {
@@ -56,15 +60,43 @@ func TestAlignRandom(t *testing.T) {
 		per := min(E, E/G+rng.IntN(3))
 		L := 1 + rng.IntN(3)
 		prev, next := randomPlan(rng, L, E, G, per), randomPlan(rng, L, E, G, per)
+		next.StackEPLB = randomLog2Phy(rng, next)
 		al, err := Align(prev, next)
 		require.NoError(t, err)
 		ch, err := ChangedSlots(prev, next)
 		require.NoError(t, err)
+		require.NotNil(t, al.StackEPLB, "instance %d", i)
 		for l := range L {
 			assert.Equal(t, next.ExpertGPUs(l), al.ExpertGPUs(l), "instance %d layer %d: same copies", i, l)
 			assert.Equal(t, ch[l], positionsChanged(prev.Layers[l], al.Layers[l]), "instance %d layer %d", i, l)
+			seen := map[int32]bool{}
+			for e, row := range al.StackEPLB.Log2Phy[l] {
+				require.Len(t, row, len(next.StackEPLB.Log2Phy[l][e]))
+				for j, s := range row {
+					assert.False(t, seen[s], "instance %d layer %d: slot %d named twice", i, l, s)
+					seen[s] = true
+					assert.Equal(t, routing.Expert(e), al.Layers[l].SlotExpert[s], "instance %d layer %d expert %d", i, l, e)
+					assert.Equal(t, next.Layers[l].SlotGPU[next.StackEPLB.Log2Phy[l][e][j]], al.Layers[l].SlotGPU[s], "instance %d layer %d expert %d replica %d: same GPU", i, l, e, j)
+				}
+			}
 		}
 	}
+}
+
+// randomLog2Phy lists every expert's slots of p in a random replica order.
+func randomLog2Phy(rng *rand.Rand, p *placement.Plan) *placement.StackEPLB {
+	st := &placement.StackEPLB{Log2Phy: make([][][]int32, len(p.Layers))}
+	for l, lp := range p.Layers {
+		rows := make([][]int32, p.Experts)
+		for s, e := range lp.SlotExpert {
+			rows[e] = append(rows[e], int32(s))
+		}
+		for _, r := range rows {
+			rng.Shuffle(len(r), func(a, b int) { r[a], r[b] = r[b], r[a] })
+		}
+		st.Log2Phy[l] = rows
+	}
+	return st
 }
 
 // TestMigrationTime: 2 nodes × 2 GPUs (NVLink 1e9 B/s, NIC 0.5e9 B/s per

@@ -301,19 +301,42 @@ func printBacktest(w io.Writer, res *rebalance.BacktestResult, cfg rebalance.Bac
 		}
 		fmt.Fprintf(w, "rebalance: at most %s slots per layer per rebalance%s\n", movesWords(cfg.MaxMoves), pay)
 	}
+	// The harness's PAR splits every expert evenly over its copies; under
+	// another dispatch the table also shows the balance as it deals them.
+	dealt := cfg.Dispatch != placement.DispatchEven
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tevery\twindow\tmean PAR\tmax PAR\trebalances\tslots moved\tper rebalance\tbytes moved\tharness s\t(PAR\ttransit\tplanner)\tmodeled s\t(steps\tmigration)\tplanner wall\t")
+	head := "policy\tevery\twindow\tmean PAR\tmax PAR\t"
+	if dealt {
+		head += "mean as dealt\tmax as dealt\t"
+	}
+	fmt.Fprintln(tw, head+"rebalances\tslots moved\tper rebalance\tbytes moved\tharness s\t(PAR\ttransit\tplanner)\tmodeled s\t(steps\tmigration)\tplanner wall\t")
+	stackRun := false
 	for _, p := range res.Policies {
 		per := "-"
 		if p.Rebalances > 0 {
 			per = fmt.Sprintf("%.1f", float64(p.MovedSlots)/float64(p.Rebalances))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.4f\t%d\t%d\t%s\t%s\t%.3f\t%.3f\t%.3f\t%.3f\t%.4f\t%.4f\t%.4f\t%s\t\n",
-			p.Name, dash(p.Every), dash(p.Window), p.MeanPAR, p.MaxPAR, p.Rebalances, p.MovedSlots, per, bytesStr(float64(p.BytesMoved)),
+		name := p.Name
+		if p.Policy == rebalance.PolicyEPLB && cfg.Dispatch.Dealt() {
+			name += " [init_by_eplb]"
+			stackRun = true
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4f\t%.4f\t", name, dash(p.Every), dash(p.Window), p.MeanPAR, p.MaxPAR)
+		if dealt {
+			fmt.Fprintf(tw, "%.4f\t%.4f\t", p.MeanBalance, p.MaxBalance)
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%.3f\t%.3f\t%.3f\t%.3f\t%.4f\t%.4f\t%.4f\t%s\t\n",
+			p.Rebalances, p.MovedSlots, per, bytesStr(float64(p.BytesMoved)),
 			p.Harness.TotalSec, p.Harness.PARSec, p.Harness.TransitSec, p.Harness.PlannerSec,
 			p.ModeledSec, p.StepSec, p.MigrationSec, fmtSec(p.PlannerSec))
 	}
 	tw.Flush()
+	if dealt {
+		fmt.Fprintf(w, "as dealt: busiest/mean GPU load of every step under --dispatch %s (PAR and the harness split every expert evenly over its copies)\n", cfg.Dispatch)
+	}
+	if stackRun {
+		fmt.Fprintln(w, "[init_by_eplb]: "+stackRunNote+"; every other row is dealt as a map loaded from a file (init_by_mapping)")
+	}
 	ratios := ""
 	for _, p := range res.Policies {
 		if p.Policy != rebalance.PolicyRebalance {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -222,4 +223,67 @@ func TestBacktestSeveralDumps(t *testing.T) {
 	var res rebalance.BacktestResult
 	require.NoError(t, json.Unmarshal(data, &res))
 	assert.Equal(t, 8, res.Steps)
+}
+
+// TestBacktestEPLBAsCompareDeals: on a series whose every step is the same
+// load (the FLAME trace's 16 steps added up), EPLB's plan never changes
+// and, under SGLang's static tables, every step's balance as dealt is
+// compare's eplb row on that load, which compare deals as init_by_eplb;
+// the plan backtest writes, read back by eval (a file: init_by_mapping),
+// balances otherwise, so a backtest that dealt EPLB as a loaded map would
+// fail. The first window is 4 steps, so EPLB sees the load times 4, an
+// exact scaling.
+func TestBacktestEPLBAsCompareDeals(t *testing.T) {
+	chdirRoot(t)
+	src, err := routing.Load("testdata/flame-moe-290m/trace.jsonl", routing.LoadOptions{NoPatterns: true})
+	require.NoError(t, err)
+	load := src.Stats.Load
+	dir := t.TempDir()
+	seriesPath, onePath := filepath.Join(dir, "same.json"), filepath.Join(dir, "one.json")
+	same := make([][][]float64, 8)
+	for i := range same {
+		same[i] = load
+	}
+	require.NoError(t, series.WriteLogicalCount(seriesPath, same, src.Stats.LayerNames, 10))
+	require.NoError(t, series.WriteLogicalCount(onePath, [][][]float64{load}, src.Stats.LayerNames, 10))
+	shape := []string{"--nodes", "2", "--gpus-per-node", "4", "--redundant-slots", "40", "--quiet"}
+	for _, d := range []string{"sglang-static", "sglang-static-node-narrow"} {
+		t.Run(d, func(t *testing.T) {
+			sub := filepath.Join(dir, d)
+			btJSON, cmpJSON, evJSON, plans := filepath.Join(sub, "bt.json"), filepath.Join(sub, "cmp.json"), filepath.Join(sub, "ev.json"), filepath.Join(sub, "plans")
+			code, stdout, stderr := runCLI(t, append([]string{"backtest", "--trace", seriesPath, "--every", "4", "--first-window", "4", "--policies", "eplb", "--eplb", "global",
+				"--dispatch", d, "--json", btJSON, "--plans-dir", plans}, shape...)...)
+			require.Equal(t, 0, code, stderr)
+			assert.Contains(t, stdout, "eplb/4 [init_by_eplb]")
+			assert.Contains(t, stdout, "[init_by_eplb]: dealt as SGLang's init_by_eplb")
+			code, _, stderr = runCLI(t, append([]string{"compare", "--trace", onePath, "--strategies", "eplb", "--dispatch", d, "--json", cmpJSON}, shape...)...)
+			require.Equal(t, 0, code, stderr)
+			code, _, stderr = runCLI(t, "eval", "--trace", onePath, "--plan", filepath.Join(plans, "eplb-4", "step-000004.sglang.json"), "--dispatch", d, "--json", evJSON, "--nodes", "2", "--gpus-per-node", "4", "--quiet")
+			require.Equal(t, 0, code, stderr)
+			var bt rebalance.BacktestResult
+			var cmp struct {
+				Results []struct {
+					Init string  `json:"sglang_init"`
+					Mean float64 `json:"mean_balance"`
+				} `json:"results"`
+			}
+			var ev struct{ MeanBalance float64 }
+			for path, v := range map[string]any{btJSON: &bt, cmpJSON: &cmp, evJSON: &ev} {
+				data, err := os.ReadFile(path)
+				require.NoError(t, err)
+				require.NoError(t, json.Unmarshal(data, v), path)
+			}
+			require.Len(t, bt.Policies, 1)
+			require.Len(t, cmp.Results, 1)
+			require.Equal(t, "init_by_eplb", cmp.Results[0].Init)
+			want := cmp.Results[0].Mean
+			p := bt.Policies[0]
+			require.Len(t, p.Balance, 4)
+			for i, v := range p.Balance {
+				assert.InDelta(t, want, v, 1e-9, "step %d", 4+i)
+			}
+			t.Logf("%s: backtest's eplb %.6f, compare's init_by_eplb %.6f, the written plan as a file (init_by_mapping) %.6f", d, p.MeanBalance, want, ev.MeanBalance)
+			assert.Greater(t, math.Abs(ev.MeanBalance-want), 1e-4, "init_by_mapping deals this load as init_by_eplb: the test cannot tell them apart")
+		})
+	}
 }
