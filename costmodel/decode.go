@@ -110,7 +110,8 @@ func StepCompute(lp placement.LayerPlan, load []float64, c Cluster, m Model) (pe
 // model's routing top-k, used for the token count): Evaluate of plan on
 // count-only statistics of that step, with each layer's compute tail
 // replaced by StepCompute's, so that copies the step does not activate
-// cost nothing. Layer times then combine as in Evaluate (Sequential:
+// cost nothing (under a dispatch other than even, with every GPU's routed
+// tokens as that dispatch deals them). Layer times then combine as in Evaluate (Sequential:
 // dispatch + tail + combine; Overlapped: max(tail·(1+σ), comm) +
 // comm/Chunks). It returns the seconds summed over layers, or an error
 // when the inputs disagree (as Evaluate).
@@ -137,9 +138,30 @@ func StepEvaluate(plan *placement.Plan, load [][]float64, topK int, c Cluster, m
 	}
 	t := NewTerms(c, m, opts.Mode, opts.Chunks)
 	total := 0.0
+	dealt := opts.Dispatch != placement.DispatchEven
 	for l, lr := range rep.Layers {
-		_, tail := StepCompute(plan.Layers[l], load[l], c, m)
+		var tail float64
+		if dealt && len(lr.Tokens) == c.GPUs() {
+			// The dispatch decides which copy computes a token: the
+			// GPUs' routed tokens are the report's, as dealt.
+			tail = stepTail(plan.Layers[l], load[l], lr.Tokens, c, m)
+		} else {
+			_, tail = StepCompute(plan.Layers[l], load[l], c, m)
+		}
 		total += t.LayerSec(tail, lr.DispatchTime.Seconds()+lr.CombineTime.Seconds(), 0)
 	}
 	return total, rep, nil
+}
+
+// stepTail is StepCompute's tail with every GPU's routed tokens given
+// (tok: as a dispatch deals them) instead of the even split.
+func stepTail(lp placement.LayerPlan, load, tok []float64, c Cluster, m Model) float64 {
+	t := NewTerms(c, m, Sequential, 0)
+	act := make([]float64, c.GPUs())
+	addActivated(act, lp, load, copyCounts(lp, len(load)))
+	tail := 0.0
+	for g := range act {
+		tail = math.Max(tail, t.Compute(g, tok[g], act[g]))
+	}
+	return tail
 }

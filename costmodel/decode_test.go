@@ -115,3 +115,39 @@ func TestStepTimeErrors(t *testing.T) {
 	_, err = StepTime(plan, [][]float64{{1, 1, 1, 1}, {1, 1, 1, 1}}, 1, c, m, Options{})
 	assert.ErrorContains(t, err, "2 layers, the plan 1")
 }
+
+// TestStepTimeDealt: under SGLang's static table a step's compute tail is
+// the GPUs' tokens as dealt, not the even split. 4 GPUs on one node, two
+// slots each; expert 0 (400 tokens, 100 from each rank: count-only
+// statistics) has copies on GPUs 0, 1 and 2, whose ranks keep their
+// tokens; rank 3 sends its 100 to one copy, so that GPU computes 200 of
+// expert 0 where the even split gives every copy 133⅓. A step time that
+// ignored the dispatch would find a tail of 143⅓ tokens.
+func TestStepTimeDealt(t *testing.T) {
+	c := tinyCluster(1, 4) // 1 µs per token, 10 µs per expert
+	m := tinyModel(1, 6, 1)
+	plan := &placement.Plan{GPUs: 4, Experts: 6, Layers: []placement.LayerPlan{{
+		SlotExpert: []routing.Expert{0, 3, 0, 4, 0, 5, 1, 2},
+		SlotGPU:    []placement.GPU{0, 0, 1, 1, 2, 2, 3, 3},
+	}}}
+	load := [][]float64{{400, 10, 10, 10, 10, 10}}
+	opts := Options{Flow: FlowHome, Dispatch: placement.DispatchSGLangStatic}
+	sec, rep, err := StepEvaluate(plan, load, 1, c, m, opts)
+	require.NoError(t, err)
+	lr := rep.Layers[0]
+	busiest := 0
+	for g, x := range lr.Tokens {
+		if x > lr.Tokens[busiest] {
+			busiest = g
+		}
+	}
+	require.Less(t, busiest, 3, "a copy of expert 0 gets rank 3's tokens")
+	assert.InDelta(t, 210, lr.Tokens[busiest], 1e-9)
+	tm := NewTerms(c, m, opts.Mode, opts.Chunks)
+	want := tm.LayerSec(210e-6+20e-6, lr.DispatchTime.Seconds()+lr.CombineTime.Seconds(), 0)
+	assert.InDelta(t, want, sec, 1e-12, "the tail as dealt")
+	opts.Dispatch = placement.DispatchEven
+	even, _, err := StepEvaluate(plan, load, 1, c, m, opts)
+	require.NoError(t, err)
+	assert.Less(t, even, sec, "the even split's tail is 143⅓ tokens")
+}
