@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moetuner/moetuner/costmodel"
-	"github.com/moetuner/moetuner/internal/stackdispatch"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/routing"
 	. "github.com/moetuner/moetuner/solver"
@@ -170,36 +169,14 @@ func TestMaxImbalanceReachesAffinitySearch(t *testing.T) {
 
 // Under vLLM's hash counted token by token (the trace's token order
 // attached) no remote-copy bound is certified: the bound is the even
-// split's, and the rows a rank's tokens sit in can beat it. On this
-// instance (two one-GPU nodes, one redundant slot) every token of the hot
-// expert 0 sits in a row that vLLM's hash sends to its rank's own copy, so
-// the plan with expert 0 on both GPUs sends nothing across nodes, below
-// the even split's bound, which would be certified for it before.
+// split's, and the rows a rank's tokens sit in can beat it. On
+// hashInstance the plan with expert 0 on both GPUs sends nothing across
+// nodes, below the even split's bound, which was certified for it before.
 // (TestRemoteBoundShiftSteps checks that a closed form's bound is
 // computed.)
 func TestNoRemoteBoundUnderCountedHash(t *testing.T) {
-	const T = 40
-	tr := &routing.Trace{Tokens: T, Layers: 1, TopK: 1, Experts: 3, Source: make([]int32, T)}
-	for tok := range T {
-		h, row := tok%2, tok/2 // the ranks' tokens interleaved: a token's row is tok/2
-		tr.Source[tok] = int32(h)
-		e := int16(1 + h) // the rank's own cold expert
-		if stackdispatch.VLLMReplica(int64(row), 2) == h {
-			e = 0 // copy h of expert 0 (copies in ascending GPU) is the rank's own
-		}
-		tr.IDs = append(tr.IDs, e)
-	}
-	require.NoError(t, tr.Validate())
-	st := tr.Stats(routing.StatsOptions{PathError: -1})
-	var err error
-	st.Order, err = tr.TokenOrder(0)
-	require.NoError(t, err)
-	m := testkit.FakeModel(3, 1)
-	m.Layers = 1
-	p := Problem{Stats: st, Cluster: testkit.SmallCluster(2, 1), Model: m, Flow: costmodel.FlowHome, Dispatch: placement.DispatchVLLM, RedundantSlots: 1}
-	require.NoError(t, costmodel.HashOrder(st, 2))
-
-	bs, err := trafficbound.HomeRemoteLayers(context.Background(), st, trafficbound.Uniform(2, 1, 2), p.Dispatch, trafficbound.Options{})
+	p := hashInstance(t)
+	bs, err := trafficbound.HomeRemoteLayers(context.Background(), p.Stats, trafficbound.Uniform(2, 1, 2), p.Dispatch, trafficbound.Options{})
 	require.NoError(t, err)
 	both := placement.FromReplicas(2, [][][]placement.GPU{{{0, 1}, {0}, {1}}}, "expert 0 on both")
 	rep, err := p.Scenario().Evaluate(both)
