@@ -149,7 +149,6 @@ func newEngine(stats *routing.Stats, c Cluster, m Model, opts Options) (*engine,
 	}
 	ev.sc = Scenario{Stats: stats, Cluster: c, Model: m, Flow: opts.Flow, Mode: opts.Mode, Dispatch: opts.Dispatch, Chunks: opts.Chunks}
 	ev.usePatterns = stats.Patterns != nil
-	ev.perSource = ev.sc.PerSource()
 	if !opts.Dispatch.Dealt() {
 		split, err := ev.sc.Splitter(nil)
 		if err != nil {
@@ -157,7 +156,9 @@ func newEngine(stats *routing.Stats, c Cluster, m Model, opts Options) (*engine,
 		}
 		ev.fixed = split
 	}
+	// Scenario.PerSource, without checking the token order again.
 	_, hashed := ev.fixed.(*hashSplit)
+	ev.perSource = opts.Dispatch.PerSource() || hashed
 	if ev.perSource && (ev.usePatterns || hashed) {
 		ev.srcFrac = sourceFractions(stats, c.GPUs())
 	}
