@@ -21,11 +21,11 @@
 //
 // with (perToken, perExpert) = Cluster.Coefficients(model).
 //
-// # Dispatch (Options.Dispatch; Splitter, NewSplitter)
+// # Dispatch (Options.Dispatch; Splitter, Scenario.Splitter, NewSplitter)
 //
 // Which copy computes a token is the serving stack's rule, one model per
-// placement.Dispatch, bound to the plan by NewSplitter and asked by every
-// search: w_h[e][g], the share of expert e's tokens sourced on GPU h that
+// placement.Dispatch, bound to the plan by Scenario.Splitter (NewSplitter's
+// models, or vLLM's counted hash) and asked by every search: w_h[e][g], the share of expert e's tokens sourced on GPU h that
 // GPU g computes. SGLang's static tables (sglang-static and its trees)
 // give every rank all or nothing of an expert: the table SGLang deals from
 // random.Random(42) over every decoder layer's row of the map it loads
@@ -36,7 +36,8 @@
 // stream; every other plan as a map loaded from a file (init_by_mapping).
 // vllm is vLLM's hash counted token by
 // token when the statistics carry their token order (Stats.Order,
-// HashOrder; home flow), else its expectation, even. sglang-dynamic and
+// HashOrder; home flow), else its expectation, even; the counted hash
+// splits per source (Scenario.PerSource). sglang-dynamic and
 // trtllm are modeled by their expectation (the nearest copy, else even;
 // even); static-mean is the expectation of SGLang's table over its deal. The
 // source shares src[h][e] come from Stats.SourceLoad (exact per-rank

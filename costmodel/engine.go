@@ -28,14 +28,15 @@ type engine struct {
 	// perSource: the split over an expert's copies depends on the source
 	// GPU (every dispatch but even, TensorRT-LLM's and vLLM's expectation).
 	perSource bool
-	// hash, when set, is vLLM's dispatch counted token by token from the
-	// statistics' token order (HashOrder); nil otherwise.
-	hash *hashSplit
+	// sc is the scenario the engine costs, for binding its dispatch
+	// (Scenario.Splitter).
+	sc Scenario
+	// fixed, when set, is the dispatch model of every plan: the model
+	// does not depend on the plan (every dispatch but SGLang's tables), so
+	// it is bound once and keeps its caches (vLLM's counted hash).
+	fixed Splitter
 	// split is the dispatch model, bound to the plan of planShares.
-	split Splitter
-	// layout says where the layers sit among the decoder layers (for
-	// dispatches dealt over every decoder layer).
-	layout  placement.Layout
+	split   Splitter
 	srcFrac [][]float64 // per source: [L][G×E] share of Load[l][e] sourced on GPU h; nil = uniform
 
 	// scratch
@@ -146,14 +147,19 @@ func newEngine(stats *routing.Stats, c Cluster, m Model, opts Options) (*engine,
 		nicLat: c.NICLatency.Seconds(),
 		terms:  NewTerms(c, m, opts.Mode, opts.Chunks),
 	}
-	ev.layout = Scenario{Stats: stats, Cluster: c, Model: m}.Layout()
+	ev.sc = Scenario{Stats: stats, Cluster: c, Model: m, Flow: opts.Flow, Mode: opts.Mode, Dispatch: opts.Dispatch, Chunks: opts.Chunks}
 	ev.usePatterns = stats.Patterns != nil
-	ev.perSource = opts.Dispatch.PerSource()
-	if opts.Dispatch == placement.DispatchVLLM && opts.Flow == FlowHome && HashOrder(stats, c.GPUs()) == nil {
-		ev.hash = newHashSplit(stats, c.GPUs())
-		ev.perSource = true
+	if !opts.Dispatch.Dealt() {
+		split, err := ev.sc.Splitter(nil)
+		if err != nil {
+			return nil, err
+		}
+		ev.fixed = split
 	}
-	if ev.perSource && (ev.usePatterns || ev.hash != nil) {
+	// Scenario.PerSource, without checking the token order again.
+	_, hashed := ev.fixed.(*hashSplit)
+	ev.perSource = opts.Dispatch.PerSource() || hashed
+	if ev.perSource && (ev.usePatterns || hashed) {
 		ev.srcFrac = sourceFractions(stats, c.GPUs())
 	}
 	ev.initScratch()

@@ -40,9 +40,12 @@ type hashSplit struct {
 	G, E  int
 	// last is, per (layer, expert), the copies last split and their
 	// fractions: a move re-splits every expert of its layer, and all but
-	// the moved ones are as they were.
-	mu   sync.Mutex
-	last []hashEntry // [l·E+e]
+	// the moved ones are as they were. mu[l] guards layer l's entries:
+	// the searches and the evaluator split each layer on a goroutine of
+	// its own, so one lock per layer is never contended there, where one
+	// lock for all would serialise every layer's counting.
+	mu   []sync.Mutex // [l]
+	last []hashEntry  // [l·E+e]
 }
 
 // hashEntry is one split: the copies' GPUs and slots, and frac.
@@ -52,15 +55,15 @@ type hashEntry struct {
 }
 
 func newHashSplit(st *routing.Stats, G int) *hashSplit {
-	return &hashSplit{order: st.Order, load: st.Load, G: G, E: st.Experts, last: make([]hashEntry, st.Layers*st.Experts)}
+	return &hashSplit{order: st.Order, load: st.Load, G: G, E: st.Experts, mu: make([]sync.Mutex, st.Layers), last: make([]hashEntry, st.Layers*st.Experts)}
 }
 
 // Split fills frac with the share of each source's tokens that every copy
 // GPU receives under the hash; it is exact for any copies.
 func (s *hashSplit) Split(l, e int, gpus, slots []int32, frac []float64) bool {
 	n := len(gpus)
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.mu[l].Lock()
+	defer s.mu[l].Unlock()
 	c := &s.last[l*s.E+e]
 	if slices.Equal(c.gpus, gpus) && slices.Equal(c.slots, slots) {
 		copy(frac[:s.G*n], c.frac)
@@ -153,12 +156,11 @@ func HashOrder(st *routing.Stats, G int) error {
 	return nil
 }
 
-// newSplitter binds the engine's dispatch to plan: vLLM's hash counted
-// token by token where the statistics hold their token order, else
-// NewSplitter's model.
+// newSplitter binds the engine's dispatch to plan (Scenario.Splitter),
+// once for the models that do not depend on the plan.
 func (ev *engine) newSplitter(plan *placement.Plan) (Splitter, error) {
-	if ev.hash != nil {
-		return ev.hash, nil
+	if ev.fixed != nil {
+		return ev.fixed, nil
 	}
-	return NewSplitter(ev.opts.Dispatch, plan, ev.g, ev.p, ev.layout)
+	return ev.sc.Splitter(plan)
 }

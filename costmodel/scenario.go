@@ -61,6 +61,35 @@ func (s Scenario) Layout() placement.Layout {
 	return known
 }
 
+// Splitter binds s's dispatch to plan as Evaluate and the incremental
+// Evaluator count it, for searches that split per source themselves:
+// vLLM's hash counted token by token where s can count it (Dispatch vllm,
+// home flow, HashOrder(Stats, GPUs) nil), else NewSplitter(s.Dispatch,
+// plan, GPUs, GPUsPerNode, s.Layout()). The counted hash does not depend
+// on plan and is safe for concurrent use by searches that split each
+// layer on its own goroutine.
+func (s Scenario) Splitter(plan *placement.Plan) (Splitter, error) {
+	if s.countsHash() {
+		return newHashSplit(s.Stats, s.Cluster.GPUs()), nil
+	}
+	return NewSplitter(s.Dispatch, plan, s.Cluster.GPUs(), s.Cluster.GPUsPerNode, s.Layout())
+}
+
+// PerSource reports whether a source's split over an expert's copies
+// depends on where the source is under s (Splitter): under a dispatch that
+// does (placement.Dispatch.PerSource), and under vLLM's hash where s counts
+// it token by token, whose split differs from rank to rank with the rows
+// the rank's tokens sit in. A search that splits per source then needs the
+// share of each expert's tokens every source sends (LayerSourceShares).
+func (s Scenario) PerSource() bool {
+	return s.Dispatch.PerSource() || s.countsHash()
+}
+
+// countsHash reports whether s counts vLLM's dispatch token by token.
+func (s Scenario) countsHash() bool {
+	return s.Dispatch == placement.DispatchVLLM && s.Flow == FlowHome && s.Stats != nil && HashOrder(s.Stats, s.Cluster.GPUs()) == nil
+}
+
 // Options returns the flow, mode, chunks and dispatch of s.
 func (s Scenario) Options() Options {
 	return Options{Flow: s.Flow, Mode: s.Mode, Chunks: s.Chunks, Dispatch: s.Dispatch}

@@ -63,8 +63,9 @@ const (
 	// DispatchVLLM is vLLM's replica choice, per token by a hash of its
 	// row in its rank's batch ((row × 2654435769) mod 2^32 mod copies):
 	// costmodel counts it token by token where the statistics carry their
-	// token order (routing.Stats.Order), else models it by its
-	// expectation, the even split (and searches plan on the even split).
+	// token order (routing.Stats.Order) and the searches plan on that count
+	// (costmodel.Scenario.Splitter), else models it by its expectation, the
+	// even split.
 	DispatchVLLM
 	// DispatchTRTLLM is TensorRT-LLM's load balancer's replica choice
 	// (moeComputeRouteKernel): a round robin over an expert's copies

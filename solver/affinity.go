@@ -158,9 +158,12 @@ func searchAffinity(ctx context.Context, p Problem, opts Options, b budget, star
 	ap := affinitypath.Problem{
 		Problem: affinity.Problem{Scenario: p.Scenario(), Slots: p.slotCounts(), Start: first, StartReport: firstRep, EvalTime: evalTime},
 		// No bound is known for the dispatches that are not closed forms
-		// (SGLang's tables and dynamic dispatch): a particular deal may
-		// send fewer copies across nodes than any closed form predicts.
-		Bound:    (p.Flow == costmodel.FlowHome || !p.replicated()) && (p.Dispatch.Closed() == p.Dispatch || !p.Dispatch.PerSource()),
+		// (SGLang's tables and dynamic dispatch, vLLM's hash counted token
+		// by token): a particular deal, or the rows a rank's tokens sit
+		// in, may send fewer copies across nodes than any closed form
+		// predicts. vLLM's and TensorRT-LLM's expectations are the even
+		// split's.
+		Bound:    (p.Flow == costmodel.FlowHome || !p.replicated()) && (p.Dispatch.Closed() == p.Dispatch || !p.Scenario().PerSource()),
 		BoundCap: p.MaxImbalance,
 	}
 	if p.Flow == costmodel.FlowHome && p.Split != SplitOptimal && len(p.Workloads) == 0 {

@@ -166,3 +166,26 @@ func TestMaxImbalanceReachesAffinitySearch(t *testing.T) {
 		assert.LessOrEqual(t, r, p.MaxImbalance*(1+1e-9), "layer %d", l)
 	}
 }
+
+// Under vLLM's hash counted token by token (the trace's token order
+// attached) no remote-copy bound is certified: the bound is the even
+// split's, and the rows a rank's tokens sit in can beat it. On
+// hashInstance the plan with expert 0 on both GPUs sends nothing across
+// nodes, below the even split's bound, which was certified for it before.
+// (TestRemoteBoundShiftSteps checks that a closed form's bound is
+// computed.)
+func TestNoRemoteBoundUnderCountedHash(t *testing.T) {
+	p := hashInstance(t)
+	bs, err := trafficbound.HomeRemoteLayers(context.Background(), p.Stats, trafficbound.Uniform(2, 1, 2), p.Dispatch, trafficbound.Options{})
+	require.NoError(t, err)
+	both := placement.FromReplicas(2, [][][]placement.GPU{{{0, 1}, {0}, {1}}}, "expert 0 on both")
+	rep, err := p.Scenario().Evaluate(both)
+	require.NoError(t, err)
+	t.Logf("remote copies %v, even bound %v", rep.RemoteCopies, bs[0].Value)
+	require.Less(t, rep.RemoteCopies, bs[0].Value-1, "the hash must beat the even split's bound here, or the test proves nothing")
+
+	res, err := Solve(context.Background(), p, Options{Strategy: StrategyJoint, Effort: 1})
+	require.NoError(t, err)
+	verify(t, p, res)
+	assert.True(t, math.IsNaN(res.RemoteBound), "a bound %v certified under the counted hash", res.RemoteBound)
+}

@@ -298,7 +298,9 @@ func (p Problem) check() error {
 	if !p.Dispatch.Valid() {
 		return fmt.Errorf("solver: unknown dispatch %v", p.Dispatch)
 	}
-	if p.Dispatch.PerSource() {
+	// The split depends on the source under the per-source dispatches and
+	// under vLLM's hash counted token by token (home flow only).
+	if p.Scenario().PerSource() {
 		if p.Flow != costmodel.FlowHome {
 			return fmt.Errorf("solver: %s dispatch is modeled for the home flow only; use flow home or dispatch even", p.Dispatch)
 		}

@@ -38,13 +38,16 @@ func newShape(p Problem) (*shape, error) {
 	}
 	sh := &shape{
 		N: c.Nodes, P: c.GPUsPerNode, G: G, E: st.Experts, K: st.TopK,
-		slots: p.Slots, dispatch: p.Dispatch,
+		slots: p.Slots, perSource: p.PerSource(),
 		copySec: p.Model.TokenBytes() / c.NICBytesPerSec(),
 		nicLat:  c.NICLatency.Seconds(),
 		terms:   p.Scenario.Terms(),
 	}
 	sh.perTok, sh.speed = sh.terms.PerTokenSec, sh.terms.Speed
-	split, err := costmodel.NewSplitter(p.Dispatch, p.Start, G, c.GPUsPerNode, p.Scenario.Layout())
+	// The dispatch as the cost model counts it (vLLM's hash token by
+	// token where the statistics hold their token order), so that the
+	// search's loads are the ones Evaluate scores.
+	split, err := p.Splitter(p.Start)
 	sh.keepCounts = err == nil && p.Dispatch.Dealt()
 	if err != nil {
 		// No start to deal for (or one SGLang could not number): plan
@@ -102,7 +105,7 @@ func buildLayer(p Problem, sh *shape, l int) *layer {
 		copy(ex[i*K:(i+1)*K], pt.Experts[l*K:(l+1)*K])
 	}
 	var share []float64
-	if sh.dispatch.PerSource() {
+	if sh.perSource {
 		// As the cost model: the share of each expert's sampled tokens
 		// from each source, tokens without a source spread evenly.
 		share = costmodel.LayerSourceShares(st, G, l)

@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 
 	"github.com/moetuner/moetuner/costmodel"
-	"github.com/moetuner/moetuner/placement"
 )
 
 // shape is what every layer of a home-flow search shares: the cluster,
@@ -15,11 +14,14 @@ type shape struct {
 	N, P, G, E, K int
 	speed         []float64 // per GPU
 	slots         []int     // per GPU
-	dispatch      placement.Dispatch
-	// split is the dispatch model bound to the start plan: exact for the
-	// moves that keep a dealt table's random stream where it was (every
-	// swap of copies between GPUs), its closed form otherwise.
-	split costmodel.Splitter
+	// split is the dispatch model bound to the start plan
+	// (costmodel.Scenario.Splitter): exact for the moves that keep a
+	// dealt table's random stream where it was (every swap of copies
+	// between GPUs), its closed form otherwise; vLLM's hash counted token
+	// by token where the scenario counts it. perSource says whether its
+	// split depends on the source (costmodel.Scenario.PerSource).
+	split     costmodel.Splitter
+	perSource bool
 	// keepCounts: split deals a table over one random stream (SGLang's
 	// static dispatch), so a move that changes an expert's copy count
 	// re-deals that expert and every expert after it, in this layer and

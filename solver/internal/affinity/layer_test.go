@@ -22,6 +22,14 @@ import (
 // without a source when noSource is set.
 func randomInstance(t *testing.T, rng *rand.Rand, N, P, E, K, L, T, red int, d placement.Dispatch, noSource bool) (costmodel.Scenario, *placement.Plan, []int) {
 	t.Helper()
+	sc, plan, slots, _ := randomTraceInstance(t, rng, N, P, E, K, L, T, red, d, noSource)
+	return sc, plan, slots
+}
+
+// randomTraceInstance is randomInstance with the trace its statistics
+// count.
+func randomTraceInstance(t *testing.T, rng *rand.Rand, N, P, E, K, L, T, red int, d placement.Dispatch, noSource bool) (costmodel.Scenario, *placement.Plan, []int, *routing.Trace) {
+	t.Helper()
 	G := N * P
 	tr := &routing.Trace{Tokens: T, Layers: L, TopK: K, Experts: E, Source: make([]int32, T)}
 	classes := 1 + rng.IntN(4)
@@ -65,7 +73,7 @@ func randomInstance(t *testing.T, rng *rand.Rand, N, P, E, K, L, T, red int, d p
 	for l := range copies {
 		copies[l] = randomCopies(rng, E, G, S)
 	}
-	return sc, placement.FromReplicas(G, copies, "rand"), slots
+	return sc, placement.FromReplicas(G, copies, "rand"), slots, tr
 }
 
 // randomCopies gives every expert one copy and the spare slots to random

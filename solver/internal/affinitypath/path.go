@@ -26,8 +26,9 @@ import (
 type Problem struct {
 	affinity.Problem
 	// Bound says the remote-copy bound applies (a closed-form dispatch,
-	// or vLLM's; the home flow, or the chain flow with one copy of every
-	// expert).
+	// or vLLM's and TensorRT-LLM's expectation, the even split, not vLLM's
+	// hash counted token by token; the home flow, or the chain flow with
+	// one copy of every expert).
 	Bound bool
 	// BoundCap is the cap the bound's capped pass assumes (the problem's
 	// MaxImbalance, whatever the split; 0: none).

@@ -16,10 +16,12 @@ import (
 // imbalanceFloor is a lower bound on layer l's busiest/mean over every
 // plan with lp's copy counts and slots per GPU: the GPU that holds a copy
 // of expert e gets that copy's tokens (all of them with a single copy, its
-// share under even dispatch) and fills its other slots with copies that
-// bring at least the least tokens there are (a single copy its expert's
-// load, a copy of a replicated expert its share under even dispatch and
-// nothing otherwise: static and local dispatch may send it none). It
+// share under a split that does not depend on the source, such as even
+// dispatch) and fills its other slots with copies that bring at least the
+// least tokens there are (a single copy its expert's load, a copy of a
+// replicated expert its share under such a split and nothing otherwise:
+// static and local dispatch may send it none, vLLM's hash counted token
+// by token less than its share; costmodel.Scenario.PerSource). It
 // returns the bound and the expert that sets it (−1: none above 1).
 func imbalanceFloor(p Problem, l int, lp placement.LayerPlan, speed []float64) (float64, int) {
 	copies := make([]int, p.Stats.Experts)
@@ -48,6 +50,7 @@ func countsFloor(p Problem, l int, copies, perGPU []int, speed []float64) (float
 		return 1, -1
 	}
 	fewest := slices.Min(perGPU)
+	perSource := p.PerSource()
 	// least[i]: what a slot brings at least, slots sorted by it.
 	type slotMin struct {
 		v float64
@@ -56,7 +59,7 @@ func countsFloor(p Problem, l int, copies, perGPU []int, speed []float64) (float
 	var least []slotMin
 	for e, c := range copies {
 		v := 0.0
-		if c == 1 || !p.Dispatch.PerSource() {
+		if c == 1 || !perSource {
 			v = load[e] / float64(max(c, 1))
 		}
 		for range c {
@@ -68,8 +71,8 @@ func countsFloor(p Problem, l int, copies, perGPU []int, speed []float64) (float
 	floor, who := 1.0, -1
 	for e, v := range load {
 		c := copies[e]
-		if c == 0 || (c > 1 && p.Dispatch.PerSource()) {
-			continue // static and local dispatch may send a copy less than its share
+		if c == 0 || (c > 1 && perSource) {
+			continue // static and local dispatch and the counted hash may send a copy less than its share
 		}
 		t := v / float64(c)
 		n := 0
