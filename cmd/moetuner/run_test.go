@@ -190,6 +190,24 @@ func TestHelp(t *testing.T) {
 	assert.Contains(t, stdout, "compare")
 }
 
+// TestCLIDocMatchesHelp: docs/cli.md copies every command's flags; each
+// copy is the command's -h output as it is now, so a flag added or
+// reworded without the page fails here.
+func TestCLIDocMatchesHelp(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "cli.md"))
+	require.NoError(t, err)
+	for _, cmd := range []string{"stats", "plan", "eval", "compare", "replay", "report", "backtest"} {
+		code, stdout, stderr := runCLI(t, cmd, "-h")
+		require.Equal(t, 0, code, cmd)
+		hdr := "### `" + cmd + "`\n\n```\n"
+		i := strings.Index(string(doc), hdr)
+		require.GreaterOrEqual(t, i, 0, "docs/cli.md has no flags section for %s", cmd)
+		rest := string(doc)[i+len(hdr):]
+		block := rest[:strings.Index(rest, "```")]
+		assert.Equal(t, strings.TrimRight(stdout+stderr, "\n")+"\n", block, "docs/cli.md's copy of `moetuner %s -h` (regenerate it from the help)", cmd)
+	}
+}
+
 func TestReplicaAndRebalanceFlags(t *testing.T) {
 	chdirRoot(t)
 	dir := t.TempDir()
