@@ -192,6 +192,8 @@ func TestWorkloadCountsVLLMHash(t *testing.T) {
 // with a source rank beyond the plan's GPUs, vllm dispatch replays the even
 // split and says why; tokens of unknown source in a trace with sources take
 // the even split of their expert's slots, every token still counted once.
+// A plan's slot shares, which the hash overrides, and a negative pass size
+// are errors.
 func TestWorkloadVLLMHashFallsBack(t *testing.T) {
 	tr := &routing.Trace{Tokens: 4, Layers: 1, TopK: 1, Experts: 2, IDs: []int16{0, 0, 0, 1}, Source: []int32{0, -1, -1, 1}}
 	require.NoError(t, tr.Validate())
@@ -229,4 +231,8 @@ func TestWorkloadVLLMHashFallsBack(t *testing.T) {
 	}
 	_, err = NewWorkload(plan, Input{Trace: tr}, WorkloadOptions{Dispatch: placement.DispatchVLLM, PassTokens: -1})
 	assert.Error(t, err)
+	shared := plan.Clone()
+	shared.Layers[0].SlotShare = []float64{0.5, 0.5, 1}
+	_, err = NewWorkload(shared, Input{Trace: tr}, vllm)
+	assert.ErrorContains(t, err, "vllm dispatch decides the split")
 }

@@ -231,10 +231,10 @@ func fromTrace(plan *placement.Plan, t *routing.Trace, opts WorkloadOptions) (*W
 	if opts.Dispatch == placement.DispatchVLLM {
 		w.HashErr = hashOrders(batches, sts, plan.GPUs, opts)
 		w.CountsHash = w.HashErr == nil
-		for l, lp := range plan.Layers {
-			if w.CountsHash && lp.SlotShare != nil {
-				return nil, fmt.Errorf("replay: plan layer %d carries slot shares, but vllm dispatch decides the split; use dispatch even", l)
-			}
+	}
+	for l, lp := range plan.Layers {
+		if w.CountsHash && lp.SlotShare != nil {
+			return nil, fmt.Errorf("replay: plan layer %d carries slot shares, but vllm dispatch decides the split; use dispatch even", l)
 		}
 	}
 	for _, st := range sts {
@@ -418,9 +418,9 @@ func (w *Workload) sourceShares(l int, lp placement.LayerPlan, load []float64, s
 }
 
 // hashSlots counts, slot by slot, the tokens of every expert that vLLM's
-// hash sends there (costmodel.VLLMHashCounts): rows lists, per expert and
-// source rank, the rows of the batch's tokens (routing.TokenOrder of one
-// layer). An expert's copies on a GPU are its slots there in slot order,
+// hash sends there (costmodel.VLLMHashCounts): rows(e, r) are the rows of
+// the batch's tokens of expert e from rank r < ranks (the layer's
+// routing.TokenOrder). An expert's copies on a GPU are its slots there in slot order,
 // which is their order by physical id (placement.Plan.GPUMajor keeps it).
 // Tokens of unknown source (load[e] beyond the rows) are split evenly, in
 // slot order, the remainder going to the lower slots.
