@@ -164,3 +164,39 @@ func (ev *engine) newSplitter(plan *placement.Plan) (Splitter, error) {
 	}
 	return ev.sc.Splitter(plan)
 }
+
+// VLLMHashCounts adds to counts the tokens at rows (each one's row in its
+// rank's forward pass, as routing.TokenOrder gives them) that vLLM's hash
+// sends to each copy of an expert whose slots[i] copies sit on GPU gpus[i]
+// (distinct GPUs, in any order): copy k of gpus[i], counting that GPU's
+// copies in ascending physical id, is counts[slots[0]+…+slots[i-1]+k].
+// The copies are taken in vLLM's replica order as hashSplit says (ascending
+// physical id, GPU-major). counts needs one entry per copy; an expert
+// without copies counts nothing.
+func VLLMHashCounts(gpus, slots []int32, rows []int32, counts []int) {
+	var buf [64]int32
+	owner := copyOwners(gpus, slots, buf[:0])
+	total := len(owner)
+	if total == 0 {
+		return
+	}
+	// at[j] is copy j's entry of counts: GPU owner[j]'s first entry plus
+	// the copies of that GPU already placed (they come in ascending
+	// physical id).
+	var obuf [32]int32
+	next := obuf[:0]
+	off := int32(0)
+	for _, s := range slots {
+		next = append(next, off)
+		off += s
+	}
+	var abuf [64]int32
+	at := abuf[:0]
+	for _, i := range owner {
+		at = append(at, next[i])
+		next[i]++
+	}
+	for _, r := range rows {
+		counts[at[stackdispatch.VLLMReplica(int64(r), total)]]++
+	}
+}

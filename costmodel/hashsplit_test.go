@@ -154,3 +154,51 @@ func TestVLLMHashFallsBack(t *testing.T) {
 		}
 	}
 }
+
+// TestVLLMHashCounts: VLLMHashCounts gives each copy the rows whose
+// VLLMReplica, among the expert's copies in ascending physical id (GPU
+// by GPU, a GPU's copies in its order), names it, on random copies given
+// with their GPUs in random order and some GPUs holding several copies. A
+// count that took the copies in the order given, or split the rows evenly,
+// fails.
+func TestVLLMHashCounts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(36, 2))
+	for it := range 200 {
+		G := 1 + rng.IntN(8)
+		gpus := rng.Perm(G)[:1+rng.IntN(G)]
+		var g32, slots []int32
+		for _, g := range gpus {
+			g32 = append(g32, int32(g))
+			slots = append(slots, int32(1+rng.IntN(3)))
+		}
+		// Physical ids: GPU g's k-th copy is g·4+k.
+		var phys []int
+		entry := map[int]int{} // physical id → entry of counts
+		off := 0
+		for i, g := range g32 {
+			for k := range slots[i] {
+				entry[int(g)*4+int(k)] = off + int(k)
+			}
+			off += int(slots[i])
+		}
+		for p := range 4 * G {
+			if _, ok := entry[p]; ok {
+				phys = append(phys, p)
+			}
+		}
+		rows := make([]int32, rng.IntN(300))
+		for i := range rows {
+			rows[i] = int32(rng.IntN(1000))
+		}
+		want := make([]int, off)
+		for _, r := range rows {
+			want[entry[phys[stackdispatch.VLLMReplica(int64(r), len(phys))]]]++
+		}
+		got := make([]int, off)
+		costmodel.VLLMHashCounts(g32, slots, rows, got)
+		require.Equal(t, want, got, "case %d: gpus %v slots %v", it, g32, slots)
+	}
+	got := []int{0}
+	costmodel.VLLMHashCounts(nil, nil, []int32{1, 2}, got[:0])
+	assert.Equal(t, []int{0}, got, "no copies: nothing counted")
+}

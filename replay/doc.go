@@ -12,9 +12,15 @@
 // an expert with probability Load[l][e]/Σ_e Load[l][e], from a PCG generator
 // (math/rand/v2) seeded with Seed, in iteration, layer, draw order. Layers
 // are sampled independently (count data has no per-token paths). An expert
-// with c copies splits its n tokens evenly over its slots in slot order, the
-// first n mod c slots taking one more. Each iteration keeps its batch's
-// routing.Stats for the cost model.
+// with c copies splits its n tokens as WorkloadOptions.Dispatch says: under
+// vLLM's dispatch, on a trace with source ranks, token by token by vLLM's
+// hash of the token's row in its rank's forward pass (each batch is every
+// rank's forward pass; costmodel.VLLMHashCounts); under the other
+// per-source dispatches by the shares costmodel.NewSplitter gives each
+// source; otherwise evenly over its slots in slot order, the first n mod c
+// slots taking one more. Each iteration keeps its batch's routing.Stats
+// (with the batch's token order when the hash is counted) for the cost
+// model.
 //
 // # Measurement (the MoETuner paper's definitions)
 //

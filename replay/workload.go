@@ -62,9 +62,28 @@ type WorkloadOptions struct {
 	// SourceLoad, an equal share from every GPU without them); Layout then
 	// says where the layers sit among the decoder layers (SGLang's table is
 	// dealt over every decoder layer's row).
+	// Under placement.DispatchVLLM a trace with source ranks is counted
+	// token by token (vLLM's hash of each token's row in its rank's
+	// forward pass, costmodel.VLLMHashCounts): each batch is every rank's
+	// forward pass, so a token's row is its index among its rank's tokens
+	// in the batch, as routing.Trace.TokenOrder numbers them on the batch
+	// (restarting at every step of the trace, cut by PassTokens). That
+	// needs home flow and every source rank below the plan's GPUs, as
+	// costmodel counts the hash (costmodel.HashOrder); count-only stats,
+	// a trace without sources, or chain flow take the even split, the
+	// hash's expectation (Workload.HashErr says why).
 	Dispatch    placement.Dispatch
 	GPUsPerNode int
 	Layout      placement.Layout
+	// PassTokens, under vLLM's dispatch, cuts each rank's tokens of a
+	// batch into forward passes of PassTokens tokens (a token's row is
+	// taken modulo PassTokens); 0: the batch (or a step of the trace in
+	// it) is one pass. Negative is an error.
+	PassTokens int
+	// Flow is the flow the workload is scored in; vLLM's hash is counted
+	// token by token only in costmodel.FlowHome (the zero value), where a
+	// token has one source rank.
+	Flow costmodel.Flow
 }
 
 // Workload is the work every GPU does in every layer of every iteration
@@ -81,9 +100,19 @@ type Workload struct {
 	Tokens []int
 	// SlotTokens[i][l][s] is the number of tokens routed to slot s of layer l
 	// in iteration i. Tokens of an expert with c copies follow the plan's
-	// SlotShare when set, else are split evenly over
+	// SlotShare when set, the dispatch's shares (WorkloadOptions.Dispatch)
+	// or vLLM's hash token by token (CountsHash), else are split evenly over
 	// its slots in slot order; the first (n mod c) slots get one more.
 	SlotTokens [][][]int
+	// CountsHash reports that SlotTokens count vLLM's hash token by token
+	// (WorkloadOptions.Dispatch vllm on a trace with source ranks); tokens
+	// of unknown source then take the even split of their expert's slots,
+	// and Stats carry each batch's token order (routing.Stats.Order), so
+	// that the modeled communication counts the hash too.
+	CountsHash bool
+	// HashErr, under vLLM's dispatch without CountsHash, says why each
+	// copy takes the even split, the hash's expectation; nil otherwise.
+	HashErr error
 	// Stats[i] are the routing statistics of iteration i's batch, which the
 	// backends pass to costmodel.Evaluate to model communication.
 	Stats []*routing.Stats
@@ -149,6 +178,9 @@ func NewWorkload(plan *placement.Plan, src Input, opts WorkloadOptions) (*Worklo
 	if opts.BatchTokens < 0 || opts.Iterations < 0 {
 		return nil, fmt.Errorf("replay: negative batch size %d or iteration count %d", opts.BatchTokens, opts.Iterations)
 	}
+	if opts.PassTokens < 0 {
+		return nil, fmt.Errorf("replay: pass tokens %d, want ≥ 0 (0: a batch is one forward pass)", opts.PassTokens)
+	}
 	switch {
 	case src.Trace != nil:
 		return fromTrace(plan, src.Trace, opts)
@@ -190,12 +222,49 @@ func fromTrace(plan *placement.Plan, t *routing.Trace, opts WorkloadOptions) (*W
 	if err != nil {
 		return nil, err
 	}
+	batches := make([]*routing.Trace, n)
+	sts := make([]*routing.Stats, n)
 	for i := range n {
-		batch := t.Slice(i*b, (i+1)*b)
-		st := batch.Stats(routing.StatsOptions{})
+		batches[i] = t.Slice(i*b, (i+1)*b)
+		sts[i] = batches[i].Stats(routing.StatsOptions{})
+	}
+	if opts.Dispatch == placement.DispatchVLLM {
+		w.HashErr = hashOrders(batches, sts, plan.GPUs, opts)
+		w.CountsHash = w.HashErr == nil
+	}
+	for l, lp := range plan.Layers {
+		if w.CountsHash && lp.SlotShare != nil {
+			return nil, fmt.Errorf("replay: plan layer %d carries slot shares, but vllm dispatch decides the split; use dispatch even", l)
+		}
+	}
+	for _, st := range sts {
 		w.add(b, st.Load, st)
 	}
 	return w, nil
+}
+
+// hashOrders attaches to every batch's statistics sts[i] the token order of
+// batches[i] (rows cut by opts.PassTokens) when vLLM's hash can be counted
+// on all of them for G GPUs (costmodel.HashOrder), and otherwise attaches
+// none and says why.
+func hashOrders(batches []*routing.Trace, sts []*routing.Stats, G int, opts WorkloadOptions) error {
+	if opts.Flow != costmodel.FlowHome {
+		return errors.New("in chain flow a token has no single source rank")
+	}
+	for i, bt := range batches {
+		o, err := bt.TokenOrder(opts.PassTokens)
+		if err == nil {
+			sts[i].Order = o
+			err = costmodel.HashOrder(sts[i], G)
+		}
+		if err != nil {
+			for _, st := range sts {
+				st.Order = nil
+			}
+			return fmt.Errorf("batch %d: %w", i, err)
+		}
+	}
+	return nil
 }
 
 func fromStats(plan *placement.Plan, s *routing.Stats, opts WorkloadOptions) (*Workload, error) {
@@ -283,6 +352,10 @@ func (w *Workload) add(tokens int, load [][]float64, st *routing.Stats) {
 			lp = w.shares[l]
 		case w.split != nil:
 			lp = w.sourceShares(l, lp, load[l], st)
+		case w.CountsHash:
+			o := st.Order
+			slots[l] = hashSlots(lp, load[l], func(e, r int) []int32 { return o.Of(l, e, r) }, o.Ranks)
+			continue
 		}
 		slots[l] = splitSlots(lp, load[l])
 	}
@@ -339,6 +412,60 @@ func (w *Workload) sourceShares(l int, lp placement.LayerPlan, load []float64, s
 		for _, s := range ss {
 			i := slices.Index(gpus, int32(lp.SlotGPU[s]))
 			out.SlotShare[s] = perGPU[i] / float64(cnt[i])
+		}
+	}
+	return out
+}
+
+// hashSlots counts, slot by slot, the tokens of every expert that vLLM's
+// hash sends there (costmodel.VLLMHashCounts): rows(e, r) are the rows of
+// the batch's tokens of expert e from rank r < ranks (the layer's
+// routing.TokenOrder). An expert's copies on a GPU are its slots there in slot order,
+// which is their order by physical id (placement.Plan.GPUMajor keeps it).
+// Tokens of unknown source (load[e] beyond the rows) are split evenly, in
+// slot order, the remainder going to the lower slots.
+func hashSlots(lp placement.LayerPlan, load []float64, rows func(e, r int) []int32, ranks int) []int {
+	out := make([]int, len(lp.SlotExpert))
+	bySlot := make([][]int, len(load))
+	for s, e := range lp.SlotExpert {
+		bySlot[e] = append(bySlot[e], s)
+	}
+	var gpus, cnt []int32
+	for e, ss := range bySlot {
+		if len(ss) == 0 {
+			continue
+		}
+		gpus, cnt = gpus[:0], cnt[:0]
+		for _, s := range ss {
+			g := int32(lp.SlotGPU[s])
+			if i := slices.Index(gpus, g); i >= 0 {
+				cnt[i]++
+			} else {
+				gpus, cnt = append(gpus, g), append(cnt, 1)
+			}
+		}
+		counts := make([]int, len(ss))
+		for r := range ranks {
+			costmodel.VLLMHashCounts(gpus, cnt, rows(e, r), counts)
+		}
+		// counts lists GPU gpus[i]'s copies from entry cnt[0]+…+cnt[i-1].
+		at := make([]int, len(gpus))
+		for i := 1; i < len(gpus); i++ {
+			at[i] = at[i-1] + int(cnt[i-1])
+		}
+		known := 0
+		for _, s := range ss {
+			i := slices.Index(gpus, int32(lp.SlotGPU[s]))
+			out[s] = counts[at[i]]
+			known += counts[at[i]]
+			at[i]++
+		}
+		u := max(0, int(load[e]+0.5)-known)
+		for k, s := range ss {
+			out[s] += u / len(ss)
+			if k < u%len(ss) {
+				out[s]++
+			}
 		}
 	}
 	return out

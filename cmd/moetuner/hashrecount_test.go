@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"math"
 	"os"
@@ -139,4 +140,90 @@ func hashRecountCLI(t *testing.T, tr *routing.Trace, maps *placement.EPLBMaps, g
 		worst = max(worst, bal)
 	}
 	return mean, worst
+}
+
+// TestVLLMHashReplayRecount: replay --backend sim --dispatch vllm on the
+// bundled Megatron trace (128 FLAME tokens from 2 ranks, with steps) and
+// the bundled EPLB plan (8 redundant slots on 8 GPUs) computes every
+// GPU's routed tokens of every batch as vLLM's hash sends them, recounted
+// here token by token (a token's row: its index among its rank's tokens of
+// its step in the batch, modulo --pass-tokens; its copy: VLLMReplica over
+// the plan's log2phy row). A cluster costing 1µs a token and nothing per
+// expert makes the sim's compute time the token count. The even split,
+// replayed under --dispatch even, is off the recount.
+func TestVLLMHashReplayRecount(t *testing.T) {
+	chdirRoot(t)
+	const trace, planFile, gpus = "testdata/serving-stacks/megatron_router_trace", "testdata/plans/stacks/flame.eplb.json", 8
+	dir := t.TempDir()
+	cluster := filepath.Join(dir, "c.yaml")
+	require.NoError(t, os.WriteFile(cluster, []byte("name: tokens\nnodes: 1\ngpus_per_node: 8\nnvlink_gbps: 900\nnic_gbps: 400\ntoken_cost: 1us\n"), 0o644))
+	src, err := routing.Load(trace, routing.LoadOptions{})
+	require.NoError(t, err)
+	tr := src.Trace
+	require.NotNil(t, tr.Source, "the bundled trace has source ranks")
+	p, err := placement.ReadFileWith(planFile, placement.Layout{GPUs: gpus})
+	require.NoError(t, err)
+	maps, err := p.EPLBMaps()
+	require.NoError(t, err)
+	S := len(maps.Phy2Log[0]) / gpus
+	recount := func(from, to, pass int) [][]int64 {
+		out := make([][]int64, tr.Layers)
+		for l := range out {
+			out[l] = make([]int64, gpus)
+			for tok := from; tok < to; tok++ {
+				row := 0
+				for u := from; u < tok; u++ {
+					if tr.Source[u] == tr.Source[tok] && tr.Step[u] == tr.Step[tok] {
+						row++
+					}
+				}
+				if pass > 0 {
+					row %= pass
+				}
+				for k := range tr.TopK {
+					e := tr.At(tok, l, k)
+					cs := maps.Log2Phy[l][e][:maps.LogCnt[l][e]]
+					out[l][cs[stackdispatch.VLLMReplica(int64(row), len(cs))]/S]++
+				}
+			}
+		}
+		return out
+	}
+	replayed := func(args ...string) ([][][]int64, string) {
+		out := filepath.Join(dir, "replay.json")
+		code, _, stderr := runCLI(t, append([]string{"replay", "--backend", "sim", "--trace", trace, "--plan", planFile, "--model", "flame-moe-290m", "--cluster", cluster, "--json", out}, args...)...)
+		require.Equal(t, 0, code, stderr)
+		var r struct {
+			Plans []struct {
+				Measurement struct {
+					GPUTime [][][]int64 `json:"gpu_time_ns"`
+				} `json:"measurement"`
+			} `json:"plans"`
+		}
+		b, err := os.ReadFile(out)
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(b, &r))
+		got := r.Plans[0].Measurement.GPUTime
+		for _, it := range got {
+			for _, ly := range it {
+				for g, ns := range ly {
+					ly[g] = int64(math.Round(float64(ns) / 1000)) // tokens at 1µs each
+				}
+			}
+		}
+		return got, stderr
+	}
+	for _, tc := range []struct{ batch, pass int }{{0, 0}, {64, 0}, {64, 5}} {
+		got, stderr := replayed("--dispatch", "vllm", "--batch-tokens", strconv.Itoa(tc.batch), "--pass-tokens", strconv.Itoa(tc.pass))
+		b := cmp.Or(tc.batch, tr.Tokens)
+		require.Len(t, got, tr.Tokens/b)
+		for i := range got {
+			assert.Equal(t, recount(i*b, (i+1)*b, tc.pass), got[i], "batch %d of %d tokens, pass %d", i, b, tc.pass)
+		}
+		if tc.batch > 0 {
+			assert.Contains(t, stderr, "a token's row restarts at every batch", "batch %d", tc.batch)
+		}
+		even, _ := replayed("--dispatch", "even", "--batch-tokens", strconv.Itoa(tc.batch))
+		assert.NotEqual(t, got, even, "batch %d pass %d: the hash is the even split here; the test proves nothing", tc.batch, tc.pass)
+	}
 }

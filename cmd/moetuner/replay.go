@@ -88,10 +88,14 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(sources) == 1 && sources[0].Trace != nil {
 		in = replay.Input{Trace: sources[0].Trace}
 	}
-	wopts := replay.WorkloadOptions{BatchTokens: *batch, Iterations: *iters, Seed: *seed, TopK: p.Model.TopK, Dispatch: p.Dispatch, GPUsPerNode: p.Cluster.GPUsPerNode, Layout: p.Layout()}
+	wopts := replay.WorkloadOptions{BatchTokens: *batch, Iterations: *iters, Seed: *seed, TopK: p.Model.TopK, Dispatch: p.Dispatch, GPUsPerNode: p.Cluster.GPUsPerNode, Layout: p.Layout(),
+		PassTokens: c.passTokens, Flow: p.Flow}
 	ws, err := c.replayWorkloads(plans, p, in, wopts)
 	if err != nil {
 		return err
+	}
+	if !c.quiet {
+		printNotes(c.stderr, c.replayHashNotes(p, ws[0]))
 	}
 	ropts := replay.RunOptions{Cluster: p.Cluster, Model: p.Model, Flow: p.Flow, Mode: p.Mode, Chunks: *chunks, Repeats: *repeats, Dispatch: p.Dispatch}
 	if *confidence <= 0 || *confidence >= 1 {
@@ -125,6 +129,22 @@ func cmdReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	return writeJSON(c.jsonOut, out)
+}
+
+// replayHashNotes says how replay's batches count vLLM's hash where
+// that differs from the note on the whole trace (dispatchNotes): each
+// batch is every rank's forward pass, so the rows restart at every batch,
+// and a batch that cannot be counted takes the expectation.
+func (c *common) replayHashNotes(p solver.Problem, w *replay.Workload) []string {
+	switch {
+	case p.Dispatch != placement.DispatchVLLM:
+		return nil
+	case w.CountsHash && w.Iterations() > 1:
+		return []string{fmt.Sprintf("vllm dispatch: replay's %d batches of %d tokens are each every rank's forward pass: a token's row restarts at every batch", w.Iterations(), w.Tokens[0])}
+	case w.HashErr != nil && c.orderErr == nil && p.Flow == costmodel.FlowHome && costmodel.HashOrder(p.Stats, p.Cluster.GPUs()) == nil:
+		return []string{fmt.Sprintf("vllm dispatch: replay's batches take each copy's even share, the hash's expectation, not the hash token by token: %v", w.HashErr)}
+	}
+	return nil
 }
 
 // replayWorkloads reads the --plan files and cuts each one's workload
