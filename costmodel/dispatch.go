@@ -56,6 +56,17 @@ func NewSplitter(d placement.Dispatch, plan *placement.Plan, G, gpusPerNode int,
 	return newDealSplit(v, plan, G, gpusPerNode, layout)
 }
 
+// DealtPerRank reports whether SGLang's table for dispatch d deals plan on
+// one random stream per rank (the node and GPU-only trees dealing a map
+// loaded from a file, init_by_mapping: stackdispatch.SGLangStaticTable).
+// There a copy moved into or out of a rank's deal shifts that rank's
+// stream for every later deal, so a Splitter bound to one plan prices
+// such moves on its closed form (Split returns false).
+func DealtPerRank(d placement.Dispatch, plan *placement.Plan) bool {
+	v, ok := sglangVariant(d)
+	return ok && v != stackdispatch.SGLangStaticPlain && (plan == nil || plan.StackEPLB == nil)
+}
+
 // sglangVariant is the tree of SGLang's static table that d names.
 func sglangVariant(d placement.Dispatch) (stackdispatch.SGLangVariant, bool) {
 	switch d {

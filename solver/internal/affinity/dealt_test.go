@@ -82,3 +82,49 @@ func slicesEqualGPU(a, b []placement.GPU) bool {
 	}
 	return true
 }
+
+// TestRepairDealtBalancesAsDealt: repairDealt, run on a plan as if the
+// search had returned it, keeps every replicated expert's copies where they
+// are (so the table dealt for the plan is the one it priced), never raises a
+// layer's surrogate cost under that table, and lowers the layers' busiest
+// GPU as SGLang's newest tree deals the plan on most instances. A repair
+// that moved a replicated copy, or did nothing, fails it.
+func TestRepairDealtBalancesAsDealt(t *testing.T) {
+	rng := rand.New(rand.NewPCG(71, 9))
+	better, runs := 0, 0
+	for it := range 8 {
+		N, P := 2, 3+rng.IntN(2)
+		E, K := 12+rng.IntN(8), 2+rng.IntN(2)
+		red := fillSlots(E, N*P, N*P)
+		sc, plan, slots := randomInstance(t, rng, N, P, E, K, 3, 150+rng.IntN(100), red, placement.DispatchSGLangStaticNarrow, false)
+		p := Problem{Scenario: sc, Slots: slots, Start: plan}
+		res := &Result{Copies: make([][][]placement.GPU, len(plan.Layers)), Remote: make([]float64, len(plan.Layers))}
+		for l := range plan.Layers {
+			res.Copies[l] = plan.ExpertGPUs(l)
+		}
+		repairDealt(context.Background(), p, res, Options{Parallel: 2})
+		checkPlan(t, res.Copies, E, slots)
+		q := p
+		q.Start = placement.FromReplicas(N*P, res.Copies, "joint")
+		shBefore, err := newShape(p)
+		require.NoError(t, err)
+		shAfter, err := newShape(q)
+		require.NoError(t, err)
+		for l := range res.Copies {
+			for e, gs := range plan.ExpertGPUs(l) {
+				if len(gs) > 1 {
+					assert.True(t, slicesEqualGPU(gs, res.Copies[l][e]), "instance %d layer %d expert %d: a replicated expert's copies moved", it, l, e)
+				}
+			}
+			before := newStateKappa(buildLayer(p, shBefore, l), int32Copies(plan.ExpertGPUs(l)), 0)
+			after := newStateKappa(buildLayer(q, shAfter, l), int32Copies(res.Copies[l]), 0)
+			assert.LessOrEqual(t, after.costNow(levelGPU), before.costNow(levelGPU)*(1+1e-12), "instance %d layer %d", it, l)
+			runs++
+			if after.imbalance(levelGPU) < before.imbalance(levelGPU)*(1-1e-9) {
+				better++
+			}
+		}
+	}
+	assert.Greater(t, better, runs/2, "layers balanced better as dealt")
+	t.Logf("%d of %d layers balanced better as dealt", better, runs)
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/moetuner/moetuner/costmodel"
@@ -185,8 +186,13 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	res := &Result{Copies: make([][][]placement.GPU, L), Remote: make([]float64, L), StartRemote: make([]float64, L)}
 	tries := make([]int64, L)
 	deadline := opts.Limit.Deadline
-	if opts.Limit.ByWork() {
+	switch {
+	case opts.Limit.ByWork():
 		deadline = time.Now().Add(24 * time.Hour)
+	case sh.keepCounts && costmodel.DealtPerRank(p.Dispatch, p.Start):
+		// The repair (repairDealt) builds every layer's counters once
+		// more, a pass over every token's experts as an evaluation is.
+		deadline = deadline.Add(-p.EvalTime)
 	}
 	task.Layers(L, opts.Parallel, deadline, opts.MinLayer, func(l int, limit time.Duration) {
 		start := p.Start.ExpertGPUs(l)
@@ -226,6 +232,9 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		}
 		res.Copies[l] = out
 	})
+	if sh.keepCounts && sh.inexact.Load() {
+		res.Tries += repairDealt(ctx, p, res, opts)
+	}
 	for _, t := range tries {
 		res.Tries += t
 	}
@@ -398,3 +407,73 @@ func proxyPhase(ctx context.Context, s *state, lim task.Limit, rng *rand.Rand) (
 	}
 	return newStateKappa(ly, px.copies(), s.kappa), short, lim.Work
 }
+
+// repairDealt balances every layer of res within its nodes as the table
+// dealt for res's own plan splits it, when the search priced some copies
+// on the table's closed form (shape.inexact: SGLang's node trees deal a
+// loaded map on one stream per rank, and a copy moved into or out of a
+// rank's node moves that rank's stream for every later deal). It makes
+// only swaps of two single-copy experts within a node: a single-copy
+// expert is not dealt (or, in the plain tree, dealt the same wherever it
+// sits), so those swaps leave the table as it is and are priced exactly
+// (withinNode); none raises the layer's surrogate cost. Each layer gets
+// repairSweeps tries of every pair of its nodes' slots, whatever the
+// clock (they are cheap: a swap is priced from the GPUs' loads), after
+// one pass over its tokens to build the counters. It returns the swaps
+// scored.
+func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int64 {
+	q := p
+	q.Start = placement.FromReplicas(p.Cluster.GPUs(), res.Copies, "joint")
+	sh, err := newShape(q)
+	if err != nil {
+		return 0
+	}
+	L := len(res.Copies)
+	tries := make([]int64, L)
+	S := slices.Max(p.Slots)
+	work := int64(repairSweeps * sh.G * S * S)
+	task.Layers(L, opts.Parallel, time.Now().Add(24*time.Hour), 0, func(l int, _ time.Duration) {
+		if ctx.Err() != nil {
+			return
+		}
+		cp := make([][]int32, sh.E)
+		for e, gs := range res.Copies[l] {
+			for _, g := range gs {
+				cp[e] = append(cp[e], int32(g))
+			}
+		}
+		s := newStateKappa(buildLayer(q, sh, l), cp, 0)
+		before := s.costNow(levelGPU)
+		if !sh.nv {
+			// Where no NVLink port is modeled, a copy's GPU within its
+			// node changes only the GPUs' tokens: pack the single-copy
+			// experts around the replicated ones first.
+			if r := repackNodes(s, true); r.costNow(levelGPU) <= before {
+				s = r
+			}
+		}
+		se := &searcher{s: s, m: task.ByWork(ctx, work), nodeLevel: levelNode, cheapOnly: true}
+		se.gpuPhase()
+		tries[l] = se.tries
+		if s.costNow(levelGPU) > before {
+			return
+		}
+		out := make([][]placement.GPU, sh.E)
+		for e, gs := range s.copies() {
+			for _, g := range gs {
+				out[e] = append(out[e], placement.GPU(g))
+			}
+		}
+		res.Copies[l] = out
+		res.Remote[l] = s.remote()
+	})
+	n := int64(0)
+	for _, t := range tries {
+		n += t
+	}
+	return n
+}
+
+// repairSweeps is how many times repairDealt may try each pair of a
+// node's slots per GPU of the layer.
+const repairSweeps = 1

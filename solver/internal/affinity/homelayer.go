@@ -30,7 +30,13 @@ type shape struct {
 	// expert's copy count (no retargets) and only moves copies, which
 	// split prices exactly.
 	keepCounts bool
-	ones       []int32 // one slot per copy
+	// inexact is set when split priced some copies on its closed form
+	// (Splitter.Split returned false): in SGLang's node trees a loaded map
+	// deals every rank on a stream of its own, which a rank's moving into
+	// or out of an expert's deal shifts, so the search's loads are not
+	// the plan's as dealt (see repairDealt).
+	inexact atomic.Bool
+	ones    []int32 // one slot per copy
 
 	// terms are the cost model's coefficients and formulas (compute,
 	// layer time); perTok is terms.PerTokenSec.
@@ -242,7 +248,9 @@ func (s *state) fill(e int, cs *copyset) {
 		s.frac = make([]float64, G*n)
 	}
 	frac := s.frac[:G*n]
-	sh.split.Split(s.ly.l, e, cs.gpus, sh.ones[:n], frac)
+	if !sh.split.Split(s.ly.l, e, cs.gpus, sh.ones[:n], frac) {
+		sh.inexact.Store(true)
+	}
 	if sh.nv {
 		for i, q := range frac {
 			switch {

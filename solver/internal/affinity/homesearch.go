@@ -22,6 +22,10 @@ type searcher struct {
 	// short: the layer's limit is short (see improve): the GPU phase
 	// tries its cheapest swaps first.
 	short bool
+	// cheapOnly: the GPU phase makes only the swaps it prices from loads
+	// alone (withinNode: one copy each, within a node), which leave every
+	// dealt table as it is (repairDealt).
+	cheapOnly bool
 }
 
 // spend charges one scored move.
@@ -198,6 +202,13 @@ func (se *searcher) nodePhase() {
 // expert yet (the longest-processing-time rule), and returns the new
 // state; a node whose copies cannot be packed so keeps its GPUs.
 func repack(s *state) *state {
+	return repackNodes(s, false)
+}
+
+// repackNodes is repack; with singlesOnly the copies of replicated experts
+// stay where they are and only single-copy experts are packed around them
+// (which leaves a dealt table as it is: repairDealt).
+func repackNodes(s *state, singlesOnly bool) *state {
 	sh := s.ly.sh
 	P := sh.P
 	type cp struct {
@@ -207,8 +218,17 @@ func repack(s *state) *state {
 	cps := s.copies()
 	out := make([][]int32, len(cps))
 	byNode := make([][]cp, sh.N)
+	free := make([]int, sh.G)
+	load := make([]float64, sh.G)
+	copy(free, sh.slots)
 	for e, gs := range cps {
 		for i, g := range gs {
+			if singlesOnly && len(gs) > 1 {
+				out[e] = append(out[e], g)
+				free[g]--
+				load[g] += s.cs[e].cl[i]
+				continue
+			}
 			byNode[int(g)/P] = append(byNode[int(g)/P], cp{e, s.cs[e].cl[i]})
 		}
 	}
@@ -222,18 +242,12 @@ func repack(s *state) *state {
 			}
 			return x.e - y.e
 		})
-		free := make([]int, P)
-		load := make([]float64, P)
-		for i := range free {
-			free[i] = sh.slots[b*P+i]
-		}
 		put := make([]int, len(list))
 		ok := true
 		for k, c := range list {
 			best := -1
-			for i := 0; i < P; i++ {
-				g := b*P + i
-				if free[i] == 0 {
+			for g := b * P; g < (b+1)*P; g++ {
+				if free[g] == 0 {
 					continue
 				}
 				dup := false
@@ -246,7 +260,7 @@ func repack(s *state) *state {
 				if dup {
 					continue
 				}
-				if best < 0 || load[i]/sh.speed[g] < load[best-b*P]/sh.speed[best] {
+				if best < 0 || load[g]/sh.speed[g] < load[best]/sh.speed[best] {
 					best = g
 				}
 			}
@@ -255,14 +269,14 @@ func repack(s *state) *state {
 				break
 			}
 			put[k] = best
-			free[best-b*P]--
-			load[best-b*P] += c.load
+			free[best]--
+			load[best] += c.load
 		}
 		if !ok {
-			for e, gs := range cps {
-				for _, g := range gs {
-					if int(g)/P == b {
-						out[e] = append(out[e], g)
+			for _, c := range list {
+				for _, g := range cps[c.e] {
+					if int(g)/P == b && !slices.Contains(out[c.e], g) {
+						out[c.e] = append(out[c.e], g)
 					}
 				}
 			}
@@ -291,7 +305,7 @@ func (se *searcher) gpuPhase() {
 	// limit a node tries them only once the swaps priced from loads alone
 	// (withinNode) and evenPair are exhausted there.
 	slow := make([]bool, sh.N)
-	if !se.short {
+	if !se.short && !se.cheapOnly {
 		for b := range slow {
 			slow[b] = true
 		}
@@ -343,8 +357,8 @@ func (se *searcher) gpuPhase() {
 			// No swap lowers the node's busiest GPU: even out another
 			// pair of its GPUs, which may open one, before giving up.
 			switch {
-			case se.short && se.evenPair(B, scratch):
-			case !slow[B]:
+			case (se.short || se.cheapOnly) && se.evenPair(B, scratch):
+			case !slow[B] && !se.cheapOnly:
 				slow[B] = true
 			default:
 				stuck[B] = true
