@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"runtime"
 	"slices"
+	"sync"
 )
 
 // maxStepEntries bounds steps × Layers × Experts for the StepLoad of a
@@ -321,9 +323,33 @@ func (c *counter) transpose(ids []int16, n int) []int16 {
 // Transitions, one layer at a time so that the layer's matrices stay in
 // cache while all n tokens' pairs are added.
 func (c *counter) countDense(lm []int16, n int) {
+	L, K := c.L, c.K
+	// Every layer counts into its own rows: blocks of layers count on
+	// goroutines of their own when the chunk is worth it (integer counts,
+	// so the result is the same in any order).
+	w := min(runtime.GOMAXPROCS(0), L)
+	if w < 2 || n*K*L < parallelCount {
+		c.countLayers(lm, n, 0, L)
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range w {
+		wg.Go(func() { c.countLayers(lm, n, i*L/w, (i+1)*L/w) })
+	}
+	wg.Wait()
+}
+
+// parallelCount is the fewest ids in a chunk (tokens × k × layers) that
+// countDense splits over goroutines: a chunk of a few thousand tokens of a
+// production model, where a goroutine's start is a small part of a layer's
+// counting.
+const parallelCount = 1 << 16
+
+// countLayers is countDense for layers [from, to).
+func (c *counter) countLayers(lm []int16, n, from, to int) {
 	L, K, E := c.L, c.K, c.stride
 	EE, nK := E*E, n*K
-	for l := range L {
+	for l := from; l < to; l++ {
 		load := c.load[l*E : (l+1)*E]
 		co := c.co[l*EE : (l+1)*EE]
 		cur := lm[l*nK : (l+1)*nK]
