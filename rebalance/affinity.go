@@ -104,5 +104,13 @@ func (r *Rebalancer) proposePaths(ctx context.Context, b Budget, s snapshot, t0 
 	per := s.paths.Tokens * float64(len(next.Layers))
 	prop.CurrentRemote, prop.Remote = curRep.RemoteCopies/per, rep.RemoteCopies/per
 	prop.CurrentLayerSec, prop.LayerSec = curRep.TimeSec, rep.TimeSec
-	return prop, r.summarize(prop, s, next, mig, r.windowCost(s, s.current), r.windowCost(s, next))
+	curCost, err := r.windowCost(s, s.current)
+	if err != nil {
+		return nil, err
+	}
+	newCost, err := r.windowCost(s, next)
+	if err != nil {
+		return nil, err
+	}
+	return prop, r.summarize(prop, s, next, mig, curCost, newCost)
 }
