@@ -149,7 +149,8 @@ func StepEvaluate(plan *placement.Plan, load [][]float64, topK int, c Cluster, m
 // in one step with loads load[l][e] (topK is the model's routing top-k):
 // StepCompute's tail under even dispatch, under any other the tail with
 // every GPU's routed tokens as opts.Dispatch deals them (the
-// LayerReport.Tokens of Evaluate on count-only statistics of the step).
+// LayerReport.Tokens of Evaluate on count-only statistics of the step, up
+// to rounding).
 // They are the tails StepTime's seconds are built on. SGLang's tables deal
 // the whole plan at once, so a layer's tail depends on the other layers'
 // copies: score whole plans. It returns an error when the inputs disagree
@@ -166,18 +167,23 @@ func StepTails(plan *placement.Plan, load [][]float64, topK int, c Cluster, m Mo
 // A StepScorer is StepTails for one plan and many steps: the plan is
 // checked and bound to the dispatch once (dealing SGLang's table is what
 // costs, and it does not depend on the step), and each step's tails then
-// cost one pass over the layers' copies, the same sums Evaluate makes for
-// LayerReport.Tokens. It keeps plan (which must not change meanwhile) and
-// is not safe for concurrent use.
+// cost one pass over the layers' copies. Count-only steps send an equal
+// share of every expert's tokens from each source GPU, so the bound
+// shares are averaged over the sources once: a step's GPU tokens are
+// Evaluate's LayerReport.Tokens up to rounding. It keeps plan (which must
+// not change meanwhile) and is not safe for concurrent use.
 type StepScorer struct {
 	plan *placement.Plan
 	topK int
 	c    Cluster
 	m    Model
 	opts Options
-	// sh are the plan's shares bound to the dispatch (nil under even
-	// dispatch, which needs none).
+	// sh are the plan's shares bound to the dispatch and w[l][i] the
+	// share of expert e's tokens that GPU sh[l].cg[i] computes, for i in
+	// [sh[l].cs[e], sh[l].cs[e+1]), averaged over the sources (both nil
+	// under even dispatch, which needs neither).
 	sh  []shares
+	w   [][]float64
 	tok []float64
 }
 
@@ -202,9 +208,37 @@ func NewStepScorer(plan *placement.Plan, topK int, c Cluster, m Model, opts Opti
 	}
 	s := &StepScorer{plan: plan, topK: topK, c: c, m: m, opts: opts, tok: make([]float64, c.GPUs())}
 	if opts.Dispatch != placement.DispatchEven {
-		s.sh = sh
+		s.sh, s.w = sh, sourceMeans(ev, sh)
 	}
 	return s, nil
+}
+
+// sourceMeans is every layer's shares of sh averaged over the source GPUs
+// as ev's statistics source them (count-only: evenly), what addTokens
+// adds up per source, summed once.
+func sourceMeans(ev *engine, sh []shares) [][]float64 {
+	w := make([][]float64, len(sh))
+	G := ev.g
+	for l := range sh {
+		s := &sh[l]
+		w[l] = make([]float64, len(s.cg))
+		for e := range ev.e {
+			a, b := int(s.cs[e]), int(s.cs[e+1])
+			if !s.perSource {
+				copy(w[l][a:b], s.cw[a:b])
+				continue
+			}
+			n := b - a
+			for h := range G {
+				src := ev.srcShare(l, h, e)
+				hw := s.hw[a*G+h*n : a*G+(h+1)*n]
+				for i := range n {
+					w[l][a+i] += src * hw[i]
+				}
+			}
+		}
+	}
+	return w
 }
 
 // Tails returns StepTails of the bound plan for one step's loads
@@ -217,17 +251,21 @@ func (s *StepScorer) Tails(load [][]float64) ([]float64, error) {
 	if err != nil {
 		return nil, err
 	}
-	sh := s.sh
+	sh, w := s.sh, s.w
 	if ev.hash != nil {
 		// vLLM's hash counts the step's own tokens: bind it to them.
 		if sh, err = ev.planShares(s.plan); err != nil {
 			return nil, err
 		}
+		w = sourceMeans(ev, sh)
 	}
 	return layerTails(s.plan, load, s.c, s.m, s.opts.Dispatch, func(l int) []float64 {
 		clear(s.tok)
-		for e := range ev.e {
-			ev.addTokens(l, e, &sh[l], 1, s.tok)
+		sl, wl := &sh[l], w[l]
+		for e, x := range load[l] {
+			for i := sl.cs[e]; i < sl.cs[e+1]; i++ {
+				s.tok[sl.cg[i]] += x * wl[i]
+			}
 		}
 		return s.tok
 	}), nil
