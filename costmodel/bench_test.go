@@ -127,3 +127,34 @@ func TestDeltaAllocs(t *testing.T) {
 	})
 	require.Zero(t, allocs)
 }
+
+// BenchmarkStepScorerDeepSeek: StepTails of count-only DeepSeek-V3 steps
+// (58 layers × 256 experts, 32 redundant slots on 4 × 8 GPUs) under even
+// dispatch and SGLang's static table: bind is NewStepScorer (the deal),
+// step is one step's tails on the bound plan, evaluate StepEvaluate of
+// the step (an Evaluate with its own deal).
+func BenchmarkStepScorerDeepSeek(b *testing.B) {
+	_, st, m := deepseekLike()
+	c, _ := ClusterPreset("4xh200x8")
+	plan := equalSlotsPlan(rand.New(rand.NewPCG(7, 8)), 58, 256, 32, 9)
+	for _, d := range []placement.Dispatch{placement.DispatchEven, placement.DispatchSGLangStatic} {
+		opts := Options{Dispatch: d}
+		b.Run(d.String()+"/bind", func(b *testing.B) {
+			for b.Loop() {
+				_, _ = NewStepScorer(plan, st.TopK, c, m, opts)
+			}
+		})
+		b.Run(d.String()+"/step", func(b *testing.B) {
+			sc, err := NewStepScorer(plan, st.TopK, c, m, opts)
+			require.NoError(b, err)
+			for b.Loop() {
+				_, _ = sc.Tails(st.Load)
+			}
+		})
+		b.Run(d.String()+"/evaluate", func(b *testing.B) {
+			for b.Loop() {
+				_, _, _ = StepEvaluate(plan, st.Load, st.TopK, c, m, opts)
+			}
+		})
+	}
+}

@@ -136,21 +136,157 @@ func StepEvaluate(plan *placement.Plan, load [][]float64, topK int, c Cluster, m
 	if err != nil {
 		return 0, nil, err
 	}
+	tails := layerTails(plan, load, c, m, opts.Dispatch, func(l int) []float64 { return rep.Layers[l].Tokens })
 	t := NewTerms(c, m, opts.Mode, opts.Chunks)
 	total := 0.0
-	dealt := opts.Dispatch != placement.DispatchEven
 	for l, lr := range rep.Layers {
-		var tail float64
-		if dealt && len(lr.Tokens) == c.GPUs() {
-			// The dispatch decides which copy computes a token: the
-			// GPUs' routed tokens are the report's, as dealt.
-			tail = stepTail(plan.Layers[l], load[l], lr.Tokens, c, m)
-		} else {
-			_, tail = StepCompute(plan.Layers[l], load[l], c, m)
-		}
-		total += t.LayerSec(tail, lr.DispatchTime.Seconds()+lr.CombineTime.Seconds(), 0)
+		total += t.LayerSec(tails[l], lr.DispatchTime.Seconds()+lr.CombineTime.Seconds(), 0)
 	}
 	return total, rep, nil
+}
+
+// StepTails returns the compute tail, in seconds, of every layer of plan
+// in one step with loads load[l][e] (topK is the model's routing top-k):
+// StepCompute's tail under even dispatch, under any other the tail with
+// every GPU's routed tokens as opts.Dispatch deals them (the
+// LayerReport.Tokens of Evaluate on count-only statistics of the step, up
+// to rounding).
+// They are the tails StepTime's seconds are built on. SGLang's tables deal
+// the whole plan at once, so a layer's tail depends on the other layers'
+// copies: score whole plans. It returns an error when the inputs disagree
+// (as StepTime). To score many steps of one plan, NewStepScorer binds the
+// dispatch once.
+func StepTails(plan *placement.Plan, load [][]float64, topK int, c Cluster, m Model, opts Options) ([]float64, error) {
+	sc, err := NewStepScorer(plan, topK, c, m, opts)
+	if err != nil {
+		return nil, err
+	}
+	return sc.Tails(load)
+}
+
+// A StepScorer is StepTails for one plan and many steps: the plan is
+// checked and bound to the dispatch once (dealing SGLang's table is what
+// costs, and it does not depend on the step), and each step's tails then
+// cost one pass over the layers' copies. Count-only steps send an equal
+// share of every expert's tokens from each source GPU, so the bound
+// shares are averaged over the sources once: a step's GPU tokens are
+// Evaluate's LayerReport.Tokens up to rounding. It keeps plan (which must
+// not change meanwhile) and is not safe for concurrent use.
+type StepScorer struct {
+	plan *placement.Plan
+	topK int
+	c    Cluster
+	m    Model
+	opts Options
+	// sh are the plan's shares bound to the dispatch and w[l][i] the
+	// share of expert e's tokens that GPU sh[l].cg[i] computes, for i in
+	// [sh[l].cs[e], sh[l].cs[e+1]), averaged over the sources (both nil
+	// under even dispatch, which needs neither).
+	sh  []shares
+	w   [][]float64
+	tok []float64
+}
+
+// NewStepScorer binds plan to c, m and opts.Dispatch for StepTails of its
+// steps (topK is the model's routing top-k), or returns an error when
+// plan does not fit them (as Evaluate).
+func NewStepScorer(plan *placement.Plan, topK int, c Cluster, m Model, opts Options) (*StepScorer, error) {
+	if plan == nil {
+		return nil, fmt.Errorf("costmodel: step time: nil plan")
+	}
+	zero := make([][]float64, len(plan.Layers))
+	for l := range zero {
+		zero[l] = make([]float64, m.Experts)
+	}
+	ev, err := newEngine(routing.StatsFromLoad(zero, topK), c, m, opts)
+	if err != nil {
+		return nil, err
+	}
+	sh, err := ev.planShares(plan)
+	if err != nil {
+		return nil, err
+	}
+	s := &StepScorer{plan: plan, topK: topK, c: c, m: m, opts: opts, tok: make([]float64, c.GPUs())}
+	if opts.Dispatch != placement.DispatchEven {
+		s.sh, s.w = sh, sourceMeans(ev, sh)
+	}
+	return s, nil
+}
+
+// sourceMeans is every layer's shares of sh averaged over the source GPUs
+// as ev's statistics source them (count-only: evenly), what addTokens
+// adds up per source, summed once.
+func sourceMeans(ev *engine, sh []shares) [][]float64 {
+	w := make([][]float64, len(sh))
+	G := ev.g
+	for l := range sh {
+		s := &sh[l]
+		w[l] = make([]float64, len(s.cg))
+		for e := range ev.e {
+			a, b := int(s.cs[e]), int(s.cs[e+1])
+			if !s.perSource {
+				copy(w[l][a:b], s.cw[a:b])
+				continue
+			}
+			n := b - a
+			for h := range G {
+				src := ev.srcShare(l, h, e)
+				hw := s.hw[a*G+h*n : a*G+(h+1)*n]
+				for i := range n {
+					w[l][a+i] += src * hw[i]
+				}
+			}
+		}
+	}
+	return w
+}
+
+// Tails returns StepTails of the bound plan for one step's loads
+// load[l][e], or an error when they do not fit the plan and model.
+func (s *StepScorer) Tails(load [][]float64) ([]float64, error) {
+	if len(load) != len(s.plan.Layers) {
+		return nil, fmt.Errorf("costmodel: step time: the step has %d layers, the plan %d", len(load), len(s.plan.Layers))
+	}
+	ev, err := newEngine(routing.StatsFromLoad(load, s.topK), s.c, s.m, s.opts)
+	if err != nil {
+		return nil, err
+	}
+	sh, w := s.sh, s.w
+	if ev.hash != nil {
+		// vLLM's hash counts the step's own tokens: bind it to them.
+		if sh, err = ev.planShares(s.plan); err != nil {
+			return nil, err
+		}
+		w = sourceMeans(ev, sh)
+	}
+	return layerTails(s.plan, load, s.c, s.m, s.opts.Dispatch, func(l int) []float64 {
+		clear(s.tok)
+		sl, wl := &sh[l], w[l]
+		for e, x := range load[l] {
+			for i := sl.cs[e]; i < sl.cs[e+1]; i++ {
+				s.tok[sl.cg[i]] += x * wl[i]
+			}
+		}
+		return s.tok
+	}), nil
+}
+
+// layerTails is every layer's compute tail of plan in one step with loads
+// load: StepCompute's under even dispatch d, under any other stepTail of
+// tok(l), the GPUs' routed tokens at layer l as d deals them.
+func layerTails(plan *placement.Plan, load [][]float64, c Cluster, m Model, d placement.Dispatch, tok func(l int) []float64) []float64 {
+	out := make([]float64, len(plan.Layers))
+	for l, lp := range plan.Layers {
+		if d != placement.DispatchEven {
+			// The dispatch decides which copy computes a token.
+			if x := tok(l); len(x) == c.GPUs() {
+				out[l] = stepTail(lp, load[l], x, c, m)
+				continue
+			}
+		}
+		_, out[l] = StepCompute(lp, load[l], c, m)
+	}
+	return out
 }
 
 // stepTail is StepCompute's tail with every GPU's routed tokens given

@@ -151,3 +151,128 @@ func TestStepTimeDealt(t *testing.T) {
 	require.NoError(t, err)
 	assert.Less(t, even, sec, "the even split's tail is 143⅓ tokens")
 }
+
+// TestStepTailsHand: TestStepTimeDealt's instance, layer by layer. The
+// even split gives GPUs 0–2 133⅓ of expert 0's tokens plus 10 of another
+// expert; the deal gives one of them 200 plus 10.
+func TestStepTailsHand(t *testing.T) {
+	c := tinyCluster(1, 4) // 1 µs per token, 10 µs per expert
+	m := tinyModel(1, 6, 1)
+	plan := &placement.Plan{GPUs: 4, Experts: 6, Layers: []placement.LayerPlan{{
+		SlotExpert: []routing.Expert{0, 3, 0, 4, 0, 5, 1, 2},
+		SlotGPU:    []placement.GPU{0, 0, 1, 1, 2, 2, 3, 3},
+	}}}
+	load := [][]float64{{400, 10, 10, 10, 10, 10}}
+	for _, tc := range []struct {
+		d    placement.Dispatch
+		want float64
+	}{
+		{placement.DispatchEven, (400.0/3 + 10 + 20) * 1e-6},
+		{placement.DispatchSGLangStatic, (210 + 20) * 1e-6},
+	} {
+		t.Run(tc.d.String(), func(t *testing.T) {
+			tails, err := StepTails(plan, load, 1, c, m, Options{Dispatch: tc.d})
+			require.NoError(t, err)
+			require.Len(t, tails, 1)
+			assert.InDelta(t, tc.want, tails[0], 1e-12)
+		})
+	}
+}
+
+// equalSlotsPlan is a random plan of L layers with S slots on each of G
+// GPUs (what SGLang's tables need): every one of E ≤ G·S experts once,
+// the other slots random extra copies, shuffled.
+func equalSlotsPlan(rng *rand.Rand, L, E, G, S int) *placement.Plan {
+	p := &placement.Plan{GPUs: G, Experts: E}
+	for range L {
+		ex := make([]routing.Expert, 0, G*S)
+		for e := range E {
+			ex = append(ex, routing.Expert(e))
+		}
+		for len(ex) < G*S {
+			ex = append(ex, routing.Expert(rng.IntN(E)))
+		}
+		rng.Shuffle(len(ex), func(i, j int) { ex[i], ex[j] = ex[j], ex[i] })
+		var lp placement.LayerPlan
+		for s, e := range ex {
+			lp.SlotExpert = append(lp.SlotExpert, e)
+			lp.SlotGPU = append(lp.SlotGPU, placement.GPU(s/S))
+		}
+		p.Layers = append(p.Layers, lp)
+	}
+	return p
+}
+
+// TestStepScorerMatchesEvaluate: on random plans and steps, under every
+// dispatch, the tails of a StepScorer bound once and reused over steps are
+// those of Evaluate's report of each step (recomputed here from its
+// LayerReport.Tokens and ActivatedExperts, StepCompute under even
+// dispatch), and they add up to StepTime's seconds with the report's
+// communication.
+func TestStepScorerMatchesEvaluate(t *testing.T) {
+	rng := rand.New(rand.NewPCG(36, 1))
+	for d := placement.Dispatch(0); d.Valid(); d++ {
+		t.Run(d.String(), func(t *testing.T) {
+			for trial := range 20 {
+				nodes, gpn, S := 1+rng.IntN(2), 2+rng.IntN(3), 2+rng.IntN(2)
+				G := nodes * gpn
+				L, E, K := 1+rng.IntN(4), G*S-rng.IntN(G), 1+rng.IntN(2)
+				c, m := tinyCluster(nodes, gpn), tinyModel(L, E, K)
+				plan := equalSlotsPlan(rng, L, E, G, S)
+				opts := Options{Dispatch: d}
+				sc, err := NewStepScorer(plan, K, c, m, opts)
+				require.NoError(t, err)
+				for range 3 {
+					load := make([][]float64, L)
+					for l := range load {
+						load[l] = make([]float64, E)
+						for e := range load[l] {
+							if rng.IntN(3) > 0 {
+								load[l][e] = float64(rng.IntN(50))
+							}
+						}
+					}
+					tails, err := sc.Tails(load)
+					require.NoError(t, err)
+					one, err := StepTails(plan, load, K, c, m, opts)
+					require.NoError(t, err)
+					assert.Equal(t, one, tails, "trial %d: bound once or per step", trial)
+					sec, rep, err := StepEvaluate(plan, load, K, c, m, opts)
+					require.NoError(t, err)
+					tm := NewTerms(c, m, Sequential, 0)
+					sum := 0.0
+					for l, lr := range rep.Layers {
+						want := 0.0
+						if d == placement.DispatchEven {
+							_, want = StepCompute(plan.Layers[l], load[l], c, m)
+						} else {
+							act := ActivatedExperts(plan.Layers[l], G, load[l])
+							for g := range G {
+								want = math.Max(want, tm.Compute(g, lr.Tokens[g], act[g]))
+							}
+						}
+						assert.InDelta(t, want, tails[l], 1e-15, "trial %d layer %d", trial, l)
+						sum += tm.LayerSec(tails[l], lr.DispatchTime.Seconds()+lr.CombineTime.Seconds(), 0)
+					}
+					assert.InDelta(t, sec, sum, 1e-15, "trial %d: StepTime's seconds", trial)
+				}
+			}
+		})
+	}
+}
+
+// TestStepScorerErrors: the scorer rejects what StepEvaluate rejects.
+func TestStepScorerErrors(t *testing.T) {
+	c, m := tinyCluster(1, 2), tinyModel(1, 4, 1)
+	_, err := NewStepScorer(nil, 1, c, m, Options{})
+	assert.ErrorContains(t, err, "nil plan")
+	plan := singlePlan(2, [][]int{{0, 0, 1, 1}})
+	sc, err := NewStepScorer(plan, 1, c, m, Options{Dispatch: placement.DispatchSGLangStatic})
+	require.NoError(t, err)
+	_, err = sc.Tails([][]float64{{1, 1, 1, 1}, {1, 1, 1, 1}})
+	assert.ErrorContains(t, err, "2 layers, the plan 1")
+	_, err = sc.Tails([][]float64{{1, 1, -1, 1}})
+	assert.ErrorContains(t, err, "load -1")
+	_, err = NewStepScorer(plan, 1, tinyCluster(1, 4), m, Options{})
+	assert.ErrorContains(t, err, "plan has 2 GPUs")
+}

@@ -39,9 +39,22 @@ func (r *Rebalancer) proposePaths(ctx context.Context, b Budget, s snapshot, t0 
 	}
 	opts := solveOptions(r.cfg.Solver, max(limit-time.Since(t0), time.Millisecond))
 	opts.MaxMoves = b.MaxMoves
+	// The running plan's step times (a deal of the whole plan under
+	// SGLang's tables) do not wait for the solve.
+	var curCost []float64
+	var curErr error
+	scored := make(chan struct{})
+	go func() {
+		defer close(scored)
+		curCost, curErr = r.windowCost(s, s.current)
+	}()
 	res, err := solver.Solve(ctx, p, opts)
+	<-scored
 	if err != nil {
 		return nil, err
+	}
+	if curErr != nil {
+		return nil, curErr
 	}
 	curRep := res.CurrentReport
 	if curRep == nil {
@@ -104,5 +117,9 @@ func (r *Rebalancer) proposePaths(ctx context.Context, b Budget, s snapshot, t0 
 	per := s.paths.Tokens * float64(len(next.Layers))
 	prop.CurrentRemote, prop.Remote = curRep.RemoteCopies/per, rep.RemoteCopies/per
 	prop.CurrentLayerSec, prop.LayerSec = curRep.TimeSec, rep.TimeSec
-	return prop, r.summarize(prop, s, next, mig, r.windowCost(s, s.current), r.windowCost(s, next))
+	newCost, err := r.windowCost(s, next)
+	if err != nil {
+		return nil, err
+	}
+	return prop, r.summarize(prop, s, next, mig, curCost, newCost)
 }

@@ -60,7 +60,8 @@ type BacktestConfig struct {
 	Cluster costmodel.Cluster
 	Model   costmodel.Model
 	// Dispatch is the stack's dispatch every step is scored under (the
-	// zero value: even): PolicyResult.Balance and the modeled times. Per-step
+	// zero value: even): PolicyResult.Balance and the modeled times, and
+	// the Rebalancer's (Config.Dispatch) under PolicyRebalance. Per-step
 	// loads carry no source ranks, so every rank is taken to send an equal
 	// share of each expert's tokens. Under SGLang's static tables EPLB's
 	// plans are dealt as init_by_eplb (the stack computed them), every
@@ -400,7 +401,7 @@ func (b *backtest) runPolicy(ctx context.Context, pol Policy, n int) (PolicyResu
 	var rb *Rebalancer
 	if pol == PolicyRebalance {
 		var err error
-		if rb, err = New(Config{Cluster: c, Model: m, Initial: plan, Window: w, Decay: b.cfg.Decay, Solver: b.cfg.Solver}); err != nil {
+		if rb, err = New(Config{Cluster: c, Model: m, Initial: plan, Window: w, Decay: b.cfg.Decay, Solver: b.cfg.Solver, Dispatch: b.cfg.Dispatch}); err != nil {
 			return pr, err
 		}
 		for s := max(0, b.t0-w); s < b.t0; s++ {

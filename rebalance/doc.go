@@ -30,12 +30,18 @@
 // in units of the layer's busiest/mean load, link being the NIC's
 // per-direction bandwidth across nodes, else NVLink's. Each layer of the
 // result is then scored on the window's steps by the per-step cost model
-// (costmodel.StepCompute: routed tokens plus activated experts per GPU,
-// the compute tail averaged over the steps by weight) and kept only if it
-// is cheaper than the running layer, its gain × H exceeds its modeled
-// MigrationTime (with a Horizon), and it changes at most MaxMoves slots.
-// So a proposal never exceeds its budget and never makes a modeled step
-// slower.
+// (costmodel.StepTails: routed tokens plus activated experts per GPU, each
+// GPU's tokens as Config.Dispatch deals them, the even split of
+// costmodel.StepCompute under even dispatch; the compute tail averaged
+// over the steps by weight) and kept only if it is cheaper than the
+// running layer, its gain × H exceeds its modeled MigrationTime (with a
+// Horizon), and it changes at most MaxMoves slots. Under SGLang's tables
+// (placement.Dispatch.Dealt) the deal runs through the whole plan, so
+// putting a layer back changes the deal of the layers after it: the plan
+// that results is scored again and its layers decided again (a few
+// rounds), and it is dropped for the running plan unless it is faster as
+// a whole. So a proposal never exceeds its budget and never makes a
+// modeled step slower.
 //
 // Decode steps are cheap in tokens and dear in weight reads: a GPU's time
 // follows the experts its few tokens activate. The solve balances token

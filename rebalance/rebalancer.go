@@ -147,12 +147,14 @@ type Proposal struct {
 	// MigrationSec is MigrationTime from the current plan.
 	MigrationSec float64
 	// CurrentStepSec and StepSec are the modeled expert compute time per
-	// step (the layers' compute tails, costmodel.StepCompute, averaged over
-	// the window's steps by weight) of the current and proposed plans;
-	// GainSec is their difference.
+	// step (the layers' compute tails, costmodel.StepTails under
+	// Config.Dispatch, averaged over the window's steps by weight) of the
+	// current and proposed plans, each plan dealt as a whole; GainSec is
+	// their difference.
 	CurrentStepSec, StepSec, GainSec float64
 	// CurrentPAR and PAR are busiest/mean GPU load on the window's load,
-	// averaged over layers.
+	// averaged over layers, with every expert split evenly over its copies
+	// whatever the dispatch (LayerPAR, the harness's measure).
 	CurrentPAR, PAR float64
 	// Steps is the number of steps in the window.
 	Steps int
@@ -423,9 +425,10 @@ func phaseWords(p Phase) string {
 // current plan (solver.Problem.Current with Options.MaxMoves, and the
 // migration charge of Budget.Horizon as Problem.MoveCost). Every layer of
 // the result is then scored on the window's steps with
-// costmodel.StepCompute and kept only if its modeled time drops (and the
-// drop pays for its migration within Budget.Horizon, and its changed slots
-// are within MaxMoves). Decode steps enter the solve with one extra token's
+// costmodel.StepTails under Config.Dispatch and kept only if its modeled
+// time drops (and the drop pays for its migration within Budget.Horizon,
+// and its changed slots are within MaxMoves); under SGLang's tables the
+// plan that results is dealt and decided again (settleDealt). Decode steps enter the solve with one extra token's
 // worth of load per activated expert (perExpert/perToken tokens), so that
 // the solve spreads activated experts as well as tokens.
 func (r *Rebalancer) Propose(ctx context.Context, b Budget) (*Proposal, error) {
@@ -496,25 +499,20 @@ func (r *Rebalancer) Propose(ctx context.Context, b Budget) (*Proposal, error) {
 	next.Strategy, next.Meta = "rebalance", nil
 	prop := &Proposal{Steps: s.n, Status: res.Status, SolveTime: res.SolveTime,
 		TimedOut: res.Status == solver.StatusTimeLimit || res.Status == solver.StatusStopped}
-	curCost := r.windowCost(s, s.current)
-	newCost := r.windowCost(s, next)
+	curCost, err := r.windowCost(s, s.current)
+	if err != nil {
+		return nil, err
+	}
+	newCost, err := r.windowCost(s, next)
+	if err != nil {
+		return nil, err
+	}
 	mig, err := migrationPerLayer(s.current, next, c, m)
 	if err != nil {
 		return nil, err
 	}
-	for l := range next.Layers {
-		moved := placement.ChangedSlots(s.current.Layers[l], next.Layers[l])
-		keep := moved == 0 ||
-			newCost[l] >= curCost[l]*(1-1e-12) ||
-			(b.Horizon > 0 && (curCost[l]-newCost[l])*float64(b.Horizon) <= mig[l]) ||
-			(!b.Fresh && b.MaxMoves > 0 && moved > b.MaxMoves)
-		if keep {
-			if moved > 0 {
-				prop.Kept++
-			}
-			next.Layers[l] = cloneLayer(s.current.Layers[l])
-			newCost[l], mig[l] = curCost[l], 0
-		}
+	if newCost, err = r.decideLayers(s, b, next, mig, curCost, newCost, prop); err != nil {
+		return nil, err
 	}
 	prop.CurrentRemote, prop.Remote, prop.CurrentLayerSec, prop.LayerSec = math.NaN(), math.NaN(), math.NaN(), math.NaN()
 	return prop, r.summarize(prop, s, next, mig, curCost, newCost)
@@ -585,22 +583,6 @@ func solveOptions(so solver.Options, limit time.Duration) solver.Options {
 
 func cloneLayer(lp placement.LayerPlan) placement.LayerPlan {
 	return placement.LayerPlan{SlotExpert: slices.Clone(lp.SlotExpert), SlotGPU: slices.Clone(lp.SlotGPU), SlotShare: slices.Clone(lp.SlotShare)}
-}
-
-// windowCost returns per layer the weighted mean over the window's steps
-// of the layer's modeled compute tail (costmodel.StepCompute) under plan.
-func (r *Rebalancer) windowCost(s snapshot, plan *placement.Plan) []float64 {
-	out := make([]float64, len(plan.Layers))
-	for i, st := range s.steps {
-		for l := range plan.Layers {
-			_, tail := costmodel.StepCompute(plan.Layers[l], st[l], r.cfg.Cluster, r.cfg.Model)
-			out[l] += s.weights[i] * tail
-		}
-	}
-	for l := range out {
-		out[l] /= s.weight
-	}
-	return out
 }
 
 // moveCost is what one changed slot costs in units of a layer's

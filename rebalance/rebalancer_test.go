@@ -3,6 +3,7 @@ package rebalance
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"testing"
@@ -333,4 +334,107 @@ func TestConcurrentObserve(t *testing.T) {
 		require.NoError(t, r.Install(prop.Plan))
 	}
 	<-done
+}
+
+// dealtWindowSec is the mean over steps of plan's compute tails as
+// costmodel.StepTails prices them under d, added over layers: the
+// window's modeled step time, recomputed outside the Rebalancer.
+func dealtWindowSec(t *testing.T, plan *placement.Plan, steps [][][]float64, c costmodel.Cluster, m costmodel.Model, d placement.Dispatch) float64 {
+	t.Helper()
+	sum := 0.0
+	for _, st := range steps {
+		tails, err := costmodel.StepTails(plan, st, m.TopK, c, m, costmodel.Options{Dispatch: d})
+		require.NoError(t, err)
+		for _, x := range tails {
+			sum += x
+		}
+	}
+	return sum / float64(len(steps))
+}
+
+// TestProposeKeepsByDealtTail: the even split and SGLang's deal disagree
+// on whether a change helps, and the Rebalancer decides by the dispatch
+// configured. 4 GPUs on one node with two slots each; expert 0 takes 400
+// tokens a step (100 from each rank: count-only loads) and has copies on
+// GPUs 0 and 1, whose ranks keep their tokens while ranks 2 and 3 are
+// dealt one to each: 200 on each copy either way. The solve adds a third
+// copy; the even split gives each copy 133⅓ and calls that a gain, but the
+// deal sends rank 3's 100 to one of the three copies, which still
+// computes 200, so under DispatchSGLangStatic the layer is put back. It
+// fails when windowCost prices steps with StepCompute's even split.
+func TestProposeKeepsByDealtTail(t *testing.T) {
+	c, m := tinyCluster(1, 4), tinyModel(1, 6, 1)
+	cur := planOf(4, 6, [][][]int{{{0, 1}, {0, 2}, {3, 5}, {4, 5}}})
+	steps := [][][]float64{{{400, 1, 1, 10, 10, 10}}}
+	props := map[placement.Dispatch]*Proposal{}
+	for _, d := range []placement.Dispatch{placement.DispatchEven, placement.DispatchSGLangStatic} {
+		r, err := New(Config{Cluster: c, Model: m, Initial: cur, Dispatch: d})
+		require.NoError(t, err)
+		for _, st := range steps {
+			require.NoError(t, r.Observe(Step{Load: st}))
+		}
+		prop, err := r.Propose(context.Background(), Budget{})
+		require.NoError(t, err)
+		props[d] = prop
+	}
+	even, dealt := props[placement.DispatchEven], props[placement.DispatchSGLangStatic]
+	// The solve does not see the dispatch: under even dispatch its plan
+	// is the proposal, a third copy of expert 0.
+	require.Equal(t, 0, even.Kept)
+	require.Positive(t, even.MovedSlots)
+	counts := copyCountsOf(even.Plan.Layers[0], 6)
+	require.Equal(t, 3, counts[0], "the solve gives expert 0 a third copy")
+	require.Less(t, dealtWindowSec(t, even.Plan, steps, c, m, placement.DispatchEven), dealtWindowSec(t, cur, steps, c, m, placement.DispatchEven), "the even split calls it a gain")
+	require.GreaterOrEqual(t, dealtWindowSec(t, even.Plan, steps, c, m, placement.DispatchSGLangStatic), dealtWindowSec(t, cur, steps, c, m, placement.DispatchSGLangStatic), "the deal does not")
+	assert.InDelta(t, (400.0/3+10+20)*1e-6, even.StepSec, 1e-12)
+
+	assert.Equal(t, 1, dealt.Kept, "put back by the dealt tail")
+	assert.Zero(t, dealt.MovedSlots)
+	assert.Equal(t, cur.Layers, dealt.Plan.Layers)
+	assert.InDelta(t, (200+1+20)*1e-6, dealt.CurrentStepSec, 1e-12, "the current plan as dealt")
+	assert.Equal(t, dealt.CurrentStepSec, dealt.StepSec)
+	assert.Zero(t, dealt.GainSec)
+}
+
+// copyCountsOf is the number of copies of each of E experts in lp.
+func copyCountsOf(lp placement.LayerPlan, E int) []int {
+	n := make([]int, E)
+	for _, e := range lp.SlotExpert {
+		n[e]++
+	}
+	return n
+}
+
+// TestProposeDealtScoresTheResult: under SGLang's tables, where putting a
+// layer back changes the deal of the layers after it, a proposal's step
+// times are those of the plans it reports, dealt as a whole (recomputed
+// here with costmodel.StepTails), and the proposal is never slower than
+// the current plan, on random multi-layer instances.
+func TestProposeDealtScoresTheResult(t *testing.T) {
+	rng := rand.New(rand.NewPCG(36, 2))
+	for _, d := range []placement.Dispatch{placement.DispatchSGLangStatic, placement.DispatchSGLangStaticNarrow} {
+		for trial := range 12 {
+			L, E, G, per := 2+rng.IntN(3), 6+rng.IntN(6), 4, 3
+			nodes := 1 + rng.IntN(2)
+			c, m := tinyCluster(nodes, G/nodes), tinyModel(L, E, 2)
+			cur := randomPlan(rng, L, E, G, per)
+			r, err := New(Config{Cluster: c, Model: m, Initial: cur, Dispatch: d})
+			require.NoError(t, err)
+			var steps [][][]float64
+			for range 3 {
+				st := skewedLoad(rng, L, E)
+				steps = append(steps, st)
+				require.NoError(t, r.Observe(Step{Load: st}))
+			}
+			prop, err := r.Propose(context.Background(), Budget{MaxMoves: 2 * rng.IntN(3)})
+			require.NoError(t, err)
+			name := fmt.Sprintf("%v trial %d", d, trial)
+			assert.InDelta(t, dealtWindowSec(t, cur, steps, c, m, d), prop.CurrentStepSec, 1e-12, name)
+			assert.InDelta(t, dealtWindowSec(t, prop.Plan, steps, c, m, d), prop.StepSec, 1e-12, name)
+			assert.LessOrEqual(t, prop.StepSec, prop.CurrentStepSec, name)
+			if prop.MovedSlots > 0 {
+				assert.Less(t, prop.StepSec, prop.CurrentStepSec*(1-1e-12), name)
+			}
+		}
+	}
 }
