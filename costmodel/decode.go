@@ -252,7 +252,7 @@ func (s *StepScorer) Tails(load [][]float64) ([]float64, error) {
 		return nil, err
 	}
 	sh, w := s.sh, s.w
-	if ev.hash != nil {
+	if _, hashed := ev.fixed.(*hashSplit); hashed {
 		// vLLM's hash counts the step's own tokens: bind it to them.
 		if sh, err = ev.planShares(s.plan); err != nil {
 			return nil, err
