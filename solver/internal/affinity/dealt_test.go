@@ -128,3 +128,42 @@ func TestRepairDealtBalancesAsDealt(t *testing.T) {
 	assert.Greater(t, better, runs/2, "layers balanced better as dealt")
 	t.Logf("%d of %d layers balanced better as dealt", better, runs)
 }
+
+// TestRepairDealtKeepsMoveBudget: from a running plan under a move budget
+// the repair changes at most MaxMoves slots of each layer (its packing,
+// which would move many, is off; its swaps are counted), where without
+// the budget it changes more.
+func TestRepairDealtKeepsMoveBudget(t *testing.T) {
+	rng := rand.New(rand.NewPCG(73, 11))
+	wanted := 0
+	for it := range 6 {
+		N, P := 2, 3+rng.IntN(2)
+		E, K := 12+rng.IntN(8), 2+rng.IntN(2)
+		red := fillSlots(E, N*P, N*P)
+		sc, run, slots := randomInstance(t, rng, N, P, E, K, 3, 150+rng.IntN(100), red, placement.DispatchSGLangStaticNarrow, false)
+		G := N * P
+		for _, k := range []int{0, 1} {
+			p := Problem{Scenario: sc, Slots: slots, Start: run}
+			if k > 0 {
+				p.Current, p.MaxMoves = run, k
+			}
+			res := &Result{Copies: make([][][]placement.GPU, len(run.Layers)), Remote: make([]float64, len(run.Layers))}
+			for l := range run.Layers {
+				res.Copies[l] = run.ExpertGPUs(l)
+			}
+			repairDealt(context.Background(), p, res, Options{Parallel: 2})
+			checkPlan(t, res.Copies, E, slots)
+			for l := range res.Copies {
+				n := layerChanged(run, l, G, res.Copies[l])
+				if k == 0 {
+					if n > 1 {
+						wanted++
+					}
+					continue
+				}
+				assert.LessOrEqual(t, n, k, "instance %d layer %d", it, l)
+			}
+		}
+	}
+	assert.Positive(t, wanted, "without a budget the repair changes more than one slot of some layer")
+}

@@ -444,10 +444,12 @@ func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int6
 		}
 		s := newStateKappa(buildLayer(q, sh, l), cp, 0)
 		before := s.costNow(levelGPU)
-		if !sh.nv {
+		if !sh.nv && s.ly.bud == nil {
 			// Where no NVLink port is modeled, a copy's GPU within its
 			// node changes only the GPUs' tokens: pack the single-copy
-			// experts around the replicated ones first.
+			// experts around the replicated ones first (not under a move
+			// budget, which the packing does not count; the swaps after
+			// it do).
 			if r := repackNodes(s, true); r.costNow(levelGPU) <= before {
 				s = r
 			}

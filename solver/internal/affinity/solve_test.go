@@ -234,6 +234,11 @@ func TestSolveKeepsMoveBudget(t *testing.T) {
 		}
 		red = fillSlots(E, N*P, red)
 		d := []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal}[it%3]
+		if it%6 == 5 {
+			// SGLang's newest tree: the search is repaired as dealt
+			// (repairDealt), within the budget too.
+			d = placement.DispatchSGLangStaticNarrow
+		}
 		t.Run(fmt.Sprintf("%d-%s-N%dP%dE%dR%d", it, d, N, P, E, red), func(t *testing.T) {
 			sc, run, slots := randomInstance(t, rng, N, P, E, K, 3, 80+rng.IntN(80), red, d, it%5 == 0)
 			G := N * P
