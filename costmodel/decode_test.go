@@ -124,13 +124,7 @@ func TestStepTimeErrors(t *testing.T) {
 // expert 0 where the even split gives every copy 133⅓. A step time that
 // ignored the dispatch would find a tail of 143⅓ tokens.
 func TestStepTimeDealt(t *testing.T) {
-	c := tinyCluster(1, 4) // 1 µs per token, 10 µs per expert
-	m := tinyModel(1, 6, 1)
-	plan := &placement.Plan{GPUs: 4, Experts: 6, Layers: []placement.LayerPlan{{
-		SlotExpert: []routing.Expert{0, 3, 0, 4, 0, 5, 1, 2},
-		SlotGPU:    []placement.GPU{0, 0, 1, 1, 2, 2, 3, 3},
-	}}}
-	load := [][]float64{{400, 10, 10, 10, 10, 10}}
+	c, m, plan, load := dealtStepInstance()
 	opts := Options{Flow: FlowHome, Dispatch: placement.DispatchSGLangStatic}
 	sec, rep, err := StepEvaluate(plan, load, 1, c, m, opts)
 	require.NoError(t, err)
@@ -156,13 +150,7 @@ func TestStepTimeDealt(t *testing.T) {
 // even split gives GPUs 0–2 133⅓ of expert 0's tokens plus 10 of another
 // expert; the deal gives one of them 200 plus 10.
 func TestStepTailsHand(t *testing.T) {
-	c := tinyCluster(1, 4) // 1 µs per token, 10 µs per expert
-	m := tinyModel(1, 6, 1)
-	plan := &placement.Plan{GPUs: 4, Experts: 6, Layers: []placement.LayerPlan{{
-		SlotExpert: []routing.Expert{0, 3, 0, 4, 0, 5, 1, 2},
-		SlotGPU:    []placement.GPU{0, 0, 1, 1, 2, 2, 3, 3},
-	}}}
-	load := [][]float64{{400, 10, 10, 10, 10, 10}}
+	c, m, plan, load := dealtStepInstance()
 	for _, tc := range []struct {
 		d    placement.Dispatch
 		want float64
@@ -275,4 +263,15 @@ func TestStepScorerErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "load -1")
 	_, err = NewStepScorer(plan, 1, tinyCluster(1, 4), m, Options{})
 	assert.ErrorContains(t, err, "plan has 2 GPUs")
+}
+
+// dealtStepInstance is TestStepTimeDealt's instance: 4 GPUs on one node
+// (1 µs per token, 10 µs per expert), two slots each, expert 0 (400
+// tokens) on GPUs 0, 1 and 2, experts 1–5 (10 tokens each) on one GPU.
+func dealtStepInstance() (Cluster, Model, *placement.Plan, [][]float64) {
+	plan := &placement.Plan{GPUs: 4, Experts: 6, Layers: []placement.LayerPlan{{
+		SlotExpert: []routing.Expert{0, 3, 0, 4, 0, 5, 1, 2},
+		SlotGPU:    []placement.GPU{0, 0, 1, 1, 2, 2, 3, 3},
+	}}}
+	return tinyCluster(1, 4), tinyModel(1, 6, 1), plan, [][]float64{{400, 10, 10, 10, 10, 10}}
 }

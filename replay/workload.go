@@ -377,15 +377,7 @@ func (w *Workload) sourceShares(l int, lp placement.LayerPlan, load []float64, s
 	out.SlotShare = make([]float64, len(lp.SlotExpert))
 	var gpus, cnt []int32
 	for e, ss := range bySlot {
-		gpus, cnt = gpus[:0], cnt[:0]
-		for _, s := range ss {
-			g := int32(lp.SlotGPU[s])
-			if i := slices.Index(gpus, g); i >= 0 {
-				cnt[i]++
-			} else {
-				gpus, cnt = append(gpus, g), append(cnt, 1)
-			}
-		}
+		gpus, cnt = slotGPUs(lp, ss, gpus[:0], cnt[:0])
 		n := len(gpus)
 		frac := make([]float64, G*n)
 		w.split.Split(l, e, gpus, cnt, frac)
@@ -435,15 +427,7 @@ func hashSlots(lp placement.LayerPlan, load []float64, rows func(e, r int) []int
 		if len(ss) == 0 {
 			continue
 		}
-		gpus, cnt = gpus[:0], cnt[:0]
-		for _, s := range ss {
-			g := int32(lp.SlotGPU[s])
-			if i := slices.Index(gpus, g); i >= 0 {
-				cnt[i]++
-			} else {
-				gpus, cnt = append(gpus, g), append(cnt, 1)
-			}
-		}
+		gpus, cnt = slotGPUs(lp, ss, gpus[:0], cnt[:0])
 		counts := make([]int, len(ss))
 		for r := range ranks {
 			costmodel.VLLMHashCounts(gpus, cnt, rows(e, r), counts)
@@ -556,4 +540,18 @@ func (w *Workload) maxSlotTokens() int {
 		}
 	}
 	return m
+}
+
+// slotGPUs appends to gpus the distinct GPUs of slots ss of lp, in first
+// appearance, and to cnt how many of ss each holds.
+func slotGPUs(lp placement.LayerPlan, ss []int, gpus, cnt []int32) ([]int32, []int32) {
+	for _, s := range ss {
+		g := int32(lp.SlotGPU[s])
+		if i := slices.Index(gpus, g); i >= 0 {
+			cnt[i]++
+		} else {
+			gpus, cnt = append(gpus, g), append(cnt, 1)
+		}
+	}
+	return gpus, cnt
 }

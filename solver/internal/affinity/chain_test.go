@@ -192,7 +192,7 @@ func TestCapPeak(t *testing.T) {
 			_, ok := cp.capPeak(l, limit, 1, 1, time.Time{})
 			require.Equal(t, slices.Max(cp.gload[l]) <= limit*(1+1e-12), ok, "it %d layer %d: reported within the limit", it, l)
 			out := cp.copies(l)
-			checkPlan(t, [][][]placement.GPU{toGPU(out)}, E, slots)
+			checkPlan(t, [][][]placement.GPU{gpuCopiesOf(out)}, E, slots)
 			require.InDeltaSlice(t, gpuLoads(out, load, speed), cp.gload[l], 1e-6, "it %d layer %d loads", it, l)
 			requireNoLoweringSwap(t, out, load, speed, limit, fmt.Sprintf("it %d layer %d", it, l))
 		}
@@ -215,16 +215,6 @@ func toInt32(c [][]placement.GPU) [][]int32 {
 	for e, gs := range c {
 		for _, g := range gs {
 			out[e] = append(out[e], int32(g))
-		}
-	}
-	return out
-}
-
-func toGPU(c [][]int32) [][]placement.GPU {
-	out := make([][]placement.GPU, len(c))
-	for e, gs := range c {
-		for _, g := range gs {
-			out[e] = append(out[e], placement.GPU(g))
 		}
 	}
 	return out

@@ -187,7 +187,7 @@ func TestFMKeepsCapAndBudget(t *testing.T) {
 			free.run()
 			assert.LessOrEqual(t, free.s.remote(), r0+1e-9)
 			assert.Zero(t, nodeExcess(free.s, free.nodeCap), "node bound %.4f", free.nodeCap.Max)
-			freeMoved := placement.ChangedSlots(plan.Layers[0], placement.FromReplicas(G, [][][]placement.GPU{fmGPUs(free.s.copies())}, "x").Layers[0])
+			freeMoved := placement.ChangedSlots(plan.Layers[0], placement.FromReplicas(G, [][][]placement.GPU{gpuCopiesOf(free.s.copies())}, "x").Layers[0])
 
 			k := 1 + rng.IntN(3)
 			p.Current, p.MaxMoves = plan, k
@@ -196,7 +196,7 @@ func TestFMKeepsCapAndBudget(t *testing.T) {
 			f := fmOn(t, p, 0, 20000)
 			x0 := nodeExcess(f.s, cp)
 			f.run()
-			moved := placement.ChangedSlots(plan.Layers[0], placement.FromReplicas(G, [][][]placement.GPU{fmGPUs(f.s.copies())}, "x").Layers[0])
+			moved := placement.ChangedSlots(plan.Layers[0], placement.FromReplicas(G, [][][]placement.GPU{gpuCopiesOf(f.s.copies())}, "x").Layers[0])
 			require.Equal(t, moved, f.s.changed, "the state's count of changed slots")
 			assert.LessOrEqual(t, moved, k, "move budget")
 			assert.LessOrEqual(t, nodeExcess(f.s, cp), x0*(1+1e-9)+1e-12, "cap excess at the node level")
@@ -207,16 +207,6 @@ func TestFMKeepsCapAndBudget(t *testing.T) {
 		})
 	}
 	assert.Greater(t, wanted, 3, "the unbounded refinements must want more moves than the budgets allow")
-}
-
-func fmGPUs(cp [][]int32) [][]placement.GPU {
-	out := make([][]placement.GPU, len(cp))
-	for e, gs := range cp {
-		for _, g := range gs {
-			out[e] = append(out[e], placement.GPU(g))
-		}
-	}
-	return out
 }
 
 // TestFMReachesBruteForceOptimum: on small instances (2 nodes × 2 GPUs

@@ -204,13 +204,7 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			return
 		}
 		ly := buildLayer(p, sh, l)
-		cp := make([][]int32, sh.E)
-		for e, gs := range start {
-			for _, g := range gs {
-				cp[e] = append(cp[e], int32(g))
-			}
-		}
-		s := newState(ly, cp)
+		s := newState(ly, int32Copies(start))
 		res.StartRemote[l] = s.remote()
 		lim := task.Limit{Deadline: time.Now().Add(limit), Work: opts.Limit.Work}.Share(L)
 		shares := opts.Shares
@@ -224,13 +218,7 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		}
 		s, tries[l] = improve(ctx, s, lim, shares, uint64(l), opts.Logf)
 		res.Remote[l] = s.remote()
-		out := make([][]placement.GPU, sh.E)
-		for e, gs := range s.copies() {
-			for _, g := range gs {
-				out[e] = append(out[e], placement.GPU(g))
-			}
-		}
-		res.Copies[l] = out
+		res.Copies[l] = gpuCopiesOf(s.copies())
 	})
 	if sh.keepCounts && sh.inexact.Load() {
 		res.Tries += repairDealt(ctx, p, res, opts)
@@ -436,13 +424,7 @@ func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int6
 		if ctx.Err() != nil {
 			return
 		}
-		cp := make([][]int32, sh.E)
-		for e, gs := range res.Copies[l] {
-			for _, g := range gs {
-				cp[e] = append(cp[e], int32(g))
-			}
-		}
-		s := newStateKappa(buildLayer(q, sh, l), cp, 0)
+		s := newStateKappa(buildLayer(q, sh, l), int32Copies(res.Copies[l]), 0)
 		before := s.costNow(levelGPU)
 		if !sh.nv && s.ly.bud == nil {
 			// Where no NVLink port is modeled, a copy's GPU within its
@@ -460,13 +442,7 @@ func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int6
 		if s.costNow(levelGPU) > before {
 			return
 		}
-		out := make([][]placement.GPU, sh.E)
-		for e, gs := range s.copies() {
-			for _, g := range gs {
-				out[e] = append(out[e], placement.GPU(g))
-			}
-		}
-		res.Copies[l] = out
+		res.Copies[l] = gpuCopiesOf(s.copies())
 		res.Remote[l] = s.remote()
 	})
 	n := int64(0)
@@ -479,3 +455,26 @@ func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int6
 // repairSweeps is how many times repairDealt may try each pair of a
 // node's slots per GPU of the layer.
 const repairSweeps = 1
+
+// int32Copies is a layer's copies (per expert, its GPUs) as the search
+// holds them.
+func int32Copies(cp [][]placement.GPU) [][]int32 {
+	out := make([][]int32, len(cp))
+	for e, gs := range cp {
+		for _, g := range gs {
+			out[e] = append(out[e], int32(g))
+		}
+	}
+	return out
+}
+
+// gpuCopiesOf is int32Copies the other way round.
+func gpuCopiesOf(cp [][]int32) [][]placement.GPU {
+	out := make([][]placement.GPU, len(cp))
+	for e, gs := range cp {
+		for _, g := range gs {
+			out[e] = append(out[e], placement.GPU(g))
+		}
+	}
+	return out
+}

@@ -113,16 +113,6 @@ func randomCopies(rng *rand.Rand, E, G, S int) [][]placement.GPU {
 	}
 }
 
-func int32Copies(cp [][]placement.GPU) [][]int32 {
-	out := make([][]int32, len(cp))
-	for e, gs := range cp {
-		for _, g := range gs {
-			out[e] = append(out[e], int32(g))
-		}
-	}
-	return out
-}
-
 // randomMove returns a random valid move of s.
 func randomMove(rng *rand.Rand, s *state) (move, bool) {
 	for range 100 {

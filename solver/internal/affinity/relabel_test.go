@@ -137,7 +137,7 @@ func TestRelabelSavesWhatItSays(t *testing.T) {
 func toGPUs(c [][][]int32) [][][]placement.GPU {
 	out := make([][][]placement.GPU, len(c))
 	for l := range c {
-		out[l] = toGPU(c[l])
+		out[l] = gpuCopiesOf(c[l])
 	}
 	return out
 }
