@@ -224,15 +224,17 @@ const chainProxyPerUnit = 31
 const alignSweepsMax = 8
 
 // fastChain is the chain search under a short limit (no proxy, by
-// time): the alignment's sweeps (alignSweeps), then the gain-cached
-// refinement for fmShare of what they leave less one evaluation, on
-// copies in place, every layer's compute tail held to the start's (rep)
-// and its time to where the alignment left it. The refinement runs only
-// when its share holds an evaluation: building its counters and a
-// layer's gains for every layer is a pass over every token's experts in
-// every layer, as an evaluation is. It returns the swaps scored.
+// time): the alignment's sweeps (alignSweeps), the balancing within
+// nodes, the gathering of every token's experts onto fewer GPUs of their
+// nodes (gatherSenders), then the gain-cached refinement for fmShare of
+// what they leave less one evaluation, on copies in place, every layer's
+// compute tail held to the start's (rep) and its time to where the
+// alignment left it. The refinement runs only when its share holds an
+// evaluation: building its counters and a layer's gains for every layer
+// is a pass over every token's experts in every layer, as an evaluation
+// is. It returns the swaps scored.
 func fastChain(ctx context.Context, p Problem, opts Options, copies [][][]int32, rep *costmodel.Report, evalTime time.Duration) int64 {
-	n := alignSweeps(ctx, p, opts, copies, evalTime)
+	n, ag := alignSweeps(ctx, p, opts, copies, evalTime)
 	if n > 0 {
 		// The alignment holds every GPU to the layer's busiest; within
 		// each node its experts can then be balanced (the nodes' tokens
@@ -247,6 +249,9 @@ func fastChain(ctx context.Context, p Problem, opts Options, copies [][][]int32,
 		for l := range copies {
 			copies[l] = balanceNodes(copies[l], p.Stats.Load[l], p.Slots, speed, p.Cluster.GPUsPerNode)
 		}
+		// ag holds copies (the same outer slice) and the nodes, which
+		// the balancing kept.
+		n += ag.gatherSenders(ctx, opts.Limit.Deadline, gatherPassesMax)
 	}
 	startTail := make([]float64, len(copies))
 	for l := range startTail {
@@ -263,21 +268,25 @@ func fastChain(ctx context.Context, p Problem, opts Options, copies [][][]int32,
 // swap something, within alignSweepsMax, and while opts's deadline
 // leaves another sweep as long as the last (the caller's scoring is
 // outside the deadline): they gain more a second than the searches after
-// them. The first runs when half an evaluation (evalTime) is left: a
-// sweep, a pass over every token's experts in three layers for each
-// layer, took 0.33 s of CPU where an evaluation took 0.7 s (32k-token
-// DeepSeek-V3-shaped trace, 4 × 8 GPUs). Under a move budget it does
-// nothing: its sweeps move most experts of a layer. It returns the swaps
-// made.
-func alignSweeps(ctx context.Context, p Problem, opts Options, copies [][][]int32, evalTime time.Duration) int64 {
+// them. Once a sweep swaps under a quarter of what the first swapped
+// (gatherFrom), the deadline must also leave a pass of the gathering
+// (gatherSweeps sweeps). The first sweep runs when half an evaluation
+// (evalTime) is left: a sweep, a pass over every token's experts in
+// three layers for each layer, took 0.33 s of CPU where an evaluation
+// took 0.7 s (32k-token DeepSeek-V3-shaped trace, 4 × 8 GPUs). Under a
+// move budget it does nothing: its sweeps move most experts of a layer.
+// It returns the swaps made and the aligner, which holds copies (nil
+// where it does not apply).
+func alignSweeps(ctx context.Context, p Problem, opts Options, copies [][][]int32, evalTime time.Duration) (int64, *chainAligner) {
 	if p.budgeted() || time.Until(opts.Limit.Deadline) < evalTime/2 {
-		return 0
+		return 0, nil
 	}
 	ag := newChainAligner(p, copies, opts.Parallel)
 	if ag == nil {
-		return 0
+		return 0, nil
 	}
 	var swaps int64
+	first := 0
 	for sw := range alignSweepsMax {
 		if ctx.Err() != nil {
 			break
@@ -285,12 +294,40 @@ func alignSweeps(ctx context.Context, p Problem, opts Options, copies [][][]int3
 		t0 := time.Now()
 		n := ag.sweep(sw)
 		swaps += int64(n)
-		if n == 0 || time.Until(opts.Limit.Deadline) < time.Since(t0) {
+		if sw == 0 {
+			first = n
+		}
+		need := time.Since(t0)
+		if float64(n) < gatherFrom*float64(first) {
+			need = time.Duration((1 + gatherSweeps) * float64(need))
+		}
+		if n == 0 || time.Until(opts.Limit.Deadline) < need {
 			break
 		}
 	}
-	return swaps
+	return swaps, ag
 }
+
+// gatherFrom and gatherSweeps set when the alignment's sweeps leave time
+// for a pass of the gathering (gatherSenders): from the first sweep that
+// swaps under gatherFrom of what the first swapped, and gatherSweeps
+// sweeps' time. On the 32k-token DeepSeek-V3-shaped trace (4 × 8 GPUs,
+// 5 s) a sweep took 0.2–0.33 s and a pass 0.9–1.1 s; the sweeps swapped
+// 12215, 6828, 3585, 2142, 1430 and 1151 experts, and their fifth to
+// seventh took the cross-node transitions per token-layer from 18.40 to
+// 18.39, where a pass after two sweeps took them to 18.34, after three
+// to 18.21, after four to 18.15 and after five to 18.14. On 8 × 8 GPUs
+// (sweeps 0.28–0.4 s swapping 16123, 9410, 4811 and 3161, a pass 1.1 s)
+// a pass after two sweeps sent 29.64 copies at 497.2 ms modeled, after
+// four 29.35–29.48 at 493.4–493.6 ms, five sweeps and no pass 29.57 at
+// 493.1 ms: sweeps that still swap many are worth more than the pass.
+const (
+	gatherFrom   = 0.25
+	gatherSweeps = 3
+)
+
+// gatherPassesMax is the most passes of the gathering.
+const gatherPassesMax = 4
 
 // fmShare is the gain-cached refinement's share of what the alignment
 // leaves of the limit, less an evaluation; the exact annealing and the
