@@ -55,8 +55,12 @@ type gatherScratch struct {
 // of a.cur, the layers split among a.procs goroutines, while each pass
 // swaps something and deadline leaves another pass as long as the last.
 // A pass stops taking layers when ctx ends or deadline passes. It
-// returns the swaps made.
+// returns the swaps made; none with more than 64 GPUs a node (a token's
+// GPUs on a node are a 64-bit mask) or 65536 GPUs.
 func (a *chainAligner) gatherSenders(ctx context.Context, deadline time.Time, passes int) int64 {
+	if P := a.p.Cluster.GPUsPerNode; P > 64 || a.p.Cluster.GPUs() > 1<<16 {
+		return 0
+	}
 	var total int64
 	scs := make([]*gatherScratch, a.procs)
 	for i := range scs {
