@@ -233,7 +233,7 @@ func gatherGains(sc *gatherScratch, ex []int16, K, P int) {
 				continue
 			}
 			alone := 0.0
-			if on[g] == 1 || on[g] == -1 {
+			if on[g] == 1 {
 				alone = w
 			}
 			if on[g] > 0 {
@@ -298,15 +298,8 @@ func (a *chainAligner) gatherSwap(sc *gatherScratch, e, f int32, guess, capPort 
 		t := int(p) / K
 		hasF := sc.tok[t].stamp == fTok
 		sc.tok[t].stamp = both
-		onA, onB := -1, 0 // without e
-		for _, g := range sc.tg[t*K : (t+1)*K] {
-			switch g {
-			case ga:
-				onA++
-			case gb:
-				onB++
-			}
-		}
+		onA, onB := sc.onPair(t, K, ga, gb)
+		onA-- // without e
 		if hasF {
 			onB--
 		}
@@ -318,15 +311,8 @@ func (a *chainAligner) gatherSwap(sc *gatherScratch, e, f int32, guess, capPort 
 		if sc.tok[t].stamp == both {
 			continue // counted with e's
 		}
-		onA, onB := 0, -1 // without f
-		for _, g := range sc.tg[t*K : (t+1)*K] {
-			switch g {
-			case ga:
-				onA++
-			case gb:
-				onB++
-			}
-		}
+		onA, onB := sc.onPair(t, K, ga, gb)
+		onB-- // without f
 		add(t, onA > 0, true, true, onB > 0)
 	}
 	if saved <= 1e-9*guess {
@@ -355,6 +341,19 @@ func (a *chainAligner) gatherSwap(sc *gatherScratch, e, f int32, guess, capPort 
 	}
 	sc.gpu[e], sc.gpu[f] = int32(gb), int32(ga)
 	return true
+}
+
+// onPair counts token t's experts (K a token) on GPUs ga and gb.
+func (sc *gatherScratch) onPair(t, K int, ga, gb uint16) (onA, onB int) {
+	for _, g := range sc.tg[t*K : (t+1)*K] {
+		switch g {
+		case ga:
+			onA++
+		case gb:
+			onB++
+		}
+	}
+	return onA, onB
 }
 
 func b2f(b bool) float64 {
