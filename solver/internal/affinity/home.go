@@ -286,7 +286,7 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	if skip {
 		b = a
 	}
-	se := &searcher{s: s, m: phase(a, b).Meter(ctx), nodeLevel: levelNode, short: short}
+	se := &searcher{s: s, m: phase(a, b).Meter(ctx), nodeLevel: levelNode}
 	switch {
 	case skip:
 	case sh.refineNodes:
@@ -356,10 +356,33 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	}
 	if s.costNow(levelGPU) > startCost || startOver == 0 && s.overCap() > 0 {
 		// A layer that starts within the cap stays within it.
-		return newStateKappa(ly, start, 0), tries
+		s = newStateKappa(ly, start, 0)
 	}
+	// 6. Whatever the clock left, the swaps within nodes that cost
+	// nothing to price.
+	tries += evenOut(ctx, s)
 	return s, tries
 }
+
+// evenOut makes, in every node, the swaps of two single-copy experts that
+// lower a GPU without raising the cost (the GPU phase's cheapest, priced
+// from the GPUs' loads and applied without a trial: a swap within a node
+// moves no token between nodes or NIC ports) until none is left or
+// evenOutSweeps passes of every pair of a node's slots are spent, and
+// returns the swaps it priced (none where NVLink is modeled).
+func evenOut(ctx context.Context, s *state) int64 {
+	sh := s.ly.sh
+	if sh.nv || sh.P < 2 {
+		// NVLink ports see a copy's GPU: no swap is priced from loads.
+		return 0
+	}
+	S := slices.Max(sh.slots)
+	se := &searcher{s: s, m: task.ByWork(ctx, int64(evenOutSweeps*sh.G*sh.P*S*S)), nodeLevel: levelNode, cheapOnly: true}
+	se.gpuPhase()
+	return se.tries
+}
+
+const evenOutSweeps = 100
 
 // proxyPhase runs the node-level proxy on s within lim and returns the
 // state of its copies, whether the limit was short (the proxy's schedule

@@ -19,9 +19,6 @@ type searcher struct {
 	tries           int64
 	nodeLevel       level
 	applied, passes int
-	// short: the layer's limit is short (see improve): the GPU phase
-	// tries its cheapest swaps first.
-	short bool
 	// cheapOnly: the GPU phase makes only the swaps it prices from loads
 	// alone (withinNode: one copy each, within a node), which leave every
 	// dealt table as it is (repairDealt).
@@ -49,25 +46,59 @@ type relocation struct {
 // copies on A with the change of the sample's remote-node copies if each
 // alone moved to a GPU of B that does not hold it (the one whose sources
 // use the expert most), most negative first; nil when se's meter runs
-// out before the pass is done.
+// out before the single-copy experts are priced. The single-copy experts
+// come first, read from the counters (singleReloc); the copies of
+// replicated experts, each priced by a trial that walks the dispatch
+// (two thirds of a pass on the 32k DeepSeek-V3 trace, 4 × 8 GPUs, 32
+// slots), follow, and are left out when the meter runs out among them.
 func (se *searcher) relocGains() [][]relocation {
 	s := se.s
 	sh := s.ly.sh
 	N, P := sh.N, sh.P
-	out := make([][]relocation, N*N)
-	tr := &s.tr
+	// gain[(slot)·N+B]: the relocation of a slot to B, in s.held order;
+	// NaN where none was priced.
+	off := make([]int, len(s.held)+1)
+	for a, es := range s.held {
+		off[a+1] = off[a] + len(es)
+	}
+	gain := make([]float64, off[len(s.held)]*N)
+	for i := range gain {
+		gain[i] = math.NaN()
+	}
+	dR := make([]float64, N)
 	for a := range s.held {
 		if se.m.Done() {
-			// A pass prices every relocation exactly, tens of the
-			// layer's counter passes: under a short deadline it would
-			// run past the phase, and the layers after it would pay.
-			// (Under a work budget nothing is spent here, so the pass
-			// always completes.)
+			// A pass prices every relocation, tens of the layer's
+			// counter passes: under a short deadline it would run past
+			// the phase, and the layers after it would pay. (Under a
+			// work budget nothing is spent here, so the pass always
+			// completes.)
 			return nil
 		}
+		for ia, e := range s.held[a] {
+			if len(s.cs[e].gpus) != 1 {
+				continue
+			}
+			s.singleReloc(int(e), a/P, dR)
+			for B := 0; B < N; B++ {
+				if B != a/P {
+					gain[(off[a]+ia)*N+B] = dR[B]
+				}
+			}
+		}
+	}
+	tr := &s.tr
+replicated:
+	for a := range s.held {
 		A := a / P
 		for ia, e16 := range s.held[a] {
 			e := int(e16)
+			if len(s.cs[e].gpus) == 1 {
+				continue
+			}
+			if se.m.Done() {
+				break replicated
+			}
 			for B := 0; B < N; B++ {
 				if B == A {
 					continue
@@ -80,7 +111,18 @@ func (se *searcher) relocGains() [][]relocation {
 				tr.nch = 1
 				tr.valid = false
 				s.tokenDeltas(false)
-				out[A*N+B] = append(out[A*N+B], relocation{a: a, ia: ia, dR: tr.dR})
+				gain[(off[a]+ia)*N+B] = tr.dR
+			}
+		}
+	}
+	out := make([][]relocation, N*N)
+	for a := range s.held {
+		A := a / P
+		for ia := range s.held[a] {
+			for B := 0; B < N; B++ {
+				if d := gain[(off[a]+ia)*N+B]; B != A && !math.IsNaN(d) {
+					out[A*N+B] = append(out[A*N+B], relocation{a: a, ia: ia, dR: d})
+				}
 			}
 		}
 	}
@@ -88,6 +130,40 @@ func (se *searcher) relocGains() [][]relocation {
 		slices.SortFunc(out[i], func(x, y relocation) int { return cmp.Compare(x.dR, y.dR) })
 	}
 	return out
+}
+
+// singleReloc sets dR[B], for every node B, to the change of the sample's
+// remote-node copies if e, whose one copy sits on node A, alone moved to
+// a GPU of B: the number tokenDeltas gives for that move, read from the
+// counters without walking the dispatch (one copy serves every source,
+// so each of e's tokens stops reaching A through it and reaches B), one
+// pass over e's tokens for all the nodes at once.
+func (s *state) singleReloc(e, A int, dR []float64) {
+	sh := s.ly.sh
+	N, P := sh.N, sh.P
+	clear(dR)
+	for h := 0; h < sh.G; h++ {
+		home := h / P
+		for _, t32 := range s.ly.tokensFrom(e, h) {
+			t := int(t32)
+			z, pr := s.z[t*N:(t+1)*N], s.pr[t*N:(t+1)*N]
+			w := sh.w[t]
+			lose := 0.0
+			if A != home {
+				lose = used(z[A]-1, pr[A]) - used(z[A], pr[A])
+			}
+			for B := 0; B < N; B++ {
+				if B == A {
+					continue
+				}
+				d := lose
+				if B != home {
+					d += used(z[B]+1, pr[B]) - used(z[B], pr[B])
+				}
+				dR[B] += w * d
+			}
+		}
+	}
 }
 
 // target is the GPU on node B not holding e whose tokens use e most, or −1.
@@ -301,15 +377,10 @@ func (se *searcher) gpuPhase() {
 	stuck := make([]bool, sh.N)
 	scratch := make([]float64, sh.G)
 	// Swaps of copies of replicated experts change how the dispatch
-	// splits them, and pricing one walks their tokens: under a short
-	// limit a node tries them only once the swaps priced from loads alone
-	// (withinNode) and evenPair are exhausted there.
+	// splits them, and pricing one walks their tokens: a node tries them
+	// only once the swaps priced from loads alone (withinNode, O(1) each
+	// and applied without a trial) and evenPair are exhausted there.
 	slow := make([]bool, sh.N)
-	if !se.short && !se.cheapOnly {
-		for b := range slow {
-			slow[b] = true
-		}
-	}
 	for !se.m.Done() {
 		top, tv := -1, -1.0
 		for g := 0; g < sh.G; g++ {
@@ -335,6 +406,12 @@ func (se *searcher) gpuPhase() {
 					if !se.ok(mv) {
 						continue
 					}
+					if ta, tg, ok := s.withinNodeLoads(mv); ok && !(math.Max(sh.terms.Compute(top, ta, float64(sh.slots[top])), sh.terms.Compute(g, tg, float64(sh.slots[g]))) < bestPeak*(1-1e-12)) {
+						// withinNode would price it and the peak
+						// test below refuse it: counted, not priced.
+						se.spend()
+						continue
+					}
 					t2, d := s.withinNode(mv, scratch, base)
 					if t2 == nil {
 						if !slow[B] {
@@ -357,7 +434,7 @@ func (se *searcher) gpuPhase() {
 			// No swap lowers the node's busiest GPU: even out another
 			// pair of its GPUs, which may open one, before giving up.
 			switch {
-			case (se.short || se.cheapOnly) && se.evenPair(B, scratch):
+			case se.evenPair(B, scratch):
 			case !slow[B] && !se.cheapOnly:
 				slow[B] = true
 			default:
@@ -365,7 +442,7 @@ func (se *searcher) gpuPhase() {
 			}
 			continue
 		}
-		s.apply(best)
+		s.applyMove(best)
 	}
 }
 
@@ -391,6 +468,10 @@ func (se *searcher) evenPair(B int, scratch []float64) bool {
 					if !se.ok(mv) {
 						continue
 					}
+					if ta, tb, ok := s.withinNodeLoads(mv); ok && !(before-math.Max(sh.terms.Compute(a, ta, float64(sh.slots[a])), sh.terms.Compute(b, tb, float64(sh.slots[b]))) > gain+1e-12*before) {
+						se.spend()
+						continue
+					}
 					t2, d := s.withinNode(mv, scratch, base)
 					if t2 == nil {
 						continue
@@ -407,7 +488,7 @@ func (se *searcher) evenPair(B int, scratch []float64) bool {
 		}
 	}
 	if found {
-		s.apply(best)
+		s.applyMove(best)
 	}
 	return found
 }
@@ -425,23 +506,54 @@ func (s *state) withinNode(mv move, t2 []float64, base float64) ([]float64, floa
 	if sh.nv || mv.kind != moveSwap || mv.a/sh.P != mv.b/sh.P {
 		return nil, 0
 	}
-	ce, cf := &s.cs[s.held[mv.a][mv.ia]], &s.cs[s.held[mv.b][mv.ib]]
-	if len(ce.gpus) != 1 || len(cf.gpus) != 1 {
+	ta, tb, ok := s.withinNodeLoads(mv)
+	if !ok {
 		return nil, 0
 	}
-	// The sums in try's order: the first expert leaves a for b, then the
-	// second leaves b for a.
 	copy(t2, s.tok)
-	da, db := 0-ce.cl[0], 0+ce.cl[0]
-	db -= cf.cl[0]
-	da += cf.cl[0]
-	t2[mv.a] = s.tok[mv.a] + da
-	t2[mv.b] = s.tok[mv.b] + db
+	t2[mv.a], t2[mv.b] = ta, tb
 	d := s.cost(t2, s.out, s.in, s.nvOut, s.nvIn, levelGPU) - base
 	if b := s.ly.bud; b != nil {
 		d += b.SlotSec * float64(s.dChanged(mv))
 	}
 	return t2, d
+}
+
+// withinNodeLoads is the tokens of mv's two GPUs after it, as withinNode
+// and try sum them; false when withinNode does not price mv.
+func (s *state) withinNodeLoads(mv move) (ta, tb float64, ok bool) {
+	sh := s.ly.sh
+	if sh.nv || mv.kind != moveSwap || mv.a/sh.P != mv.b/sh.P {
+		return 0, 0, false
+	}
+	ce, cf := &s.cs[s.held[mv.a][mv.ia]], &s.cs[s.held[mv.b][mv.ib]]
+	if len(ce.gpus) != 1 || len(cf.gpus) != 1 {
+		return 0, 0, false
+	}
+	// The sums in try's order: the first expert leaves a for b, then the
+	// second leaves b for a.
+	da, db := 0-ce.cl[0], 0+ce.cl[0]
+	db -= cf.cl[0]
+	da += cf.cl[0]
+	return s.tok[mv.a] + da, s.tok[mv.b] + db, true
+}
+
+// applyMove applies mv: a swap withinNode prices is made on the GPUs'
+// tokens and the two copies' GPUs alone (no token's nodes, ports, copy
+// fractions or loads change), the same state apply leaves after a full
+// trial; any other move goes through apply.
+func (s *state) applyMove(mv move) {
+	ta, tb, ok := s.withinNodeLoads(mv)
+	if !ok {
+		s.apply(mv)
+		return
+	}
+	e, f := s.held[mv.a][mv.ia], s.held[mv.b][mv.ib]
+	s.changed += s.dChanged(mv)
+	s.tok[mv.a], s.tok[mv.b] = ta, tb
+	s.cs[e].gpus[0], s.cs[f].gpus[0] = int32(mv.b), int32(mv.a)
+	s.held[mv.a][mv.ia], s.held[mv.b][mv.ib] = f, e
+	s.tr.valid = false
 }
 
 // baseCost is the state's cost at the GPU level without the move
