@@ -24,9 +24,13 @@ import (
 // misses the target once scored as dealt. The statistics keep every
 // token's path and no per-source loads, so the search plans on the trace's
 // own mix (no shrinking). A work budget (Effort) makes the solves
-// reproducible on a busy machine.
+// reproducible on a busy machine. With 1,500 tokens a rank's share of an
+// expert is a few dozen tokens, so where the deal sends it matters: with
+// 3,000 the search planned on the expectation came within 0.0002 of the
+// target (4 seeds: 1.020-1.035 at 3,000 tokens, 1.021-1.036 at 1,500;
+// joint as dealt 1.002-1.004 on all eight).
 func TestJointBalancesAsDealt(t *testing.T) {
-	pl := testkit.Planted{Nodes: 2, GPUsPerNode: 4, SlotsPerGPU: 4, Layers: 3, TopK: 4, Tokens: 3000, Stray: 2, Skew: 0.8}
+	pl := testkit.Planted{Nodes: 2, GPUsPerNode: 4, SlotsPerGPU: 4, Layers: 3, TopK: 4, Tokens: 1500, Stray: 2, Skew: 0.8}
 	tr, _ := pl.Trace(rand.New(rand.NewPCG(0, 11)))
 	require.NoError(t, tr.Validate())
 	st := tr.Stats(routing.StatsOptions{PathError: -1})

@@ -364,26 +364,6 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	return s, tries
 }
 
-// evenOut makes, in every node, the swaps of two single-copy experts that
-// lower a GPU without raising the cost (the GPU phase's cheapest, priced
-// from the GPUs' loads and applied without a trial: a swap within a node
-// moves no token between nodes or NIC ports) until none is left or
-// evenOutSweeps passes of every pair of a node's slots are spent, and
-// returns the swaps it priced (none where NVLink is modeled).
-func evenOut(ctx context.Context, s *state) int64 {
-	sh := s.ly.sh
-	if sh.nv || sh.P < 2 {
-		// NVLink ports see a copy's GPU: no swap is priced from loads.
-		return 0
-	}
-	S := slices.Max(sh.slots)
-	se := &searcher{s: s, m: task.ByWork(ctx, int64(evenOutSweeps*sh.G*sh.P*S*S)), nodeLevel: levelNode, cheapOnly: true}
-	se.gpuPhase()
-	return se.tries
-}
-
-const evenOutSweeps = 100
-
 // proxyPhase runs the node-level proxy on s within lim and returns the
 // state of its copies, whether the limit was short (the proxy's schedule
 // share under shortSchedule: the later phases then favour their

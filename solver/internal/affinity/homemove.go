@@ -491,3 +491,80 @@ func (s *state) copies() [][]int32 {
 	}
 	return out
 }
+
+// price is try's change of the cost at lv for mv, read from the counters
+// without a trial where mv swaps two single-copy experts between nodes
+// (acrossNodes) and through try otherwise. A price read so leaves no
+// trial for apply, which then tries mv itself.
+func (s *state) price(mv move, lv level) float64 {
+	if d, ok := s.acrossNodes(mv, lv); ok {
+		return d
+	}
+	return s.try(mv, lv)
+}
+
+// acrossNodes prices a swap of two single-copy experts e (on GPU a, node
+// A) and f (on GPU b, node B ≠ A) from the token counters: a token of e
+// without f stops reaching A through e and reaches B, one of f without e
+// the other way round, and one with both reaches the same nodes; each
+// reach that changes moves the token's NIC copies out of its source and
+// into the port of its source's local index on that node. The GPUs'
+// tokens change by the two loads. It returns try's change of the cost at
+// lv (to rounding), false where it does not apply: other moves, replicated
+// experts, one node, or NVLink ports modeled (they see the GPUs).
+func (s *state) acrossNodes(mv move, lv level) (float64, bool) {
+	sh := s.ly.sh
+	if sh.nv || mv.kind != moveSwap || mv.a/sh.P == mv.b/sh.P {
+		return 0, false
+	}
+	e, f := int(s.held[mv.a][mv.ia]), int(s.held[mv.b][mv.ib])
+	ce, cf := &s.cs[e], &s.cs[f]
+	if len(ce.gpus) != 1 || len(cf.gpus) != 1 {
+		return 0, false
+	}
+	tr := &s.tr
+	tr.valid = false
+	N, P, K := sh.N, sh.P, sh.K
+	A, B := mv.a/P, mv.b/P
+	clear(tr.dOut)
+	clear(tr.dIn)
+	walk := func(x, other, from, to int) {
+		for h := 0; h < sh.G; h++ {
+			home, port := h/P, h%P
+			for _, t32 := range s.ly.tokensFrom(x, h) {
+				t := int(t32)
+				if slices.Contains(s.ly.ex[t*K:(t+1)*K], int16(other)) {
+					continue
+				}
+				z, pr := s.z[t*N:(t+1)*N], s.pr[t*N:(t+1)*N]
+				w := sh.w[t]
+				dr := 0.0
+				if from != home {
+					du := used(z[from]-1, pr[from]) - used(z[from], pr[from])
+					dr += du
+					tr.dIn[from*P+port] += w * du
+				}
+				if to != home {
+					du := used(z[to]+1, pr[to]) - used(z[to], pr[to])
+					dr += du
+					tr.dIn[to*P+port] += w * du
+				}
+				tr.dOut[h] += w * dr
+			}
+		}
+	}
+	walk(e, f, A, B)
+	walk(f, e, B, A)
+	ta, tb, _ := s.swapLoads(mv)
+	copy(tr.t2, s.tok)
+	tr.t2[mv.a], tr.t2[mv.b] = ta, tb
+	for g := range tr.o2 {
+		tr.o2[g] = s.out[g] + tr.dOut[g]
+		tr.i2[g] = s.in[g] + tr.dIn[g]
+	}
+	d := s.cost(tr.t2, tr.o2, tr.i2, nil, nil, lv) - s.cost(s.tok, s.out, s.in, nil, nil, lv)
+	if b := s.ly.bud; b != nil {
+		d += b.SlotSec * float64(s.dChanged(mv))
+	}
+	return d, true
+}

@@ -41,8 +41,9 @@ func homeState32k(b *testing.B) *state {
 }
 
 // BenchmarkHomeSwap32k prices swaps of two single-copy experts on
-// different nodes: the general trial (try) against the relocation gains
-// read from the counters (singleReloc, per expert and every node).
+// different nodes: the general trial (try) against the same price read
+// from the counters (acrossNodes), and the relocation gains of one expert
+// to every node (singleReloc).
 func BenchmarkHomeSwap32k(b *testing.B) {
 	s := homeState32k(b)
 	sh := s.ly.sh
@@ -66,6 +67,11 @@ func BenchmarkHomeSwap32k(b *testing.B) {
 	b.Run("try", func(b *testing.B) {
 		for b.Loop() {
 			s.try(pick(), levelNode)
+		}
+	})
+	b.Run("acrossNodes", func(b *testing.B) {
+		for b.Loop() {
+			s.acrossNodes(pick(), levelNode)
 		}
 	})
 	b.Run("singleReloc", func(b *testing.B) {
