@@ -3,13 +3,8 @@ package affinity
 import (
 	"testing"
 
-	"github.com/stretchr/testify/require"
-
-	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/costmodel"
-	"github.com/moetuner/moetuner/internal/sharedfiles"
 	"github.com/moetuner/moetuner/placement"
-	"github.com/moetuner/moetuner/routing"
 )
 
 // BenchmarkChainAlign32k times the alignment's sweeps (chainAligner) on
@@ -19,19 +14,7 @@ import (
 // (cut/tok) against EPLB's (eplb/tok), as the exact counters count them.
 // It skips when the trace is absent.
 func BenchmarkChainAlign32k(b *testing.B) {
-	path := sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
-	if path == "" {
-		b.Skip("the shared synthetic trace is absent")
-	}
-	src, err := routing.Load(path, routing.LoadOptions{})
-	require.NoError(b, err)
-	st := src.Stats
-	c, err := costmodel.ClusterPreset("4xh100x8")
-	require.NoError(b, err)
-	m, err := costmodel.ModelPreset("deepseek-v3")
-	require.NoError(b, err)
-	plan, err := baseline.EPLB(st, c.GPUs(), baseline.EPLBOptions{Nodes: c.Nodes})
-	require.NoError(b, err)
+	st, c, m, plan := shared32k(b, 0)
 	sc := costmodel.Scenario{Stats: st, Cluster: c, Model: m, Flow: costmodel.FlowChain}
 	slots := plan.SlotsPerGPU(0)
 	p := Problem{Scenario: sc, Slots: slots, Start: plan}

@@ -7,11 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/moetuner/moetuner/baseline"
 	"github.com/moetuner/moetuner/costmodel"
-	"github.com/moetuner/moetuner/internal/sharedfiles"
 	"github.com/moetuner/moetuner/placement"
-	"github.com/moetuner/moetuner/routing"
 )
 
 // BenchmarkChainSwap32k scores swaps of two experts of one layer on the
@@ -20,19 +17,7 @@ import (
 // chain counters (exact), which stay in one layer for a run of E swaps as
 // their annealing does. It skips when the trace is absent.
 func BenchmarkChainSwap32k(b *testing.B) {
-	path := sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
-	if path == "" {
-		b.Skip("the shared synthetic trace is absent")
-	}
-	src, err := routing.Load(path, routing.LoadOptions{})
-	require.NoError(b, err)
-	st := src.Stats
-	c, err := costmodel.ClusterPreset("4xh100x8")
-	require.NoError(b, err)
-	m, err := costmodel.ModelPreset("deepseek-v3")
-	require.NoError(b, err)
-	plan, err := baseline.EPLB(st, c.GPUs(), baseline.EPLBOptions{Nodes: c.Nodes})
-	require.NoError(b, err)
+	st, c, m, plan := shared32k(b, 0)
 	sc := costmodel.Scenario{Stats: st, Cluster: c, Model: m, Flow: costmodel.FlowChain}
 	L, E := st.Layers, st.Experts
 	b.Run("evaluator", func(b *testing.B) {

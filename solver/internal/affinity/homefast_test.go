@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
 	"github.com/moetuner/moetuner/solver/internal/task"
 )
@@ -19,6 +20,31 @@ import (
 // the even split, the expectation over SGLang's deals, the local rule and
 // SGLang's dealt table.
 var fastDispatches = []placement.Dispatch{placement.DispatchEven, placement.DispatchStaticMean, placement.DispatchLocal, placement.DispatchSGLangStatic}
+
+// firstLayer is layer 0 of the home-flow search on sc from plan.
+func firstLayer(t *testing.T, sc costmodel.Scenario, plan *placement.Plan, slots []int) *layer {
+	t.Helper()
+	p := Problem{Scenario: sc, Slots: slots, Start: plan}
+	sh, err := newShape(p)
+	require.NoError(t, err)
+	return buildLayer(p, sh, 0)
+}
+
+// eachFastInstance runs f on n random one-layer instances (2-4 nodes of
+// 1-3 GPUs, 8-17 experts, top-2 to 4, with or without spare slots, some
+// tokens without a source), cycling through fastDispatches.
+func eachFastInstance(t *testing.T, rng *rand.Rand, n int, f func(t *testing.T, it int, ly *layer, plan *placement.Plan)) {
+	for it := range n {
+		N, P := 2+rng.IntN(3), 1+rng.IntN(3)
+		E, K := 8+rng.IntN(10), 2+rng.IntN(3)
+		red := fillSlots(E, N*P, rng.IntN(2)*N*P)
+		d := fastDispatches[it%len(fastDispatches)]
+		t.Run(fmt.Sprintf("%d-%s-N%dP%dE%dK%dR%d", it, d, N, P, E, K, red), func(t *testing.T) {
+			sc, plan, slots := randomInstance(t, rng, N, P, E, K, 1, 80+rng.IntN(120), red, d, it%4 == 1)
+			f(t, it, firstLayer(t, sc, plan, slots), plan)
+		})
+	}
+}
 
 // TestSingleRelocMatchesTrial: for every single-copy expert and every
 // other node, the relocation gain read from the counters (singleReloc)
@@ -30,43 +56,34 @@ var fastDispatches = []placement.Dispatch{placement.DispatchEven, placement.Disp
 func TestSingleRelocMatchesTrial(t *testing.T) {
 	rng := rand.New(rand.NewPCG(91, 3))
 	checked := 0
-	for it := range 16 {
-		N, P := 2+rng.IntN(3), 1+rng.IntN(3)
-		E, K := 8+rng.IntN(10), 2+rng.IntN(3)
-		red := fillSlots(E, N*P, rng.IntN(2)*N*P)
-		d := fastDispatches[it%len(fastDispatches)]
-		t.Run(fmt.Sprintf("%d-%s-N%dP%dE%dK%dR%d", it, d, N, P, E, K, red), func(t *testing.T) {
-			sc, plan, slots := randomInstance(t, rng, N, P, E, K, 1, 80+rng.IntN(120), red, d, it%4 == 1)
-			p := Problem{Scenario: sc, Slots: slots, Start: plan}
-			sh, err := newShape(p)
-			require.NoError(t, err)
-			s := newState(buildLayer(p, sh, 0), int32Copies(plan.ExpertGPUs(0)))
-			dR := make([]float64, N)
-			for round := range 3 {
-				for e := range s.cs {
-					if len(s.cs[e].gpus) != 1 {
+	eachFastInstance(t, rng, 16, func(t *testing.T, _ int, ly *layer, plan *placement.Plan) {
+		N, P := ly.sh.N, ly.sh.P
+		s := newState(ly, int32Copies(plan.ExpertGPUs(0)))
+		dR := make([]float64, N)
+		for round := range 3 {
+			for e := range s.cs {
+				if len(s.cs[e].gpus) != 1 {
+					continue
+				}
+				a := int(s.cs[e].gpus[0])
+				s.singleReloc(e, a/P, dR)
+				for B := range N {
+					if B == a/P {
 						continue
 					}
-					a := int(s.cs[e].gpus[0])
-					s.singleReloc(e, a/P, dR)
-					for B := range N {
-						if B == a/P {
-							continue
-						}
-						s.setChange(&s.tr.ch[0], e, a, B*P)
-						s.tr.nch = 1
-						s.tr.valid = false
-						s.tokenDeltas(false)
-						require.InDelta(t, s.tr.dR, dR[B], 1e-9*math.Max(1, math.Abs(s.tr.dR)), "round %d, expert %d from node %d to %d", round, e, a/P, B)
-						checked++
-					}
-				}
-				for range 5 {
-					tryApply(t, rng, s)
+					s.setChange(&s.tr.ch[0], e, a, B*P)
+					s.tr.nch = 1
+					s.tr.valid = false
+					s.tokenDeltas(false)
+					require.InDelta(t, s.tr.dR, dR[B], 1e-9*math.Max(1, math.Abs(s.tr.dR)), "round %d, expert %d from node %d to %d", round, e, a/P, B)
+					checked++
 				}
 			}
-		})
-	}
+			for range 5 {
+				tryApply(t, rng, s)
+			}
+		}
+	})
 	assert.Greater(t, checked, 500)
 }
 
@@ -86,10 +103,7 @@ func TestApplyMoveMatchesApply(t *testing.T) {
 		d := fastDispatches[it%len(fastDispatches)]
 		t.Run(fmt.Sprintf("%d-%s-N%dP%dE%dR%d", it, d, N, P, E, red), func(t *testing.T) {
 			sc, plan, slots := randomInstance(t, rng, N, P, E, K, 1, 60+rng.IntN(80), red, d, false)
-			p := Problem{Scenario: sc, Slots: slots, Start: plan}
-			sh, err := newShape(p)
-			require.NoError(t, err)
-			ly := buildLayer(p, sh, 0)
+			ly := firstLayer(t, sc, plan, slots)
 			a := newState(ly, int32Copies(plan.ExpertGPUs(0)))
 			b := newState(ly, int32Copies(plan.ExpertGPUs(0)))
 			for range 40 {
@@ -151,10 +165,8 @@ func TestEvenOutLowersWithinNodes(t *testing.T) {
 		d := fastDispatches[it%len(fastDispatches)]
 		t.Run(fmt.Sprintf("%d-%s-N%dP%dE%dR%d", it, d, N, P, E, red), func(t *testing.T) {
 			sc, plan, slots := randomInstance(t, rng, N, P, E, K, 1, 100+rng.IntN(100), red, d, false)
-			p := Problem{Scenario: sc, Slots: slots, Start: plan}
-			sh, err := newShape(p)
-			require.NoError(t, err)
-			ly := buildLayer(p, sh, 0)
+			ly := firstLayer(t, sc, plan, slots)
+			sh := ly.sh
 			s := newStateKappa(ly, int32Copies(plan.ExpertGPUs(0)), 0)
 			before, peak := s.costNow(levelGPU), slices.Max(s.tok)
 			nodes := func(st *state) [][]int {
@@ -218,39 +230,30 @@ func TestEvenOutLowersWithinNodes(t *testing.T) {
 func TestAcrossNodesMatchesTrial(t *testing.T) {
 	rng := rand.New(rand.NewPCG(94, 6))
 	priced := 0
-	for it := range 16 {
-		N, P := 2+rng.IntN(3), 1+rng.IntN(3)
-		E, K := 8+rng.IntN(10), 2+rng.IntN(3)
-		red := fillSlots(E, N*P, rng.IntN(2)*N*P)
-		d := fastDispatches[it%len(fastDispatches)]
-		t.Run(fmt.Sprintf("%d-%s-N%dP%dE%dK%dR%d", it, d, N, P, E, K, red), func(t *testing.T) {
-			sc, plan, slots := randomInstance(t, rng, N, P, E, K, 1, 80+rng.IntN(120), red, d, it%4 == 1)
-			p := Problem{Scenario: sc, Slots: slots, Start: plan}
-			sh, err := newShape(p)
-			require.NoError(t, err)
-			s := newStateKappa(buildLayer(p, sh, 0), int32Copies(plan.ExpertGPUs(0)), 0)
-			s.kappa = float64(it%3) * 0.05
-			for range 200 {
-				mv, ok := randomMove(rng, s)
-				if !ok {
-					break
-				}
-				lv := level(rng.IntN(2))
-				fast, ok := s.acrossNodes(mv, lv)
-				want := s.try(mv, lv)
-				if ok {
-					priced++
-					require.InDelta(t, want, fast, 1e-9*math.Max(1e-12, s.costNow(lv)), "move %+v", mv)
-				} else if !sh.nv && mv.kind == moveSwap && mv.a/P != mv.b/P {
-					require.True(t, len(s.cs[s.held[mv.a][mv.ia]].gpus) > 1 || len(s.cs[s.held[mv.b][mv.ib]].gpus) > 1, "a swap of single copies across nodes left to the trial")
-				}
-				assert.InDelta(t, want, s.price(mv, lv), 1e-9*math.Max(1e-12, s.costNow(lv)), "price")
-				if rng.IntN(4) == 0 {
-					s.apply(mv)
-				}
+	eachFastInstance(t, rng, 16, func(t *testing.T, it int, ly *layer, plan *placement.Plan) {
+		sh, P := ly.sh, ly.sh.P
+		s := newStateKappa(ly, int32Copies(plan.ExpertGPUs(0)), 0)
+		s.kappa = float64(it%3) * 0.05
+		for range 200 {
+			mv, ok := randomMove(rng, s)
+			if !ok {
+				break
 			}
-		})
-	}
+			lv := level(rng.IntN(2))
+			fast, ok := s.acrossNodes(mv, lv)
+			want := s.try(mv, lv)
+			if ok {
+				priced++
+				require.InDelta(t, want, fast, 1e-9*math.Max(1e-12, s.costNow(lv)), "move %+v", mv)
+			} else if !sh.nv && mv.kind == moveSwap && mv.a/P != mv.b/P {
+				require.True(t, len(s.cs[s.held[mv.a][mv.ia]].gpus) > 1 || len(s.cs[s.held[mv.b][mv.ib]].gpus) > 1, "a swap of single copies across nodes left to the trial")
+			}
+			assert.InDelta(t, want, s.price(mv, lv), 1e-9*math.Max(1e-12, s.costNow(lv)), "price")
+			if rng.IntN(4) == 0 {
+				s.apply(mv)
+			}
+		}
+	})
 	assert.Greater(t, priced, 300)
 }
 
@@ -269,10 +272,7 @@ func TestBalanceSwapEvensNodes(t *testing.T) {
 		d := fastDispatches[it%len(fastDispatches)]
 		t.Run(fmt.Sprintf("%d-%s-N%dP%dE%dK%dR%d", it, d, N, P, E, K, red), func(t *testing.T) {
 			sc, plan, slots := randomInstance(t, rng, N, P, E, K, 1, 100+rng.IntN(150), red, d, false)
-			p := Problem{Scenario: sc, Slots: slots, Start: plan}
-			sh, err := newShape(p)
-			require.NoError(t, err)
-			ly := buildLayer(p, sh, 0)
+			ly := firstLayer(t, sc, plan, slots)
 			s := newStateKappa(ly, int32Copies(plan.ExpertGPUs(0)), 0)
 			se := &searcher{s: s, m: task.ByWork(context.Background(), 1<<20), nodeLevel: levelNode}
 			runs++

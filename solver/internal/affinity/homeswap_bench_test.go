@@ -13,22 +13,29 @@ import (
 	"github.com/moetuner/moetuner/routing"
 )
 
-// homeState32k is one layer's home-flow state on the shared 32k trace,
-// 4 × 8 GPUs, 32 redundant slots, SGLang's table, EPLB's plan.
-func homeState32k(b *testing.B) *state {
+// shared32k is the shared 32k-token DeepSeek-V3 trace's statistics on 4
+// nodes × 8 H100 with EPLB's plan of redundant extra slots; it skips b
+// when the trace is absent.
+func shared32k(b *testing.B, redundant int) (*routing.Stats, costmodel.Cluster, costmodel.Model, *placement.Plan) {
 	path := sharedfiles.Find("shared/traces/synthetic-deepseek-v3/ds3-prefill4096-32k.npy")
 	if path == "" {
 		b.Skip("the shared synthetic trace is absent")
 	}
 	src, err := routing.Load(path, routing.LoadOptions{})
 	require.NoError(b, err)
-	st := src.Stats
 	c, err := costmodel.ClusterPreset("4xh100x8")
 	require.NoError(b, err)
 	m, err := costmodel.ModelPreset("deepseek-v3")
 	require.NoError(b, err)
-	plan, err := baseline.EPLB(st, c.GPUs(), baseline.EPLBOptions{Nodes: c.Nodes, RedundantSlots: 32, FixDuplicates: true})
+	plan, err := baseline.EPLB(src.Stats, c.GPUs(), baseline.EPLBOptions{Nodes: c.Nodes, RedundantSlots: redundant, FixDuplicates: redundant > 0})
 	require.NoError(b, err)
+	return src.Stats, c, m, plan
+}
+
+// homeState32k is layer 10's home-flow state on the shared 32k trace, 4 ×
+// 8 GPUs, 32 redundant slots, SGLang's table, EPLB's plan.
+func homeState32k(b *testing.B) *state {
+	st, c, m, plan := shared32k(b, 32)
 	sc := costmodel.Scenario{Stats: st, Cluster: c, Model: m, Dispatch: placement.DispatchSGLangStatic}
 	slots := make([]int, c.GPUs())
 	for g := range slots {
