@@ -122,7 +122,11 @@ func Cap(ctx context.Context, p Problem, plan *placement.Plan, rep *costmodel.Re
 	for _, l := range over {
 		orig := cloneLayer(ev.Layer(l))
 		r := repairLayer(ctx, p, ev, l, speed, deadline)
-		if r > limit*(1+tol) && fallback != nil && sameSlotsPerGPU(fallback.Layers[l], orig, plan.GPUs) &&
+		// The fallback's layer is tried while time is left: setting it
+		// re-deals the plan under SGLang's table (on 8 × 8 GPUs, 57
+		// layers over a cap, 2.5 s past a 10 s limit).
+		expired := ctx.Err() != nil || time.Now().After(deadline)
+		if r > limit*(1+tol) && !expired && fallback != nil && sameSlotsPerGPU(fallback.Layers[l], orig, plan.GPUs) &&
 			(p.Current == nil || p.MaxMoves <= 0 || placement.ChangedSlots(p.Current.Layers[l], fallback.Layers[l]) <= p.MaxMoves) {
 			mine := cloneLayer(ev.Layer(l))
 			if err := ev.SetLayer(l, fallback.Layers[l]); err != nil {

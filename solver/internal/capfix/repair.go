@@ -24,7 +24,8 @@ import (
 // the GPUs' excess over the cap. Of those that meet the cap it prices, on
 // the full cost (Delta), the one with the lowest busiest GPU towards each
 // node, the part of the cost a move changes most, and makes the cheapest;
-// when none meets the cap, it makes the one with the least excess.
+// when none meets the cap, it makes the one with the least excess. It
+// stops, between two trials, when ctx ends or deadline passes.
 func repairLayer(ctx context.Context, p Problem, ev *costmodel.Evaluator, l int, speed []float64, deadline time.Time) float64 {
 	limit := p.MaxImbalance
 	budget := p.Current != nil && p.MaxMoves > 0
@@ -71,6 +72,13 @@ func repairLayer(ctx context.Context, p Problem, ev *costmodel.Evaluator, l int,
 		next := cloneLayer(lp)
 		for i, c := range cands {
 			if i >= len(speed) && best.exc < exc0 {
+				break
+			}
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				// A trial re-deals the plan under SGLang's table (tens
+				// of milliseconds on DeepSeek-V3): a step that found no
+				// move lowering the excess would try every candidate,
+				// minutes past the deadline.
 				break
 			}
 			if budget && changedAfter(p.Current.Layers[l], next, c.m) > p.MaxMoves {
