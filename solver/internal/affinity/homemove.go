@@ -540,12 +540,12 @@ func (s *state) acrossNodes(mv move, lv level) (float64, bool) {
 				w := sh.w[t]
 				dr := 0.0
 				if from != home {
-					du := used(z[from]-1, pr[from]) - used(z[from], pr[from])
+					du := leaves(z, pr, from)
 					dr += du
 					tr.dIn[from*P+port] += w * du
 				}
 				if to != home {
-					du := used(z[to]+1, pr[to]) - used(z[to], pr[to])
+					du := joins(z, pr, to)
 					dr += du
 					tr.dIn[to*P+port] += w * du
 				}

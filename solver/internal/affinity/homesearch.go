@@ -150,7 +150,7 @@ func (s *state) singleReloc(e, A int, dR []float64) {
 			w := sh.w[t]
 			lose := 0.0
 			if A != home {
-				lose = used(z[A]-1, pr[A]) - used(z[A], pr[A])
+				lose = leaves(z, pr, A)
 			}
 			for B := 0; B < N; B++ {
 				if B == A {
@@ -158,12 +158,23 @@ func (s *state) singleReloc(e, A int, dR []float64) {
 				}
 				d := lose
 				if B != home {
-					d += used(z[B]+1, pr[B]) - used(z[B], pr[B])
+					d += joins(z, pr, B)
 				}
 				dR[B] += w * d
 			}
 		}
 	}
+}
+
+// leaves is the change of a token's chance to reach node b when one of
+// its certain experts there moves away (z and pr its counters per node).
+func leaves(z []uint8, pr []float64, b int) float64 {
+	return used(z[b]-1, pr[b]) - used(z[b], pr[b])
+}
+
+// joins is the change when a certain expert of the token arrives on b.
+func joins(z []uint8, pr []float64, b int) float64 {
+	return used(z[b]+1, pr[b]) - used(z[b], pr[b])
 }
 
 // target is the GPU on node B not holding e whose tokens use e most, or −1.
