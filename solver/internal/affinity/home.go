@@ -206,7 +206,10 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		ly := buildLayer(p, sh, l)
 		s := newState(ly, int32Copies(start))
 		res.StartRemote[l] = s.remote()
-		lim := task.Limit{Deadline: time.Now().Add(limit), Work: opts.Limit.Work}.Share(L)
+		// The steps after the phases are bounded by work, not by the
+		// clock: the phases leave them what they took on the layers
+		// before, so that the last layers are not left without time.
+		lim := task.Limit{Deadline: time.Now().Add(limit - sh.spill()), Work: opts.Limit.Work}.Share(L)
 		shares := opts.Shares
 		if sh.nv && l < len(sh.nvRatio) && sh.nvRatio[l] >= 1 {
 			// NVLink sets this layer's all-to-all: the phases that trade
@@ -217,6 +220,9 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			shares = Shares{GPUs: shares.GPUs}
 		}
 		s, tries[l] = improve(ctx, s, lim, shares, uint64(l), opts.Logf)
+		if !opts.Limit.ByWork() {
+			sh.spilled(time.Since(lim.Deadline))
+		}
 		res.Remote[l] = s.remote()
 		res.Copies[l] = gpuCopiesOf(s.copies())
 	})
@@ -351,6 +357,9 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 		se.gpuPhase()
 	}
 	tries += se.tries
+	// 6. The swaps off the busiest GPU that lower the cost: any over the
+	// cap, and within it those that send no more remote copies.
+	tries += peakDescent(ctx, s)
 	if logf != nil {
 		logf("layer %d: %v: remote start %.0f proxy %.0f nodes %.0f (imb %.4f) gpus %.0f (imb %.4f) end %.0f (imb %.4f); cost %.4g → %.4g (after gpus %.4g, port imb %.4f)", ly.l, time.Since(t0), startRemote, r0, r1, i1, r2, i2, s.remote(), s.imbalance(levelGPU), startCost, s.costNow(levelGPU), c2, s.portImbalance())
 	}
@@ -358,7 +367,7 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 		// A layer that starts within the cap stays within it.
 		s = newStateKappa(ly, start, 0)
 	}
-	// 6. Whatever the clock left, the swaps within nodes that cost
+	// 7. Whatever the clock left, the swaps within nodes that cost
 	// nothing to price.
 	tries += evenOut(ctx, s)
 	return s, tries

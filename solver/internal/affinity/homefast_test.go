@@ -222,7 +222,7 @@ func TestEvenOutLowersWithinNodes(t *testing.T) {
 
 // TestAcrossNodesMatchesTrial: a swap of two single-copy experts between
 // nodes priced from the counters (acrossNodes) costs what a trial of it
-// costs at either level, before and after random moves, on every
+// costs at either level, and changes the remote copies by as many, before and after random moves, on every
 // dispatch model and NIC allowance; every other move is left to the
 // trial. It fails if a token using both experts is counted, if a port is
 // charged to the wrong node or local index (the cost reads the busiest
@@ -241,10 +241,12 @@ func TestAcrossNodesMatchesTrial(t *testing.T) {
 			}
 			lv := level(rng.IntN(2))
 			fast, ok := s.acrossNodes(mv, lv)
+			fastR := s.tr.dR
 			want := s.try(mv, lv)
 			if ok {
 				priced++
 				require.InDelta(t, want, fast, 1e-9*math.Max(1e-12, s.costNow(lv)), "move %+v", mv)
+				require.InDelta(t, s.tr.dR, fastR, 1e-9*math.Max(1, s.remote()), "remote copies of move %+v", mv)
 			} else if !sh.nv && mv.kind == moveSwap && mv.a/P != mv.b/P {
 				require.True(t, len(s.cs[s.held[mv.a][mv.ia]].gpus) > 1 || len(s.cs[s.held[mv.b][mv.ib]].gpus) > 1, "a swap of single copies across nodes left to the trial")
 			}

@@ -49,6 +49,11 @@ type shape struct {
 	// GPU at the node level) exceeds the cap times the mean.
 	cap  costmodel.Cap
 	capW float64
+	// spillNanos and spillRuns sum, over the layers searched so far
+	// under a deadline, the time each took past its phases' deadline (the
+	// steps bounded by work, not by the clock: peakDescent, evenOut): each
+	// layer's phases leave their mean (spill).
+	spillNanos, spillRuns atomic.Int64
 	// nv: the state also counts every token's reach per GPU and the
 	// NVLink ports (nvSec seconds a copy), for clusters whose NVLink can
 	// set a phase's time (see nvlinkShare).

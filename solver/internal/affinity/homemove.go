@@ -510,7 +510,8 @@ func (s *state) price(mv move, lv level) float64 {
 // reach that changes moves the token's NIC copies out of its source and
 // into the port of its source's local index on that node. The GPUs'
 // tokens change by the two loads. It returns try's change of the cost at
-// lv (to rounding), false where it does not apply: other moves, replicated
+// lv (to rounding) and leaves the change of the remote copies in s.tr.dR,
+// as try does; false where it does not apply: other moves, replicated
 // experts, one node, or NVLink ports modeled (they see the GPUs).
 func (s *state) acrossNodes(mv move, lv level) (float64, bool) {
 	sh := s.ly.sh
@@ -550,9 +551,11 @@ func (s *state) acrossNodes(mv move, lv level) (float64, bool) {
 					tr.dIn[to*P+port] += w * du
 				}
 				tr.dOut[h] += w * dr
+				tr.dR += w * dr
 			}
 		}
 	}
+	tr.dR = 0
 	walk(e, f, A, B)
 	walk(f, e, B, A)
 	ta, tb, _ := s.swapLoads(mv)

@@ -1,0 +1,96 @@
+package affinity
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moetuner/moetuner/costmodel"
+)
+
+// TestPeakDescentLowersTheBusiestGPU: on random layers, with and without a
+// cap (half-way between the start's busiest/mean and 1), peakDescent
+// leaves a state whose recount (a fresh state of its copies) costs no
+// more than the start, keeps every GPU's slots and every expert's copy
+// count, never raises the busiest GPU, and without the cap sends no more
+// remote copies. On most instances it lowers the busiest GPU, and under
+// the cap it brings most layers under it. A descent that does nothing
+// fails; one that takes swaps without pricing them, or that buys balance
+// with copies, fails the recount.
+func TestPeakDescentLowersTheBusiestGPU(t *testing.T) {
+	rng := rand.New(rand.NewPCG(97, 9))
+	lowered, runs, capped, held := 0, 0, 0, 0
+	for it := range 24 {
+		N, P := 1+rng.IntN(3), 1+rng.IntN(4)
+		if N*P < 2 {
+			P = 2
+		}
+		E, K := 10+rng.IntN(14), 1+rng.IntN(3)
+		red := fillSlots(E, N*P, rng.IntN(2)*N*P)
+		d := fastDispatches[it%len(fastDispatches)]
+		withCap := it%2 == 1
+		t.Run(fmt.Sprintf("%d-%s-N%dP%dE%dK%dR%d-cap%v", it, d, N, P, E, K, red, withCap), func(t *testing.T) {
+			sc, plan, slots := randomInstance(t, rng, N, P, E, K, 1, 100+rng.IntN(150), red, d, it%5 == 2)
+			p := Problem{Scenario: sc, Slots: slots, Start: plan}
+			if withCap {
+				sh, err := newShape(p)
+				require.NoError(t, err)
+				s0 := newStateKappa(buildLayer(p, sh, 0), int32Copies(plan.ExpertGPUs(0)), 0)
+				b := costmodel.Balance(s0.tok, sh.speed)
+				if b < 1.01 {
+					t.Skip("the start is balanced")
+				}
+				p.MaxImbalance = 1 + (b-1)/2
+			}
+			sh, err := newShape(p)
+			require.NoError(t, err)
+			ly := buildLayer(p, sh, 0)
+			s := newStateKappa(ly, int32Copies(plan.ExpertGPUs(0)), 0)
+			before, remote := s.costNow(levelGPU), s.remote()
+			peak := costmodel.Balance(s.tok, sh.speed)
+			counts := make([]int, sh.E)
+			for e := range s.cs {
+				counts[e] = len(s.cs[e].gpus)
+			}
+			peakDescent(context.Background(), s)
+			runs++
+			fresh := newStateKappa(ly, s.copies(), 0)
+			assert.LessOrEqual(t, fresh.costNow(levelGPU), before*(1+1e-12))
+			after := costmodel.Balance(fresh.tok, sh.speed)
+			assert.LessOrEqual(t, after, peak*(1+1e-12))
+			for g, es := range s.held {
+				assert.Len(t, es, slots[g])
+			}
+			for e := range s.cs {
+				assert.Len(t, s.cs[e].gpus, counts[e], "expert %d", e)
+				assert.False(t, hasDup(s.cs[e].gpus), "expert %d's copies share a GPU", e)
+			}
+			if withCap {
+				capped++
+				if sh.cap.Holds(fresh.tok, sh.speed) {
+					held++
+				}
+			} else {
+				assert.LessOrEqual(t, fresh.remote(), remote+1e-9, "no remote copies bought")
+			}
+			if after < peak*(1-1e-9) {
+				lowered++
+			}
+		})
+	}
+	assert.GreaterOrEqual(t, lowered, runs/2, "the busiest GPU lowered")
+	assert.GreaterOrEqual(t, held, capped/2, "layers brought under the cap")
+	assert.Positive(t, capped)
+}
+
+// hasDup reports whether gs holds a GPU twice.
+func hasDup(gs []int32) bool {
+	c := slices.Clone(gs)
+	slices.Sort(c)
+	return len(slices.Compact(c)) != len(gs)
+}
