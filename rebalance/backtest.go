@@ -332,7 +332,7 @@ func (b *backtest) plan(ctx context.Context, pol Policy, load [][]float64) (*pla
 			return nil, 0, err
 		}
 	default:
-		res, err := freshPlan(ctx, load, b.cfg.Cluster, b.cfg.Model, b.slots, b.cfg.Solver, b.cfg.Time)
+		res, err := freshPlan(ctx, load, b.cfg.Cluster, b.cfg.Model, b.cfg.Dispatch, b.slots, b.cfg.Solver, b.cfg.Time)
 		if err != nil {
 			return nil, 0, err
 		}

@@ -20,8 +20,9 @@
 // # Proposals
 //
 // Without per-token paths, Propose runs solver.Solve (strategy joint,
-// replicated path) on the window load with Problem.Current = the running plan and Options.MaxMoves = the
-// budget, which starts from the running plan and makes the best swap (or
+// replicated path) on the window load under Config.Dispatch (each rank
+// sending an equal share) with Problem.Current = the running plan and
+// Options.MaxMoves = the budget, which starts from the running plan and makes the best swap (or
 // copy-count change) from the busiest GPU while one helps and the budget
 // lasts. With Budget.Horizon H the solve also charges each changed slot
 //

@@ -98,8 +98,9 @@ type Config struct {
 	Solver solver.Options
 	// Dispatch is how the serving stack picks among an expert's copies
 	// (placement.DispatchEven by default; SGLang's static table is
-	// placement.DispatchSGLangStatic): proposals made on per-token paths
-	// are planned and scored under it.
+	// placement.DispatchSGLangStatic): every proposal is planned and
+	// scored under it (from counts alone, each rank sends an equal share
+	// of an expert's tokens).
 	Dispatch placement.Dispatch
 }
 
@@ -466,12 +467,13 @@ func (r *Rebalancer) Propose(ctx context.Context, b Budget) (*Proposal, error) {
 	}
 	var res *solver.Result
 	if b.Fresh {
-		res, err = freshPlan(ctx, solveLoad, c, m, s.current.SlotsPerGPU(0), r.cfg.Solver, b.Time)
+		res, err = freshPlan(ctx, solveLoad, c, m, r.cfg.Dispatch, s.current.SlotsPerGPU(0), r.cfg.Solver, b.Time)
 	} else {
 		p := solver.Problem{
 			Stats:       routing.StatsFromLoad(solveLoad, m.TopK),
 			Cluster:     c,
 			Model:       m,
+			Dispatch:    r.cfg.Dispatch,
 			SlotsPerGPU: s.current.SlotsPerGPU(0),
 			Current:     s.current,
 		}
@@ -552,9 +554,9 @@ const freshEpsilon = 1e-6
 // freshEpsilon, which ends on its own and is reproducible. Where EPLB does
 // not fit (GPUs with different slot counts) it is the joint strategy's own
 // replicated solve, bounded by the time limit only.
-func freshPlan(ctx context.Context, load [][]float64, c costmodel.Cluster, m costmodel.Model, slots []int, so solver.Options, limit time.Duration) (*solver.Result, error) {
+func freshPlan(ctx context.Context, load [][]float64, c costmodel.Cluster, m costmodel.Model, d placement.Dispatch, slots []int, so solver.Options, limit time.Duration) (*solver.Result, error) {
 	st := routing.StatsFromLoad(load, m.TopK)
-	p := solver.Problem{Stats: st, Cluster: c, Model: m, SlotsPerGPU: slots}
+	p := solver.Problem{Stats: st, Cluster: c, Model: m, Dispatch: d, SlotsPerGPU: slots}
 	opts := solveOptions(so, limit)
 	total := 0
 	for _, n := range slots {

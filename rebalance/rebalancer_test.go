@@ -378,8 +378,8 @@ func TestProposeKeepsByDealtTail(t *testing.T) {
 		props[d] = prop
 	}
 	even, dealt := props[placement.DispatchEven], props[placement.DispatchSGLangStatic]
-	// The solve does not see the dispatch: under even dispatch its plan
-	// is the proposal, a third copy of expert 0.
+	// Under even dispatch the solve's plan is the proposal, a third copy
+	// of expert 0.
 	require.Equal(t, 0, even.Kept)
 	require.Positive(t, even.MovedSlots)
 	counts := copyCountsOf(even.Plan.Layers[0], 6)
