@@ -195,21 +195,34 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		deadline = deadline.Add(-p.EvalTime)
 	}
 	task.Layers(L, opts.Parallel, deadline, opts.MinLayer, func(l int, limit time.Duration) {
+		t0 := time.Now()
 		start := p.Start.ExpertGPUs(l)
 		if ctx.Err() != nil || (!opts.Limit.ByWork() && !time.Now().Before(deadline)) {
 			// No time left: keep the start rather than build the layer's
 			// counters (a pass over its tokens) to search for nothing.
+			// Under a cap the counters are built, and a start over it gets
+			// the descent bounded by work (capDescent): a plan over the
+			// cap is no plan.
 			res.Copies[l] = start
 			res.StartRemote[l], res.Remote[l] = math.NaN(), math.NaN()
+			if ctx.Err() == nil && sh.cap.On() {
+				s := newStateKappa(buildLayer(p, sh, l), int32Copies(start), 0)
+				if s.overCap() > 0 {
+					tries[l] = capDescent(ctx, s)
+					res.StartRemote[l] = newStateKappa(s.ly, int32Copies(start), 0).remote()
+					res.Copies[l], res.Remote[l] = gpuCopiesOf(s.copies()), s.remote()
+				}
+			}
 			return
 		}
 		ly := buildLayer(p, sh, l)
 		s := newState(ly, int32Copies(start))
 		res.StartRemote[l] = s.remote()
-		// The steps after the phases are bounded by work, not by the
-		// clock: the phases leave them what they took on the layers
-		// before, so that the last layers are not left without time.
-		lim := task.Limit{Deadline: time.Now().Add(limit - sh.spill()), Work: opts.Limit.Work}.Share(L)
+		// The layer's time counts its counters' build, and the steps
+		// after the phases are bounded by work, not by the clock: the
+		// phases leave them what they took on the layers before, so that
+		// the last layers are not left without time.
+		lim := task.Limit{Deadline: t0.Add(limit - sh.spill()), Work: opts.Limit.Work}.Share(L)
 		shares := opts.Shares
 		if sh.nv && l < len(sh.nvRatio) && sh.nvRatio[l] >= 1 {
 			// NVLink sets this layer's all-to-all: the phases that trade
@@ -220,9 +233,6 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			shares = Shares{GPUs: shares.GPUs}
 		}
 		s, tries[l] = improve(ctx, s, lim, shares, uint64(l), opts.Logf)
-		if !opts.Limit.ByWork() {
-			sh.spilled(time.Since(lim.Deadline))
-		}
 		res.Remote[l] = s.remote()
 		res.Copies[l] = gpuCopiesOf(s.copies())
 	})
@@ -357,9 +367,10 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 		se.gpuPhase()
 	}
 	tries += se.tries
-	// 6. The swaps off the busiest GPU that lower the cost: any over the
-	// cap, and within it those that send no more remote copies.
-	tries += peakDescent(ctx, s)
+	// 6. Over the cap, the swaps off the busiest GPU that lower the cost.
+	// It and 7. are bounded by work, not by the clock: the phases of the
+	// layers after leave them the time they take (spill).
+	tries += capDescent(ctx, s)
 	if logf != nil {
 		logf("layer %d: %v: remote start %.0f proxy %.0f nodes %.0f (imb %.4f) gpus %.0f (imb %.4f) end %.0f (imb %.4f); cost %.4g → %.4g (after gpus %.4g, port imb %.4f)", ly.l, time.Since(t0), startRemote, r0, r1, i1, r2, i2, s.remote(), s.imbalance(levelGPU), startCost, s.costNow(levelGPU), c2, s.portImbalance())
 	}
@@ -370,6 +381,9 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	// 7. Whatever the clock left, the swaps within nodes that cost
 	// nothing to price.
 	tries += evenOut(ctx, s)
+	if !lim.ByWork() {
+		ly.sh.spilled(time.Since(lim.Deadline))
+	}
 	return s, tries
 }
 

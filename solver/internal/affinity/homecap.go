@@ -4,44 +4,48 @@ import (
 	"cmp"
 	"context"
 	"math"
-
-	"github.com/moetuner/moetuner/costmodel"
 	"slices"
 	"time"
 
 	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
-// peakDescent lowers the layer's busiest GPU (per unit of speed): while
-// one of the swaps of a copy on it with a lighter copy on any other GPU,
-// whose loads promise both GPUs less than the busiest holds now, lowers
-// the cost, the first such swap is made. The candidates are priced
-// exactly, in order of the peak they promise (lowest first): a swap of
-// two single-copy experts from the counters (withinNode, acrossNodes),
-// any other by a trial (a replicated copy's load as dealt changes with
-// its GPU, so its promise is the load it has now). Over the cap any swap
-// that lowers the cost (the cap's charge with it) is taken; within it, or
-// without one, only a swap that sends no more remote-node copies: the
-// balance is not bought with NIC traffic. It stops when no candidate of
-// the first peakRefusals·G lowers the cost, or when its work bound is
-// spent, and returns the moves priced.
+// capDescent brings a layer over the cap under it where swaps can: while
+// the busiest GPU (per unit of speed) holds more than the cap allows, the
+// swaps of one of its copies with a lighter copy on any other GPU, whose
+// loads promise both GPUs less than the busiest holds now, are priced
+// exactly in order of the peak they promise (lowest first), and the first
+// that lowers the cost (the cap's charge with it) is made. A swap of two
+// single-copy experts is priced from the counters (withinNode,
+// acrossNodes), any other by a trial (a replicated copy's load as dealt
+// changes with its GPU, so its promise is the load it has now). It stops
+// when the layer holds the cap, when none of the first capRefusals·G
+// candidates lowers the cost, or when its work bound is spent, and
+// returns the moves priced; without a cap it does nothing.
 //
 // The annealing draws half its moves off the busiest GPU while the layer
 // is over the cap, but their partners at random: under a short limit on
 // many GPUs (8 × 8, 64 slots, 32k DeepSeek-V3 trace, SGLang's table, 10 s,
 // cap 1.02) it left 43 of 58 layers over the cap, and the plan-level
 // repair, which re-deals the plan for every trial, could not bring them
-// under in the time left.
-func peakDescent(ctx context.Context, s *state) int64 {
+// under in the time left. Without a cap the same descent, kept to swaps
+// that send no more remote copies, took 15-20 ms a layer on 8 × 8 GPUs
+// at 5 s and left the plans less balanced (1.087-1.112 against
+// 1.054-1.103 in three runs each) for the time it took from the phases.
+func capDescent(ctx context.Context, s *state) int64 {
 	sh := s.ly.sh
+	if !sh.cap.On() {
+		return 0
+	}
 	S := slices.Max(sh.slots)
-	se := &searcher{s: s, m: task.ByWork(ctx, int64(peakSweeps*sh.G*S*S)), nodeLevel: levelNode}
-	se.peakDescent()
+	se := &searcher{s: s, m: task.ByWork(ctx, int64(capSweeps*sh.G*S*S)), nodeLevel: levelNode}
+	se.capDescent()
 	return se.tries
 }
 
-// spill is the mean time the layers searched before took past their
-// phases' deadline (0 before the first).
+// spill is the mean time the layers searched before ran past their
+// phases' deadline (0 before the first): the steps after the phases, and
+// what the phases take past it.
 func (sh *shape) spill() time.Duration {
 	n := sh.spillRuns.Load()
 	if n == 0 {
@@ -56,37 +60,34 @@ func (sh *shape) spilled(d time.Duration) {
 	sh.spillRuns.Add(1)
 }
 
-// peakSweeps bounds peakDescent by work, not by the clock (a plan must
-// not depend on the machine): the moves it may price are peakSweeps times
+// capSweeps bounds capDescent by work, not by the clock (a plan must
+// not depend on the machine): the moves it may price are capSweeps times
 // every pair of the busiest GPU's slots with one GPU's, per GPU. Each swap
 // it makes lowers the cost, so it ends on its own: the bound guards its
 // time.
-const peakSweeps = 4
+const capSweeps = 4
 
-// peakRefusals is how many candidates per GPU of the layer peakDescent
-// prices, none lowering the cost, before it stops. On the 32k DeepSeek-V3
-// trace (5 s, 4 × 8 GPUs, 32 slots) 9 % of the swaps it made were found
-// among candidates G to 2G; allowing 4G found 1 % more beyond 2G and
-// left the busiest/mean as it was (1.003-1.004); on 8 × 8 GPUs under a
-// cap of 1.02 (10 s) 97 % were among the first 8.
-const peakRefusals = 2
+// capRefusals is how many candidates per GPU of the layer capDescent
+// prices, none lowering the cost, before it stops. On 8 × 8 GPUs under a
+// cap of 1.02 (32k DeepSeek-V3 trace, 10 s) 97 % of the swaps it made were
+// among the first 8 candidates; without a cap (4 × 8 GPUs, 5 s), 9 % were
+// found among candidates G to 2G, and allowing 4G found 1 % more beyond
+// 2G with no change in balance.
+const capRefusals = 2
 
-type peakCand struct {
+type capCand struct {
 	mv   move
 	peak float64
 }
 
-func (se *searcher) peakDescent() {
+func (se *searcher) capDescent() {
 	s := se.s
 	sh := s.ly.sh
 	P := sh.P
 	scratch := make([]float64, sh.G)
-	var cands []peakCand
+	var cands []capCand
 	for !se.m.Done() {
 		top := s.busiestOverCap()
-		if !sh.cap.On() {
-			_, top = costmodel.BalanceAt(s.tok, sh.speed)
-		}
 		if top < 0 {
 			return
 		}
@@ -107,32 +108,31 @@ func (se *searcher) peakDescent() {
 					if !(peak < cur*(1-1e-12)) {
 						continue
 					}
-					cands = append(cands, peakCand{move{kind: moveSwap, a: top, ia: ia, b: g, ib: ib}, peak})
+					cands = append(cands, capCand{move{kind: moveSwap, a: top, ia: ia, b: g, ib: ib}, peak})
 				}
 			}
 		}
-		slices.SortFunc(cands, func(x, y peakCand) int { return cmp.Compare(x.peak, y.peak) })
+		slices.SortFunc(cands, func(x, y capCand) int { return cmp.Compare(x.peak, y.peak) })
 		now, base := s.costNow(levelGPU), s.baseCost()
 		made := false
 		for i, c := range cands {
-			if i >= peakRefusals*sh.G || se.m.Done() {
+			if i >= capRefusals*sh.G || se.m.Done() {
 				break
 			}
 			if !se.ok(c.mv) {
 				continue
 			}
 			var d float64
-			dR := 0.0
 			if c.mv.a/P == c.mv.b/P {
 				var t2 []float64
 				if t2, d = s.withinNode(c.mv, scratch, base); t2 == nil {
-					d, dR = s.try(c.mv, levelGPU), s.tr.dR
+					d = s.try(c.mv, levelGPU)
 				}
 			} else {
-				d, dR = s.price(c.mv, levelGPU), s.tr.dR
+				d = s.price(c.mv, levelGPU)
 			}
 			se.spend()
-			if d < -1e-15*math.Abs(now) && (sh.cap.On() || dR <= 1e-9) {
+			if d < -1e-15*math.Abs(now) {
 				s.applyMove(c.mv)
 				se.applied++
 				made = true

@@ -50,8 +50,8 @@ type shape struct {
 	cap  costmodel.Cap
 	capW float64
 	// spillNanos and spillRuns sum, over the layers searched so far
-	// under a deadline, the time each took past its phases' deadline (the
-	// steps bounded by work, not by the clock: peakDescent, evenOut): each
+	// under a deadline, the time each ran past its phases' deadline (the
+	// steps bounded by work, not by the clock: capDescent, evenOut): each
 	// layer's phases leave their mean (spill).
 	spillNanos, spillRuns atomic.Int64
 	// nv: the state also counts every token's reach per GPU and the
