@@ -37,6 +37,19 @@ func CapImbalance(p Problem, opts Options, plan *placement.Plan) (int, error) {
 	return n, public(err)
 }
 
+// EnforceImbalance is the cap step of a solve (enforceImbalance) on plan,
+// in place: the repair, then the plan scored again and repaired again
+// until every layer holds the cap.
+func EnforceImbalance(p Problem, opts Options, plan *placement.Plan) error {
+	p, err := p.withDefaults()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	return public(enforceImbalance(ctx, p, opts, &Result{Plan: plan}))
+}
+
 // RepairImbalance is CapImbalance without the balance-first baseline to
 // fall back on: only the repair's own moves change the plan.
 func RepairImbalance(p Problem, opts Options, plan *placement.Plan) (int, error) {

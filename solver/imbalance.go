@@ -85,6 +85,24 @@ func enforceImbalance(ctx context.Context, p Problem, opts Options, res *Result)
 	if err != nil {
 		return err
 	}
+	// Under SGLang's tables a repaired layer can move the deal of the
+	// layers after it (a copy count changed, or a copy moved into or out
+	// of a rank's node in the node trees) and put one of them over the
+	// cap: the plan is scored again and repaired again until every layer
+	// holds it; at the deadline the repair names what is still over.
+	for capfix.LayersOver(p.Cluster, rep, p.MaxImbalance) > 0 {
+		n, err := capPlan(ctx, p, opts, res.Plan, rep, nil, deadline)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("solver: the cap repair left %d layers over Problem.MaxImbalance %g and changed nothing", capfix.LayersOver(p.Cluster, rep, p.MaxImbalance), p.MaxImbalance)
+		}
+		changed += n
+		if rep, err = p.Scenario().Evaluate(res.Plan); err != nil {
+			return err
+		}
+	}
 	res.report = rep
 	if res.Balance != nil {
 		// Certified as the path that made the plan certifies it.
