@@ -359,6 +359,22 @@ func (ev *Evaluator) Apply(m Move) error {
 	return nil
 }
 
+// Local reports whether m is priced on its own layer (and the next, in
+// chain flow), false when it moves a dispatch's random stream (under
+// SGLang's tables a copy count changed, or in the node trees a copy moved
+// into or out of a rank's deal): such a move re-deals the whole plan and
+// scores every layer again, tens of times a local trial's work. An error
+// means m is malformed, as for Delta.
+func (ev *Evaluator) Local(m Move) (bool, error) {
+	t := &ev.trial
+	if !(t.valid && t.m == m) {
+		if err := ev.prepare(m); err != nil {
+			return false, err
+		}
+	}
+	return !t.global, nil
+}
+
 // try computes the trial state of m (reusing it when m was just tried).
 func (ev *Evaluator) try(m Move) error {
 	t := &ev.trial

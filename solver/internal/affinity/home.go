@@ -208,7 +208,7 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			if ctx.Err() == nil && sh.cap.On() {
 				s := newStateKappa(buildLayer(p, sh, l), int32Copies(start), 0)
 				if s.overCap() > 0 {
-					tries[l] = capDescent(ctx, s)
+					tries[l] = capDescent(ctx, s, false)
 					res.StartRemote[l] = newStateKappa(s.ly, int32Copies(start), 0).remote()
 					res.Copies[l], res.Remote[l] = gpuCopiesOf(s.copies()), s.remote()
 				}
@@ -370,7 +370,7 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	// 6. Over the cap, the swaps off the busiest GPU that lower the cost.
 	// It and 7. are bounded by work, not by the clock: the phases of the
 	// layers after leave them the time they take (spill).
-	tries += capDescent(ctx, s)
+	tries += capDescent(ctx, s, false)
 	if logf != nil {
 		logf("layer %d: %v: remote start %.0f proxy %.0f nodes %.0f (imb %.4f) gpus %.0f (imb %.4f) end %.0f (imb %.4f); cost %.4g → %.4g (after gpus %.4g, port imb %.4f)", ly.l, time.Since(t0), startRemote, r0, r1, i1, r2, i2, s.remote(), s.imbalance(levelGPU), startCost, s.costNow(levelGPU), c2, s.portImbalance())
 	}
@@ -430,7 +430,9 @@ func proxyPhase(ctx context.Context, s *state, lim task.Limit, rng *rand.Rand) (
 // only swaps of two single-copy experts within a node: a single-copy
 // expert is not dealt (or, in the plain tree, dealt the same wherever it
 // sits), so those swaps leave the table as it is and are priced exactly
-// (withinNode); none raises the layer's surrogate cost. Each layer gets
+// (withinNode); none raises the layer's surrogate cost. Over the cap, a
+// layer then gets capDescent on the same swaps across nodes too. Each
+// layer gets
 // repairSweeps tries of every pair of its nodes' slots, whatever the
 // clock (they are cheap: a swap is priced from the GPUs' loads), after
 // one pass over its tokens to build the counters. It returns the swaps
@@ -464,7 +466,9 @@ func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int6
 		}
 		se := &searcher{s: s, m: task.ByWork(ctx, work), nodeLevel: levelNode, cheapOnly: true}
 		se.gpuPhase()
-		tries[l] = se.tries
+		// Over the cap, the swaps of single copies off the busiest GPU,
+		// across nodes too: priced exactly on the plan's own table.
+		tries[l] = se.tries + capDescent(ctx, s, true)
 		if s.costNow(levelGPU) > before {
 			return
 		}

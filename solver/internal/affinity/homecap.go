@@ -32,13 +32,18 @@ import (
 // that send no more remote copies, took 15-20 ms a layer on 8 × 8 GPUs
 // at 5 s and left the plans less balanced (1.087-1.112 against
 // 1.054-1.103 in three runs each) for the time it took from the phases.
-func capDescent(ctx context.Context, s *state) int64 {
+//
+// With exact, only the swaps the dispatch prices exactly are made (a
+// swap of two single-copy experts, which no table deals, or one that
+// leaves the moved experts' deals as they were): none moves another
+// expert's deal (repairDealt, on the plan's own table).
+func capDescent(ctx context.Context, s *state, exact bool) int64 {
 	sh := s.ly.sh
 	if !sh.cap.On() {
 		return 0
 	}
 	S := slices.Max(sh.slots)
-	se := &searcher{s: s, m: task.ByWork(ctx, int64(capSweeps*sh.G*S*S)), nodeLevel: levelNode}
+	se := &searcher{s: s, m: task.ByWork(ctx, int64(capSweeps*sh.G*S*S)), nodeLevel: levelNode, exact: exact}
 	se.capDescent()
 	return se.tries
 }
@@ -123,6 +128,7 @@ func (se *searcher) capDescent() {
 				continue
 			}
 			var d float64
+			s.closedForm = false
 			if c.mv.a/P == c.mv.b/P {
 				var t2 []float64
 				if t2, d = s.withinNode(c.mv, scratch, base); t2 == nil {
@@ -132,6 +138,9 @@ func (se *searcher) capDescent() {
 				d = s.price(c.mv, levelGPU)
 			}
 			se.spend()
+			if se.exact && s.closedForm {
+				continue
+			}
 			if d < -1e-15*math.Abs(now) {
 				s.applyMove(c.mv)
 				se.applied++

@@ -203,6 +203,10 @@ type state struct {
 	// capOff leaves the cap's charge out of the cost (an annealing's
 	// starting temperature is the NIC and compute moves', not the cap's).
 	capOff bool
+	// closedForm is set when a fill priced copies on the table's closed
+	// form (Splitter.Split returned false); capDescent's exact mode clears
+	// it before a trial and refuses the moves that set it.
+	closedForm bool
 	// changed is the slots that differ from the running plan (with a
 	// budget).
 	changed int
@@ -255,6 +259,7 @@ func (s *state) fill(e int, cs *copyset) {
 	frac := s.frac[:G*n]
 	if !sh.split.Split(s.ly.l, e, cs.gpus, sh.ones[:n], frac) {
 		sh.inexact.Store(true)
+		s.closedForm = true
 	}
 	if sh.nv {
 		for i, q := range frac {

@@ -23,6 +23,9 @@ type searcher struct {
 	// alone (withinNode: one copy each, within a node), which leave every
 	// dealt table as it is (repairDealt).
 	cheapOnly bool
+	// exact: capDescent makes only the moves the dispatch prices exactly
+	// (state.closedForm stays clear).
+	exact bool
 }
 
 // spend charges one scored move.

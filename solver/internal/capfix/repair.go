@@ -69,35 +69,50 @@ func repairLayer(ctx context.Context, p Problem, ev *costmodel.Evaluator, l int,
 		cands := repairCands(p, lp, l, tok, speed, gb)
 		// The exact tokens of the most promising ones: as many as there
 		// are GPUs, and on down the list until one lowers the excess.
+		// The moves priced on their layer alone come first: under
+		// SGLang's tables a move that shifts the deal's random stream
+		// (Evaluator.Local) re-deals and scores the whole plan, and is
+		// tried only when no local move lowers the excess.
 		next := cloneLayer(lp)
-		for i, c := range cands {
-			if i >= len(speed) && best.exc < exc0 {
+		for _, localOnly := range []bool{true, false} {
+			tried, skipped := 0, false
+			for _, c := range cands {
+				if tried >= len(speed) && best.exc < exc0 {
+					break
+				}
+				if ctx.Err() != nil || time.Now().After(deadline) {
+					// A trial re-deals the plan under SGLang's table
+					// (tens of milliseconds on DeepSeek-V3): a step
+					// that found no move lowering the excess would try
+					// every candidate, minutes past the deadline.
+					break
+				}
+				if budget && changedAfter(p.Current.Layers[l], next, c.m) > p.MaxMoves {
+					continue
+				}
+				if local, err := ev.Local(c.m); err != nil || local != localOnly {
+					skipped = skipped || err == nil
+					continue
+				}
+				tried++
+				nt, err := ev.TrialTokens(c.m)
+				if err != nil {
+					continue
+				}
+				x := excess(nt)
+				if x >= exc0*(1-1e-12) {
+					continue
+				}
+				r, _ := layerRatio(nt, speed)
+				if r <= limit && r < fits[c.node].ratio {
+					fits[c.node] = cand{c.m, r, x}
+				}
+				if x < best.exc {
+					best = cand{c.m, r, x}
+				}
+			}
+			if best.exc < exc0 || !localOnly || !skipped {
 				break
-			}
-			if ctx.Err() != nil || time.Now().After(deadline) {
-				// A trial re-deals the plan under SGLang's table (tens
-				// of milliseconds on DeepSeek-V3): a step that found no
-				// move lowering the excess would try every candidate,
-				// minutes past the deadline.
-				break
-			}
-			if budget && changedAfter(p.Current.Layers[l], next, c.m) > p.MaxMoves {
-				continue
-			}
-			nt, err := ev.TrialTokens(c.m)
-			if err != nil {
-				continue
-			}
-			x := excess(nt)
-			if x >= exc0*(1-1e-12) {
-				continue
-			}
-			r, _ := layerRatio(nt, speed)
-			if r <= limit && r < fits[c.node].ratio {
-				fits[c.node] = cand{c.m, r, x}
-			}
-			if x < best.exc {
-				best = cand{c.m, r, x}
 			}
 		}
 		pick, cost := best, math.Inf(1)
