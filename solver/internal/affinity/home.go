@@ -191,8 +191,9 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		deadline = time.Now().Add(24 * time.Hour)
 	case sh.keepCounts && costmodel.DealtPerRank(p.Dispatch, p.Start):
 		// The repair (repairDealt) builds every layer's counters once
-		// more, a pass over every token's experts as an evaluation is.
-		deadline = deadline.Add(-p.EvalTime)
+		// more, a pass over every token's experts as an evaluation is,
+		// and descends on the plan's own table until the deadline.
+		deadline = deadline.Add(-dealtRepairEvals * p.EvalTime)
 	}
 	task.Layers(L, opts.Parallel, deadline, opts.MinLayer, func(l int, limit time.Duration) {
 		t0 := time.Now()
@@ -448,6 +449,12 @@ func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int6
 	tries := make([]int64, L)
 	S := slices.Max(p.Slots)
 	work := int64(repairSweeps * sh.G * S * S)
+	dctx := ctx
+	if !opts.Limit.ByWork() {
+		var cancel context.CancelFunc
+		dctx, cancel = context.WithDeadline(ctx, opts.Limit.Deadline)
+		defer cancel()
+	}
 	task.Layers(L, opts.Parallel, time.Now().Add(24*time.Hour), 0, func(l int, _ time.Duration) {
 		if ctx.Err() != nil {
 			return
@@ -466,9 +473,9 @@ func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int6
 		}
 		se := &searcher{s: s, m: task.ByWork(ctx, work), nodeLevel: levelNode, cheapOnly: true}
 		se.gpuPhase()
-		// Over the cap, the swaps of single copies off the busiest GPU,
-		// across nodes too: priced exactly on the plan's own table.
-		tries[l] = se.tries + capDescent(ctx, s, true)
+		// The moves the plan's own table prices exactly, off the
+		// busiest GPU, across nodes too, until the deadline.
+		tries[l] = se.tries + capDescent(dctx, s, true)
 		if s.costNow(levelGPU) > before {
 			return
 		}
@@ -481,6 +488,13 @@ func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int6
 	}
 	return n
 }
+
+// dealtRepairEvals is, in evaluations of the plan, the time the layers
+// leave repairDealt under SGLang's node trees: one to build every layer's
+// counters again, two for the descent on the plan's own table (on 8 × 8
+// GPUs, 64 slots, 32k DeepSeek-V3 trace, 60 s, the descent of every layer
+// took about three evaluations' time; it stops at the deadline).
+const dealtRepairEvals = 3
 
 // repairSweeps is how many times repairDealt may try each pair of a
 // node's slots per GPU of the layer.
