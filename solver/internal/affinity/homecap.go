@@ -22,7 +22,7 @@ import (
 // changes with its GPU, so its promise is the load it has now). It stops
 // when the layer holds the cap, when none of the first capRefusals·G
 // candidates lowers the cost, or when its work bound is spent, and
-// returns the moves priced; without a cap it does nothing.
+// returns the moves priced; without a cap it does nothing unless exact.
 //
 // The annealing draws half its moves off the busiest GPU while the layer
 // is over the cap, but their partners at random: under a short limit on
@@ -30,7 +30,7 @@ import (
 // cap 1.02) it left 43 of 58 layers over the cap, and the plan-level
 // repair, which re-deals the plan for every trial, could not bring them
 // under in the time left. Without a cap the same descent, kept to swaps
-// that send no more remote copies, took 15-20 ms a layer on 8 × 8 GPUs
+// that send no more remote copies, took 15-49 ms a layer on 8 × 8 GPUs
 // at 5 s and left the plans less balanced (1.087-1.112 against
 // 1.054-1.103 in three runs each) for the time it took from the phases.
 //
@@ -42,9 +42,10 @@ import (
 // lowers the cost: the search priced the plan partly on the table's
 // closed form, and this is where its balance as dealt is set (32k
 // DeepSeek-V3 trace, SGLang's newest tree, 60 s: 4 × 8 GPUs, 32 slots,
-// 1.014 (1.027) → 1.003 (1.016) busiest/mean; 8 × 8, 64 slots, 1.145
-// (1.310) → 1.105 (1.237); remote copies 0.3-0.4 % up, modeled time
-// down).
+// 1.015 (1.027) → 1.003 (1.013) busiest/mean, remote copies 0.3-0.5 %
+// up, modeled time 0.8 % down; 8 × 8, 64 slots, 1.145 (1.310) → 1.130
+// (1.373) in the time the layers leave it, 1.105 (1.237) given all it
+// takes).
 func capDescent(ctx context.Context, s *state, exact bool) int64 {
 	sh := s.ly.sh
 	if !sh.cap.On() && !exact {
