@@ -140,6 +140,12 @@ func (se *searcher) capDescent() {
 			if !se.ok(c.mv) {
 				continue
 			}
+			if se.exact && !s.dealtExactly(c.mv) {
+				// Known before its tokens are walked: a trial of it
+				// would be refused.
+				se.spend()
+				continue
+			}
 			var d float64
 			s.closedForm = false
 			if c.mv.a/P == c.mv.b/P {
@@ -173,4 +179,17 @@ func (cs *copyset) loadOn(g int) float64 {
 		return cs.cl[i]
 	}
 	return 0
+}
+
+// dealtExactly reports whether the dispatch prices the swap mv exactly:
+// both experts' new copies are dealt without the table's closed form
+// (Splitter.Split), read from their copy sets alone, before any token is
+// walked. It leaves no trial (apply tries mv itself).
+func (s *state) dealtExactly(mv move) bool {
+	tr := &s.tr
+	s.closedForm = false
+	s.setChange(&tr.ch[0], int(s.held[mv.a][mv.ia]), mv.a, mv.b)
+	s.setChange(&tr.ch[1], int(s.held[mv.b][mv.ib]), mv.b, mv.a)
+	tr.valid = false
+	return !s.closedForm
 }
