@@ -37,9 +37,9 @@ import (
 // With exact, only the swaps the dispatch prices exactly are made (a
 // swap of two single-copy experts, which no table deals, or one that
 // leaves the moved experts' deals as they were): none moves another
-// expert's deal (repairDealt, on the plan's own table). Without a cap it
-// then descends all the same, off the busiest GPU, on every swap that
-// lowers the cost: the search priced the plan partly on the table's
+// expert's deal (repairDealt, on the plan's own table), and the descent
+// goes on within the cap, or without one, off the busiest GPU, on every
+// swap that lowers the cost: the search priced the plan partly on the table's
 // closed form, and this is where its balance as dealt is set (32k
 // DeepSeek-V3 trace, SGLang's newest tree, 60 s: 4 × 8 GPUs, 32 slots,
 // 1.015 (1.027) → 1.003 (1.013) busiest/mean, remote copies 0.3-0.5 %
@@ -103,8 +103,10 @@ func (se *searcher) capDescent() {
 	refusals := capRefusals * sh.G
 	for !se.m.Done() {
 		top := s.busiestOverCap()
-		if !sh.cap.On() {
-			_, top = costmodel.BalanceAt(s.tok, sh.speed) // exact mode
+		if se.exact {
+			// The plan's own table: any swap off the busiest GPU that
+			// lowers the cost, over the cap or within it.
+			_, top = costmodel.BalanceAt(s.tok, sh.speed)
 		}
 		if top < 0 {
 			return
