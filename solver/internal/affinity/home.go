@@ -209,8 +209,8 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 			if ctx.Err() == nil && sh.cap.On() {
 				s := newStateKappa(buildLayer(p, sh, l), int32Copies(start), 0)
 				if s.overCap() > 0 {
+					res.StartRemote[l] = s.remote()
 					tries[l] = capDescent(ctx, s, false)
-					res.StartRemote[l] = newStateKappa(s.ly, int32Copies(start), 0).remote()
 					res.Copies[l], res.Remote[l] = gpuCopiesOf(s.copies()), s.remote()
 				}
 			}

@@ -149,7 +149,6 @@ func (se *searcher) capDescent() {
 				continue
 			}
 			var d float64
-			s.closedForm = false
 			if c.mv.a/P == c.mv.b/P {
 				var t2 []float64
 				if t2, d = s.withinNode(c.mv, scratch, base); t2 == nil {
@@ -159,9 +158,6 @@ func (se *searcher) capDescent() {
 				d = s.price(c.mv, levelGPU)
 			}
 			se.spend()
-			if se.exact && s.closedForm {
-				continue
-			}
 			if d < -1e-15*math.Abs(now) {
 				s.applyMove(c.mv)
 				se.applied++

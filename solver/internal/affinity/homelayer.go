@@ -204,8 +204,8 @@ type state struct {
 	// starting temperature is the NIC and compute moves', not the cap's).
 	capOff bool
 	// closedForm is set when a fill priced copies on the table's closed
-	// form (Splitter.Split returned false); capDescent's exact mode clears
-	// it before a trial and refuses the moves that set it.
+	// form (Splitter.Split returned false); dealtExactly clears it before
+	// it fills a move's copy sets.
 	closedForm bool
 	// changed is the slots that differ from the running plan (with a
 	// budget).
