@@ -20,6 +20,11 @@
 // them in the other order and so gives other values for k > 32.
 package pyrand
 
+import (
+	"sync"
+	"sync/atomic"
+)
+
 const (
 	n         = 624
 	m         = 397
@@ -33,6 +38,10 @@ const (
 type Random struct {
 	mt  [n]uint32
 	mti int
+	// tape, when set, is the stream this reader reads at pos instead of
+	// running its own generator (see Tape).
+	tape *Tape
+	pos  int
 }
 
 // New returns the state of random.Random(seed): CPython seeds an int with
@@ -102,6 +111,11 @@ func (r *Random) initByArray(key []uint32) {
 // Uint32 returns the next 32-bit output of the generator (CPython's
 // genrand_uint32); every other method is built on it.
 func (r *Random) Uint32() uint32 {
+	if r.tape != nil {
+		w := r.tape.word(r.pos)
+		r.pos++
+		return w
+	}
 	if r.mti >= n {
 		mag := [2]uint32{0, matrixA}
 		var kk int
@@ -263,4 +277,63 @@ func Shuffle[T any](r *Random, x []T) {
 func (r *Random) Clone() *Random {
 	c := *r
 	return &c
+}
+
+// Tape is the output of one generator, kept as it is drawn so that a reader
+// can start at any position of it: random.Random(seed)'s stream after pos
+// words is the tape's Reader(pos). Readers of one tape are the one way to
+// follow many states of one seed that part and meet again (a stack that
+// seeds one generator per rank with the same seed): a state is a position,
+// copied and compared as an int. A Tape is safe for concurrent use; it grows
+// as far as its readers read.
+type Tape struct {
+	mu    sync.Mutex
+	gen   *Random
+	words atomic.Pointer[[]uint32]
+}
+
+// NewTape returns the tape of random.Random(seed).
+func NewTape(seed int64) *Tape {
+	t := &Tape{gen: New(seed)}
+	w := make([]uint32, 0)
+	t.words.Store(&w)
+	return t
+}
+
+func (t *Tape) word(i int) uint32 {
+	if w := *t.words.Load(); i < len(w) {
+		return w[i]
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	w := *t.words.Load()
+	if i < len(w) {
+		return w[i]
+	}
+	grown := make([]uint32, len(w), max(2*len(w), i+1, 4096))
+	copy(grown, w)
+	for len(grown) <= i || len(grown) < cap(grown) {
+		grown = append(grown, t.gen.Uint32())
+	}
+	t.words.Store(&grown)
+	return grown[i]
+}
+
+// Reader returns a generator that reads t from position pos (the number of
+// 32-bit words drawn before it): every method of Random then returns what
+// random.Random(seed) returns after those words. Clone copies the position.
+func (t *Tape) Reader(pos int) *Random {
+	return &Random{tape: t, pos: pos}
+}
+
+// Pos returns how many words a tape reader has drawn from its tape's start
+// (0 for a generator that is not a tape reader).
+func (r *Random) Pos() int { return r.pos }
+
+// Seek moves a tape reader to position pos; it does nothing to a generator
+// that is not a tape reader.
+func (r *Random) Seek(pos int) {
+	if r.tape != nil {
+		r.pos = pos
+	}
 }

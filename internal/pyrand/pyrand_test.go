@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -183,4 +185,63 @@ func TestClone(t *testing.T) {
 	assert.Equal(t, r.Uint32(), c.Uint32())
 	c.Uint32()
 	assert.NotEqual(t, r.Uint32(), c.Uint32(), "a clone must not share state")
+}
+
+// A tape reader at any position draws what the generator draws after that
+// many words, across the tape's growth, and concurrent readers agree.
+func TestTapeReaderFollowsTheGenerator(t *testing.T) {
+	tape := NewTape(42)
+	g := New(42)
+	var ref []uint32
+	for range 20000 {
+		ref = append(ref, g.Uint32())
+	}
+	for _, pos := range []int{0, 1, 623, 624, 4095, 4096, 9000, 19000} {
+		r := tape.Reader(pos)
+		for i := pos; i < min(pos+900, len(ref)); i++ {
+			if w := r.Uint32(); w != ref[i] {
+				t.Fatalf("reader from %d: word %d is %d, the generator's is %d", pos, i, w, ref[i])
+			}
+		}
+		if want := min(pos+900, len(ref)); r.Pos() != want {
+			t.Fatalf("reader from %d ends at %d, want %d", pos, r.Pos(), want)
+		}
+	}
+	// Shuffles through a reader equal shuffles through a generator that
+	// skipped the same words.
+	g2 := New(42)
+	for range 777 {
+		g2.Uint32()
+	}
+	r := tape.Reader(777)
+	a, b := make([]int, 50), make([]int, 50)
+	for i := range a {
+		a[i], b[i] = i, i
+	}
+	Shuffle(g2, a)
+	Shuffle(r, b)
+	if !slices.Equal(a, b) {
+		t.Fatalf("shuffle through the tape %v differs from the generator's %v", b, a)
+	}
+	c := r.Clone()
+	r.Seek(3)
+	if c.Pos() == 3 || r.Pos() != 3 {
+		t.Fatalf("Seek moved the clone (clone at %d, reader at %d)", c.Pos(), r.Pos())
+	}
+	tape2 := NewTape(42)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rd := tape2.Reader(w * 3000)
+			for i := w * 3000; i < len(ref); i++ {
+				if x := rd.Uint32(); x != ref[i] {
+					t.Errorf("concurrent reader %d: word %d differs", w, i)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -2,6 +2,7 @@ package stackdispatch
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/moetuner/moetuner/internal/pyrand"
@@ -254,84 +255,111 @@ func SGLangStaticTable(cands [][][]int32, epSize, slotsPerGPU, gpusPerNode int, 
 			table[r][l] = flat[off : off+experts : off+experts]
 		}
 	}
-	perRank := v != SGLangStaticPlain && init == SGLangInitByMapping
-	// Ranks that share a stream form a group; a group splits when some of its
-	// ranks are dealt at a (layer, expert) and others are not.
-	type group struct {
-		rnd   *pyrand.Random
-		ranks []int32
+	d, err := NewDealer(sglangTape, epSize, slotsPerGPU, gpusPerNode, v, init)
+	if err != nil {
+		return nil, err
 	}
-	groups := []*group{{rnd: pyrand.New(SGLangSeed), ranks: allRanks(epSize)}}
-	inGroup := make([]bool, epSize)
-	var dealt, choice []int32
+	pos := d.Start()
+	rows := make([][]int32, epSize)
 	for l := 0; l < layers; l++ {
-		for e := 0; e < experts; e++ {
-			c := cands[l][e]
-			dealt = SGLangDealtRanks(c, epSize, slotsPerGPU, gpusPerNode, v, dealt[:0])
-			for r := 0; r < epSize; r++ {
-				table[r][l][e] = SGLangNearest(c, r, slotsPerGPU, gpusPerNode, v)
-			}
-			if len(dealt) == 0 {
-				continue
-			}
-			if !perRank {
-				choice = FairChoices(groups[0].rnd, len(c), len(dealt), choice[:0])
-				for i, r := range dealt {
-					table[r][l][e] = c[choice[i]]
-				}
-				continue
-			}
-			for _, r := range dealt {
-				inGroup[r] = true
-			}
-			for gi, n := 0, len(groups); gi < n; gi++ {
-				g := groups[gi]
-				var in, out []int32
-				for _, r := range g.ranks {
-					if inGroup[r] {
-						in = append(in, r)
-					} else {
-						out = append(out, r)
-					}
-				}
-				if len(in) == 0 {
-					continue
-				}
-				rnd := g.rnd
-				if len(out) > 0 { // the ranks not dealt keep the state before the deal
-					groups = append(groups, &group{rnd: rnd.Clone(), ranks: out})
-					g.ranks = in
-				}
-				choice = FairChoices(rnd, len(c), len(dealt), choice[:0])
-				for i, r := range dealt {
-					if containsRank(g.ranks, r) {
-						table[r][l][e] = c[choice[i]]
-					}
-				}
-			}
-			for _, r := range dealt {
-				inGroup[r] = false
-			}
+		for r := range rows {
+			rows[r] = table[r][l]
 		}
+		d.DealLayer(cands[l], pos, rows)
 	}
 	return table, nil
 }
 
-func allRanks(n int) []int32 {
-	rs := make([]int32, n)
-	for i := range rs {
-		rs[i] = int32(i)
-	}
-	return rs
+// sglangTape is random.Random(SGLangSeed)'s stream, shared by every deal.
+var sglangTape = pyrand.NewTape(SGLangSeed)
+
+// Dealer deals SGLang's static table one layer at a time, from each rank's
+// position on the stream (the number of words its random.Random(42) has
+// drawn): what SGLangStaticTable does for every layer, for a caller that
+// wants to deal one layer again for other copies, or to know where the
+// streams stand after it. Positions are ints, so the streams before a
+// layer are kept and compared for nothing: two ranks whose positions are
+// equal are in the same state. A Dealer is not safe for concurrent use;
+// make one per goroutine.
+type Dealer struct {
+	tape                             *pyrand.Tape
+	epSize, slotsPerGPU, gpusPerNode int
+	v                                SGLangVariant
+	perRank                          bool
+	rd                               *pyrand.Random
+	dealt, choice                    []int32
+	at, seen                         []int
 }
 
-func containsRank(rs []int32, r int32) bool {
-	for _, x := range rs {
-		if x == r {
-			return true
+// NewDealer returns a dealer for SGLang's static table of the tree v names,
+// fed as init says, on epSize ranks, slotsPerGPU physical slots per GPU and
+// gpusPerNode GPUs per node, reading tape (nil: random.Random(42)'s, what
+// SGLang seeds). It fails, naming the field, where SGLangStaticTable does.
+func NewDealer(tape *pyrand.Tape, epSize, slotsPerGPU, gpusPerNode int, v SGLangVariant, init SGLangInit) (*Dealer, error) {
+	if err := checkSGLang(nil, epSize, slotsPerGPU, gpusPerNode, v, init); err != nil {
+		return nil, err
+	}
+	if tape == nil {
+		tape = sglangTape
+	}
+	return &Dealer{tape: tape, epSize: epSize, slotsPerGPU: slotsPerGPU, gpusPerNode: gpusPerNode, v: v,
+		perRank: v != SGLangStaticPlain && init == SGLangInitByMapping, rd: tape.Reader(0)}, nil
+}
+
+// Start returns every rank's position before the first layer: 0.
+func (d *Dealer) Start() []int { return make([]int, d.epSize) }
+
+// DealLayer sets rows[r][e], for every rank r and expert e of one layer
+// whose candidate lists are cands (as SGLangStaticTable takes them; the
+// caller checks them), to the physical id rank r sends expert e's tokens
+// to, and moves pos (every rank's position before the layer, len epSize)
+// to the positions after it. With a shared stream every rank holds the
+// same position. Ranks that share a position draw the same words: each
+// deal draws once per distinct position among the ranks it deals.
+func (d *Dealer) DealLayer(cands [][]int32, pos []int, rows [][]int32) {
+	for e, c := range cands {
+		d.dealt = SGLangDealtRanks(c, d.epSize, d.slotsPerGPU, d.gpusPerNode, d.v, d.dealt[:0])
+		for r := 0; r < d.epSize; r++ {
+			rows[r][e] = SGLangNearest(c, r, d.slotsPerGPU, d.gpusPerNode, d.v)
+		}
+		if len(d.dealt) == 0 {
+			continue
+		}
+		if !d.perRank {
+			d.rd.Seek(pos[0])
+			d.choice = FairChoices(d.rd, len(c), len(d.dealt), d.choice[:0])
+			for i, r := range d.dealt {
+				rows[r][e] = c[d.choice[i]]
+			}
+			for r := range pos {
+				pos[r] = d.rd.Pos()
+			}
+			continue
+		}
+		// One draw per distinct position among the dealt ranks; the ranks
+		// not dealt keep theirs.
+		d.seen = d.seen[:0]
+		d.at = d.at[:0]
+		for _, r := range d.dealt {
+			d.at = append(d.at, pos[r])
+		}
+		for i, p := range d.at {
+			if slices.Contains(d.seen, p) {
+				continue
+			}
+			d.seen = append(d.seen, p)
+			d.rd.Seek(p)
+			d.choice = FairChoices(d.rd, len(c), len(d.dealt), d.choice[:0])
+			end := d.rd.Pos()
+			for j := i; j < len(d.dealt); j++ {
+				if d.at[j] == p {
+					rr := d.dealt[j]
+					rows[rr][e] = c[d.choice[j]]
+					pos[rr] = end
+				}
+			}
 		}
 	}
-	return false
 }
 
 func checkSGLang(cands [][][]int32, epSize, slotsPerGPU, gpusPerNode int, v SGLangVariant, init SGLangInit) error {
