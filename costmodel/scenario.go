@@ -75,6 +75,13 @@ func (s Scenario) Splitter(plan *placement.Plan) (Splitter, error) {
 	return NewSplitter(s.Dispatch, plan, s.Cluster.GPUs(), s.Cluster.GPUsPerNode, s.Layout())
 }
 
+// SequentialDeal starts the sequential deal of plan (NewSequentialDeal)
+// under s's dispatch, cluster and layout; it fails unless s's dispatch
+// deals plan per rank (DealtPerRank).
+func (s Scenario) SequentialDeal(plan *placement.Plan) (*SequentialDeal, error) {
+	return NewSequentialDeal(s.Dispatch, plan, s.Cluster.GPUs(), s.Cluster.GPUsPerNode, s.Layout())
+}
+
 // PerSource reports whether a source's split over an expert's copies
 // depends on where the source is under s (Splitter): under a dispatch that
 // does (placement.Dispatch.PerSource), and under vLLM's hash where s counts

@@ -13,8 +13,8 @@ import (
 // that settles the layers in that order: once the layers before l are
 // settled, where every rank's stream stands before l is known, so any
 // copies of layer l, those that move ranks' streams included, are dealt
-// exactly (Deal), and a Splitter bound to them (Bind, Splitter) prices
-// layer l exactly. What a layer's copies do to the streams of the layers
+// exactly, and a Splitter bound to them (Bind, Splitter) prices layer l
+// exactly. What a layer's copies do to the streams of the layers
 // after it is what Commit carries on: those layers are dealt from where
 // the streams then stand, not from where the bound plan left them.
 //
@@ -81,31 +81,10 @@ func NewSequentialDeal(d placement.Dispatch, plan *placement.Plan, G, gpusPerNod
 // layers as NewSplitter's for the plan.
 func (q *SequentialDeal) Splitter() Splitter { return q.split }
 
-// Deal writes gpuOf[r][e], for every rank r and expert e of MoE layer l,
-// the GPU that rank's tokens of e go to when layer l holds copies (per
-// expert, its GPUs; an expert may hold several slots of one GPU) and the
-// layers before it are as committed. l must not be before a committed
-// layer. gpuOf must be G rows of at least E entries.
-func (q *SequentialDeal) Deal(l int, copies [][]int32, gpuOf [][]int32) error {
-	if err := q.advance(l); err != nil {
-		return err
-	}
-	cands, err := q.layerCands(copies)
-	if err != nil {
-		return fmt.Errorf("costmodel: sequential deal: layer %d: %w", l, err)
-	}
-	q.work = append(q.work[:0], q.pos...)
-	q.dealer.DealLayer(cands, q.work, q.rows)
-	for r, row := range q.rows {
-		for e, id := range row {
-			gpuOf[r][e] = id / int32(q.S)
-		}
-	}
-	return nil
-}
-
-// Bind deals MoE layer l for copies (as Deal) and binds the splitter's
-// layer l to that deal.
+// Bind deals MoE layer l for copies (per expert, its GPUs; an expert may
+// hold several slots of one GPU) from where the layers before it, as
+// committed, left every rank's stream, and binds the splitter's layer l
+// to that deal. l must not be before a committed layer.
 func (q *SequentialDeal) Bind(l int, copies [][]int32) error {
 	if err := q.advance(l); err != nil {
 		return err

@@ -318,45 +318,55 @@ func (d *Dealer) Start() []int { return make([]int, d.epSize) }
 // deal draws once per distinct position among the ranks it deals.
 func (d *Dealer) DealLayer(cands [][]int32, pos []int, rows [][]int32) {
 	for e, c := range cands {
-		d.dealt = SGLangDealtRanks(c, d.epSize, d.slotsPerGPU, d.gpusPerNode, d.v, d.dealt[:0])
-		for r := 0; r < d.epSize; r++ {
-			rows[r][e] = SGLangNearest(c, r, d.slotsPerGPU, d.gpusPerNode, d.v)
+		d.dealOne(c, e, pos, rows)
+	}
+}
+
+// dealOne deals expert e (candidates c) of a layer: every rank's nearest
+// copy, then the deal of the others, drawn at pos (which it moves on).
+func (d *Dealer) dealOne(c []int32, e int, pos []int, rows [][]int32) {
+	d.dealt = SGLangDealtRanks(c, d.epSize, d.slotsPerGPU, d.gpusPerNode, d.v, d.dealt[:0])
+	for r := 0; r < d.epSize; r++ {
+		rows[r][e] = SGLangNearest(c, r, d.slotsPerGPU, d.gpusPerNode, d.v)
+	}
+	if len(d.dealt) == 0 {
+		return
+	}
+	if !d.perRank {
+		d.rd.Seek(pos[0])
+		d.choice = FairChoices(d.rd, len(c), len(d.dealt), d.choice[:0])
+		for i, r := range d.dealt {
+			rows[r][e] = c[d.choice[i]]
 		}
-		if len(d.dealt) == 0 {
+		for r := range pos {
+			pos[r] = d.rd.Pos()
+		}
+		return
+	}
+	d.dealRanks(c, e, pos, rows)
+}
+
+// dealRanks deals expert e to the ranks of d.dealt on their own streams:
+// one draw per distinct position among them; the ranks not dealt keep
+// theirs.
+func (d *Dealer) dealRanks(c []int32, e int, pos []int, rows [][]int32) {
+	d.seen = d.seen[:0]
+	d.at = d.at[:0]
+	for _, r := range d.dealt {
+		d.at = append(d.at, pos[r])
+	}
+	for i, p := range d.at {
+		if slices.Contains(d.seen, p) {
 			continue
 		}
-		if !d.perRank {
-			d.rd.Seek(pos[0])
-			d.choice = FairChoices(d.rd, len(c), len(d.dealt), d.choice[:0])
-			for i, r := range d.dealt {
-				rows[r][e] = c[d.choice[i]]
-			}
-			for r := range pos {
-				pos[r] = d.rd.Pos()
-			}
-			continue
-		}
-		// One draw per distinct position among the dealt ranks; the ranks
-		// not dealt keep theirs.
-		d.seen = d.seen[:0]
-		d.at = d.at[:0]
-		for _, r := range d.dealt {
-			d.at = append(d.at, pos[r])
-		}
-		for i, p := range d.at {
-			if slices.Contains(d.seen, p) {
-				continue
-			}
-			d.seen = append(d.seen, p)
-			d.rd.Seek(p)
-			d.choice = FairChoices(d.rd, len(c), len(d.dealt), d.choice[:0])
-			end := d.rd.Pos()
-			for j := i; j < len(d.dealt); j++ {
-				if d.at[j] == p {
-					rr := d.dealt[j]
-					rows[rr][e] = c[d.choice[j]]
-					pos[rr] = end
-				}
+		d.seen = append(d.seen, p)
+		d.rd.Seek(p)
+		d.choice = FairChoices(d.rd, len(c), len(d.dealt), d.choice[:0])
+		end := d.rd.Pos()
+		for j := i; j < len(d.dealt); j++ {
+			if rr := d.dealt[j]; d.at[j] == p {
+				rows[rr][e] = c[d.choice[j]]
+				pos[rr] = end
 			}
 		}
 	}

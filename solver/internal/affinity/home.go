@@ -189,6 +189,9 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	switch {
 	case opts.Limit.ByWork():
 		deadline = time.Now().Add(24 * time.Hour)
+	case sh.keepCounts && costmodel.DealtPerRank(p.Dispatch, p.Start) && sh.cap.On():
+		// The sequential repair (repairSequential) runs on one core.
+		deadline = deadline.Add(-seqRepairEvals * p.EvalTime)
 	case sh.keepCounts && costmodel.DealtPerRank(p.Dispatch, p.Start):
 		// The repair (repairDealt) builds every layer's counters once
 		// more, a pass over every token's experts as an evaluation is,
@@ -238,7 +241,14 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 		res.Copies[l] = gpuCopiesOf(s.copies())
 	})
 	if sh.keepCounts && sh.inexact.Load() {
-		res.Tries += repairDealt(ctx, p, res, opts)
+		n, ok := int64(0), false
+		if sh.cap.On() && costmodel.DealtPerRank(p.Dispatch, p.Start) {
+			n, ok = repairSequential(ctx, p, res, opts)
+		}
+		if !ok {
+			n = repairDealt(ctx, p, res, opts)
+		}
+		res.Tries += n
 	}
 	for _, t := range tries {
 		res.Tries += t
@@ -495,6 +505,13 @@ func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int6
 // GPUs, 64 slots, 32k DeepSeek-V3 trace, 60 s, the descent of every layer
 // took about three evaluations' time; it stops at the deadline).
 const dealtRepairEvals = 3
+
+// seqRepairEvals is dealtRepairEvals for repairSequential, which runs on
+// one core, layer after layer. On 8 × 8 GPUs (64 slots, 32k DeepSeek-V3
+// trace, cap 1.02, 60 s; one evaluation 0.41 s) it took 3.5 s of the
+// 4.9 s these leave; given 6 evaluations' time it ran out at layer 44
+// of 58 and left 17 layers over the cap. On 4 × 8 GPUs it took ~1 s.
+const seqRepairEvals = 12
 
 // repairSweeps is how many times repairDealt may try each pair of a
 // node's slots per GPU of the layer.
