@@ -75,7 +75,13 @@ func repairSequential(ctx context.Context, p Problem, res *Result, opts Options)
 		}
 		se := &searcher{s: s, m: task.ByWork(ctx, work), nodeLevel: levelNode, cheapOnly: true}
 		se.gpuPhase()
-		tries += se.tries + capDescent(lctx, s, true)
+		dctx := lctx
+		if s.overCap() > 0 {
+			// A plan over the cap is no plan: the descent is bounded by
+			// its work alone, as for a layer the search left unsearched.
+			dctx = ctx
+		}
+		tries += se.tries + capDescent(dctx, s, true)
 		cancel()
 		base += time.Since(t0)
 		if ly.bud == nil && s.overCap() > 0 && ctx.Err() == nil {
@@ -89,7 +95,7 @@ func repairSequential(ctx context.Context, p Problem, res *Result, opts Options)
 			if !opts.Limit.ByWork() {
 				left := time.Until(opts.Limit.Deadline)
 				need := base * time.Duration(3*(L-l-1)) / time.Duration(2*(l+1))
-				rctx, rcancel = context.WithTimeout(ctx, max(min(2*left/time.Duration(L-l), left-need), 0))
+				rctx, rcancel = context.WithTimeout(ctx, max(min(4*left/time.Duration(L-l), left-need), 0))
 			}
 			for rctx.Err() == nil && s.overCap() > 0 {
 				s2, n := rerollStep(rctx, s, sd, l)
@@ -166,6 +172,22 @@ func rerollStep(ctx context.Context, s *state, sd *costmodel.SequentialDeal, l i
 	base := s.costNow(levelGPU)
 	cp := s.copies()
 	var n int64
+	// The node a copy moves to sets how its expert, and the ranks whose
+	// streams that moves, are dealt; the GPU within the node and the
+	// partner mostly what the descent then evens out. One candidate per
+	// copy and node, the best promised, before any second one.
+	type key struct{ a, ia, node int }
+	seen := make(map[key]bool)
+	first, rest := cands[:0:0], cands[:0:0]
+	for _, c := range cands {
+		if k := (key{c.mv.a, c.mv.ia, c.mv.b / sh.P}); !seen[k] {
+			seen[k] = true
+			first = append(first, c)
+			continue
+		}
+		rest = append(rest, c)
+	}
+	cands = append(first, rest...)
 	for _, c := range cands {
 		if ctx.Err() != nil {
 			break
