@@ -511,7 +511,7 @@ const dealtRepairEvals = 3
 // trace, cap 1.02, 60 s; one evaluation 0.41 s) it took 3.5 s of the
 // 4.9 s these leave; given 6 evaluations' time it ran out at layer 44
 // of 58 and left 17 layers over the cap. On 4 × 8 GPUs it took ~1 s.
-const seqRepairEvals = 12
+const seqRepairEvals = 20
 
 // repairSweeps is how many times repairDealt may try each pair of a
 // node's slots per GPU of the layer.
