@@ -507,10 +507,13 @@ func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int6
 const dealtRepairEvals = 3
 
 // seqRepairEvals is dealtRepairEvals for repairSequential, which runs on
-// one core, layer after layer. On 8 × 8 GPUs (64 slots, 32k DeepSeek-V3
-// trace, cap 1.02, 60 s; one evaluation 0.41 s) it took 3.5 s of the
-// 4.9 s these leave; given 6 evaluations' time it ran out at layer 44
-// of 58 and left 17 layers over the cap. On 4 × 8 GPUs it took ~1 s.
+// one core, layer after layer, and rerolls the layers the descent leaves
+// over the cap. On 8 × 8 GPUs (64 slots, cap 1.02, 60 s; one evaluation
+// 0.41 s) the layers' descents alone took 1.5-1.8 s; with 6 evaluations'
+// time the 32k DeepSeek-V3 trace's plan ended 17 layers over the cap,
+// with 12 the grouped trace's ended 2-7 over in two of three runs (the
+// rerolls ran out of time), with 20 both traces' plans held it (and the
+// 32k plan at 20 s).
 const seqRepairEvals = 20
 
 // repairSweeps is how many times repairDealt may try each pair of a
