@@ -471,21 +471,7 @@ func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int6
 		}
 		s := newStateKappa(buildLayer(q, sh, l), int32Copies(res.Copies[l]), 0)
 		before := s.costNow(levelGPU)
-		if !sh.nv && s.ly.bud == nil {
-			// Where no NVLink port is modeled, a copy's GPU within its
-			// node changes only the GPUs' tokens: pack the single-copy
-			// experts around the replicated ones first (not under a move
-			// budget, which the packing does not count; the swaps after
-			// it do).
-			if r := repackNodes(s, true); r.costNow(levelGPU) <= before {
-				s = r
-			}
-		}
-		se := &searcher{s: s, m: task.ByWork(ctx, work), nodeLevel: levelNode, cheapOnly: true}
-		se.gpuPhase()
-		// The moves the plan's own table prices exactly, off the
-		// busiest GPU, across nodes too, until the deadline.
-		tries[l] = se.tries + capDescent(dctx, s, true)
+		s, tries[l] = descendDealt(ctx, dctx, s, work)
 		if s.costNow(levelGPU) > before {
 			return
 		}
@@ -497,6 +483,33 @@ func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int6
 		n += t
 	}
 	return n
+}
+
+// descendDealt is what repairDealt and repairSequential do to a layer
+// on the plan's own table: the single-copy experts packed around the
+// replicated ones, the cheap swaps within nodes (a work bound, whatever
+// the clock), then capDescent's exact mode until dctx ends, or bounded by
+// its work alone while the layer is over the cap (a plan over the cap is
+// no plan). It returns the layer's state and the moves priced.
+func descendDealt(ctx, dctx context.Context, s *state, work int64) (*state, int64) {
+	sh := s.ly.sh
+	if !sh.nv && s.ly.bud == nil {
+		// Where no NVLink port is modeled, a copy's GPU within its node
+		// changes only the GPUs' tokens: pack the single-copy experts
+		// around the replicated ones first (not under a move budget,
+		// which the packing does not count; the swaps after it do).
+		if r := repackNodes(s, true); r.costNow(levelGPU) <= s.costNow(levelGPU) {
+			s = r
+		}
+	}
+	se := &searcher{s: s, m: task.ByWork(ctx, work), nodeLevel: levelNode, cheapOnly: true}
+	se.gpuPhase()
+	if s.overCap() > 0 {
+		dctx = ctx
+	}
+	// The moves the plan's own table prices exactly, off the busiest GPU,
+	// across nodes too.
+	return s, se.tries + capDescent(dctx, s, true)
 }
 
 // dealtRepairEvals is, in evaluations of the plan, the time the layers

@@ -9,7 +9,6 @@ import (
 
 	"github.com/moetuner/moetuner/costmodel"
 	"github.com/moetuner/moetuner/placement"
-	"github.com/moetuner/moetuner/solver/internal/task"
 )
 
 // repairSequential is repairDealt for a plan under a cap
@@ -66,27 +65,14 @@ func repairSequential(ctx context.Context, p Problem, res *Result, opts Options)
 		ly := buildLayer(q, sh, l)
 		s := newStateKappa(ly, cp, 0)
 		before := s.costNow(levelGPU)
-		if !sh.nv && ly.bud == nil {
-			// As repairDealt: single-copy experts packed around the
-			// replicated ones (no table deals them).
-			if r := repackNodes(s, true); r.costNow(levelGPU) <= before {
-				s = r
-			}
-		}
-		se := &searcher{s: s, m: task.ByWork(ctx, work), nodeLevel: levelNode, cheapOnly: true}
-		se.gpuPhase()
-		dctx := lctx
-		if s.overCap() > 0 {
-			// A plan over the cap is no plan: the descent is bounded by
-			// its work alone, as for a layer the search left unsearched.
-			dctx = ctx
-		}
-		tries += se.tries + capDescent(dctx, s, true)
+		var n int64
+		s, n = descendDealt(ctx, lctx, s, work)
+		tries += n
 		cancel()
 		base += time.Since(t0)
 		if ly.bud == nil && s.overCap() > 0 && ctx.Err() == nil {
 			// Over the cap still: swaps that move streams, each with the
-			// descent after it, within two shares of the time left, and
+			// descent after it, within four shares of the time left, and
 			// never into the time the later layers need (what the layers
 			// so far took without this, with half as much again): a
 			// reroll moves their deals, and a layer left unrepaired after
@@ -127,9 +113,9 @@ func repairSequential(ctx context.Context, p Problem, res *Result, opts Options)
 // node than that copy's (which changes the ranks the busiest GPU's copy
 // is dealt), ordered by the load they promise the busiest GPU alone (a
 // moved copy of a replicated expert at its expert's mean per copy; the
-// descent sees to the other GPUs). It returns the first whose descended
-// state costs less than s (sd bound to it), or nil (sd bound to s's
-// copies), and the moves priced.
+// descent sees to the other GPUs). It returns the first of the first
+// capRefusals·G whose descended state costs less than s (sd bound to it),
+// or nil (sd bound to s's copies), and the moves priced.
 func rerollStep(ctx context.Context, s *state, sd *costmodel.SequentialDeal, l int) (*state, int64) {
 	sh := s.ly.sh
 	_, top := costmodel.BalanceAt(s.tok, sh.speed)
@@ -188,8 +174,8 @@ func rerollStep(ctx context.Context, s *state, sd *costmodel.SequentialDeal, l i
 		rest = append(rest, c)
 	}
 	cands = append(first, rest...)
-	for _, c := range cands {
-		if ctx.Err() != nil {
+	for i, c := range cands {
+		if i >= capRefusals*sh.G || ctx.Err() != nil {
 			break
 		}
 		e, f := int(s.held[c.mv.a][c.mv.ia]), int(s.held[c.mv.b][c.mv.ib])
