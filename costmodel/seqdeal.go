@@ -29,6 +29,10 @@ type SequentialDeal struct {
 	pos     []int // every rank's stream position before row
 	work    []int // scratch positions
 	rows    [][]int32
+	// bound is the row Bind last dealt (-1: none since it was committed),
+	// and after every rank's position after it.
+	bound int
+	after []int
 }
 
 // NewSequentialDeal starts the sequential deal of plan for dispatch d
@@ -68,7 +72,7 @@ func NewSequentialDeal(d placement.Dispatch, plan *placement.Plan, G, gpusPerNod
 		return nil, fmt.Errorf("costmodel: %s dispatch: %w", d, err)
 	}
 	q := &SequentialDeal{split: split, dealer: dealer, cands: cands, moeRows: moeRows, S: S, pos: dealer.Start(),
-		rows: make([][]int32, G)}
+		rows: make([][]int32, G), bound: -1}
 	for r := range q.rows {
 		q.rows[r] = make([]int32, plan.Experts)
 	}
@@ -93,9 +97,14 @@ func (q *SequentialDeal) Bind(l int, copies [][]int32) error {
 	if err != nil {
 		return fmt.Errorf("costmodel: sequential deal: layer %d: %w", l, err)
 	}
-	q.cands[q.moeRows[l]] = cands
+	row := q.moeRows[l]
+	if row == q.bound && slices.EqualFunc(cands, q.cands[row], slices.Equal) {
+		return nil // bound to these copies already
+	}
+	q.cands[row] = cands
 	q.work = append(q.work[:0], q.pos...)
 	q.dealer.DealLayer(cands, q.work, q.rows)
+	q.bound, q.after = row, append(q.after[:0], q.work...)
 	d := q.split
 	for e, c := range cands {
 		i := l*d.E + e
@@ -131,6 +140,11 @@ func (q *SequentialDeal) advance(l int) error {
 
 func (q *SequentialDeal) dealTo(row int) error {
 	for ; q.row < row; q.row++ {
+		if q.row == q.bound {
+			copy(q.pos, q.after) // dealt when it was bound
+			q.bound = -1
+			continue
+		}
 		q.dealer.DealLayer(q.cands[q.row], q.pos, q.rows)
 	}
 	return nil

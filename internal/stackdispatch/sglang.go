@@ -289,6 +289,37 @@ type Dealer struct {
 	rd                               *pyrand.Random
 	dealt, choice                    []int32
 	at, seen                         []int
+	// memo keeps what FairChoices drew at a position for (n, k): a deal
+	// depends on nothing else, and a layer dealt again for other copies
+	// draws again at most of the positions it drew at before.
+	memo map[memoKey]memoDeal
+}
+
+type memoKey struct{ pos, n, k int }
+
+type memoDeal struct {
+	choice []int32
+	end    int
+}
+
+// memoLimit bounds the memo's entries (each at most epSize positions);
+// it is emptied when full.
+const memoLimit = 1 << 15
+
+// fairChoices is FairChoices(stream at pos, n, k) and the position after
+// it, from the memo when it holds them.
+func (d *Dealer) fairChoices(pos, n, k int) ([]int32, int) {
+	key := memoKey{pos, n, k}
+	if m, ok := d.memo[key]; ok {
+		return m.choice, m.end
+	}
+	if d.memo == nil || len(d.memo) >= memoLimit {
+		d.memo = make(map[memoKey]memoDeal)
+	}
+	d.rd.Seek(pos)
+	m := memoDeal{choice: FairChoices(d.rd, n, k, nil), end: d.rd.Pos()}
+	d.memo[key] = m
+	return m.choice, m.end
 }
 
 // NewDealer returns a dealer for SGLang's static table of the tree v names,
@@ -360,12 +391,10 @@ func (d *Dealer) dealRanks(c []int32, e int, pos []int, rows [][]int32) {
 			continue
 		}
 		d.seen = append(d.seen, p)
-		d.rd.Seek(p)
-		d.choice = FairChoices(d.rd, len(c), len(d.dealt), d.choice[:0])
-		end := d.rd.Pos()
+		choice, end := d.fairChoices(p, len(c), len(d.dealt))
 		for j := i; j < len(d.dealt); j++ {
 			if rr := d.dealt[j]; d.at[j] == p {
-				rows[rr][e] = c[d.choice[j]]
+				rows[rr][e] = c[choice[j]]
 				pos[rr] = end
 			}
 		}
