@@ -48,6 +48,10 @@ func repairSequential(ctx context.Context, p Problem, res *Result, opts Options)
 	work := int64(repairSweeps * sh.G * S * S)
 	var tries int64
 	var base time.Duration // the layers' time before their rerolls
+	limit := math.MaxInt   // reroll candidates a step: under a deadline, what the time allows
+	if opts.Limit.ByWork() {
+		limit = capRefusals * sh.G
+	}
 	for l := 0; l < L; l++ {
 		if ctx.Err() != nil {
 			break
@@ -72,7 +76,7 @@ func repairSequential(ctx context.Context, p Problem, res *Result, opts Options)
 		base += time.Since(t0)
 		if ly.bud == nil && s.overCap() > 0 && ctx.Err() == nil {
 			// Over the cap still: swaps that move streams, each with the
-			// descent after it, within four shares of the time left, and
+			// descent after it, within eight shares of the time left, and
 			// never into the time the later layers need (what the layers
 			// so far took without this, with half as much again): a
 			// reroll moves their deals, and a layer left unrepaired after
@@ -81,10 +85,10 @@ func repairSequential(ctx context.Context, p Problem, res *Result, opts Options)
 			if !opts.Limit.ByWork() {
 				left := time.Until(opts.Limit.Deadline)
 				need := base * time.Duration(3*(L-l-1)) / time.Duration(2*(l+1))
-				rctx, rcancel = context.WithTimeout(ctx, max(min(4*left/time.Duration(L-l), left-need), 0))
+				rctx, rcancel = context.WithTimeout(ctx, max(min(8*left/time.Duration(L-l), left-need), 0))
 			}
 			for rctx.Err() == nil && s.overCap() > 0 {
-				s2, n := rerollStep(rctx, s, sd, l)
+				s2, n := rerollStep(rctx, s, sd, l, limit)
 				tries += n
 				if s2 == nil {
 					break
@@ -114,9 +118,9 @@ func repairSequential(ctx context.Context, p Problem, res *Result, opts Options)
 // is dealt), ordered by the load they promise the busiest GPU alone (a
 // moved copy of a replicated expert at its expert's mean per copy; the
 // descent sees to the other GPUs). It returns the first of the first
-// capRefusals·G whose descended state costs less than s (sd bound to it),
-// or nil (sd bound to s's copies), and the moves priced.
-func rerollStep(ctx context.Context, s *state, sd *costmodel.SequentialDeal, l int) (*state, int64) {
+// limit whose descended state costs less than s (sd bound to it), or nil
+// (sd bound to s's copies), and the moves priced.
+func rerollStep(ctx context.Context, s *state, sd *costmodel.SequentialDeal, l, limit int) (*state, int64) {
 	sh := s.ly.sh
 	_, top := costmodel.BalanceAt(s.tok, sh.speed)
 	cur := s.tok[top] / sh.speed[top]
@@ -175,7 +179,7 @@ func rerollStep(ctx context.Context, s *state, sd *costmodel.SequentialDeal, l i
 	}
 	cands = append(first, rest...)
 	for i, c := range cands {
-		if i >= capRefusals*sh.G || ctx.Err() != nil {
+		if i >= limit || ctx.Err() != nil {
 			break
 		}
 		e, f := int(s.held[c.mv.a][c.mv.ia]), int(s.held[c.mv.b][c.mv.ib])
