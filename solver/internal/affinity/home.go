@@ -189,7 +189,7 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	switch {
 	case opts.Limit.ByWork():
 		deadline = time.Now().Add(24 * time.Hour)
-	case sh.keepCounts && costmodel.DealtPerRank(p.Dispatch, p.Start) && sh.cap.On():
+	case sh.keepCounts && costmodel.DealtPerRank(p.Dispatch, p.Start) && sh.cap.On() && !p.budgeted():
 		// The sequential repair (repairSequential) runs on one core.
 		deadline = deadline.Add(-seqRepairEvals * p.EvalTime)
 	case sh.keepCounts && costmodel.DealtPerRank(p.Dispatch, p.Start):
@@ -242,7 +242,9 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	})
 	if sh.keepCounts && sh.inexact.Load() {
 		n, ok := int64(0), false
-		if sh.cap.On() && costmodel.DealtPerRank(p.Dispatch, p.Start) {
+		if sh.cap.On() && costmodel.DealtPerRank(p.Dispatch, p.Start) && !p.budgeted() {
+			// Under a move budget a reroll would move slots the budget
+			// does not count: the parallel repair makes the same moves.
 			n, ok = repairSequential(ctx, p, res, opts)
 		}
 		if !ok {

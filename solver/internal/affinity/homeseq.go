@@ -12,7 +12,7 @@ import (
 )
 
 // repairSequential is repairDealt for a plan under a cap
-// (Problem.MaxImbalance) in SGLang's trees that deal a loaded map on one
+// (Problem.MaxImbalance) and no move budget in SGLang's trees that deal a loaded map on one
 // stream per rank (costmodel.DealtPerRank), where a copy moved into or
 // out of a rank's node moves that rank's stream for every later deal. It
 // settles the layers in the order SGLang deals them
@@ -74,7 +74,7 @@ func repairSequential(ctx context.Context, p Problem, res *Result, opts Options)
 		tries += n
 		cancel()
 		base += time.Since(t0)
-		if ly.bud == nil && s.overCap() > 0 && ctx.Err() == nil {
+		if s.overCap() > 0 && ctx.Err() == nil {
 			// Over the cap still: swaps that move streams, each with the
 			// descent after it, within eight shares of the time left, and
 			// never into the time the later layers need (what the layers
