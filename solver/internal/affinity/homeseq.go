@@ -12,25 +12,24 @@ import (
 )
 
 // repairSequential is repairDealt for a plan under a cap
-// (Problem.MaxImbalance) and no move budget in SGLang's trees that deal a loaded map on one
-// stream per rank (costmodel.DealtPerRank), where a copy moved into or
-// out of a rank's node moves that rank's stream for every later deal. It
-// settles the layers in the order SGLang deals them
+// (Problem.MaxImbalance) and no move budget in SGLang's trees that deal a
+// loaded map on one stream per rank (costmodel.DealtPerRank), where a
+// copy moved into or out of a rank's node moves that rank's stream for
+// every later deal. It settles the layers in the order SGLang deals them
 // (costmodel.SequentialDeal): once the layers before l are settled, every
 // rank's stream before l is known, so layer l is dealt exactly for any
 // copies, and swaps that move streams, which repairDealt must leave
 // alone, can be made (rerollStep); what they move in the layers after l
 // is dealt when those layers' turn comes. Each layer gets, on its own
-// table, repairDealt's swaps (the packing, the cheap swaps within nodes,
-// capDescent's exact mode) within its share of the time left and, while
-// it stays over the cap, rerollStep. It returns the moves priced, and
-// false when the plan cannot be dealt sequentially (the caller then
-// repairs as repairDealt does).
+// table, repairDealt's moves (descendDealt) within its share of the time
+// left and, while it stays over the cap, rerollStep. It returns the moves
+// priced, and false when the plan cannot be dealt sequentially (the
+// caller then repairs as repairDealt does).
 //
 // On the 32k DeepSeek-V3 trace (8 × 8 GPUs, 64 slots, cap 1.02, 60 s)
 // the search's plan as dealt is at 1.02-1.31 busiest/mean per layer; with
 // repairDealt 9 of 58 layers stayed over the cap after the plan-level
-// repair, with this none (1.007 (1.016) as dealt).
+// repair, with this none (1.007 (1.019) as dealt).
 func repairSequential(ctx context.Context, p Problem, res *Result, opts Options) (int64, bool) {
 	q := p
 	q.Start = placement.FromReplicas(p.Cluster.GPUs(), res.Copies, "joint")
