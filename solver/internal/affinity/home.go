@@ -186,13 +186,19 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	res := &Result{Copies: make([][][]placement.GPU, L), Remote: make([]float64, L), StartRemote: make([]float64, L)}
 	tries := make([]int64, L)
 	deadline := opts.Limit.Deadline
+	// Under a cap and no move budget, SGLang's per-rank trees are repaired
+	// layer after layer (repairSequential; under a budget a reroll would
+	// move slots the budget does not count, and the parallel repairDealt
+	// makes the same moves).
+	perRank := sh.keepCounts && costmodel.DealtPerRank(p.Dispatch, p.Start)
+	sequential := perRank && sh.cap.On() && !p.budgeted()
 	switch {
 	case opts.Limit.ByWork():
 		deadline = time.Now().Add(24 * time.Hour)
-	case sh.keepCounts && costmodel.DealtPerRank(p.Dispatch, p.Start) && sh.cap.On() && !p.budgeted():
+	case sequential:
 		// The sequential repair (repairSequential) runs on one core.
 		deadline = deadline.Add(-seqRepairEvals * p.EvalTime)
-	case sh.keepCounts && costmodel.DealtPerRank(p.Dispatch, p.Start):
+	case perRank:
 		// The repair (repairDealt) builds every layer's counters once
 		// more, a pass over every token's experts as an evaluation is,
 		// and descends on the plan's own table until the deadline.
@@ -242,9 +248,7 @@ func Solve(ctx context.Context, p Problem, opts Options) (*Result, error) {
 	})
 	if sh.keepCounts && sh.inexact.Load() {
 		n, ok := int64(0), false
-		if sh.cap.On() && costmodel.DealtPerRank(p.Dispatch, p.Start) && !p.budgeted() {
-			// Under a move budget a reroll would move slots the budget
-			// does not count: the parallel repair makes the same moves.
+		if sequential {
 			n, ok = repairSequential(ctx, p, res, opts)
 		}
 		if !ok {
@@ -435,21 +439,17 @@ func proxyPhase(ctx context.Context, s *state, lim task.Limit, rng *rand.Rand) (
 	return newStateKappa(ly, px.copies(), s.kappa), short, lim.Work
 }
 
-// repairDealt balances every layer of res within its nodes as the table
-// dealt for res's own plan splits it, when the search priced some copies
-// on the table's closed form (shape.inexact: SGLang's node trees deal a
-// loaded map on one stream per rank, and a copy moved into or out of a
-// rank's node moves that rank's stream for every later deal). It makes
-// only swaps of two single-copy experts within a node: a single-copy
-// expert is not dealt (or, in the plain tree, dealt the same wherever it
-// sits), so those swaps leave the table as it is and are priced exactly
-// (withinNode); none raises the layer's surrogate cost. Over the cap, a
-// layer then gets capDescent on the same swaps across nodes too. Each
-// layer gets
-// repairSweeps tries of every pair of its nodes' slots, whatever the
-// clock (they are cheap: a swap is priced from the GPUs' loads), after
-// one pass over its tokens to build the counters. It returns the swaps
-// scored.
+// repairDealt balances every layer of res as the table dealt for res's
+// own plan splits it, when the search priced some copies on the table's
+// closed form (shape.inexact: SGLang's node trees deal a loaded map on
+// one stream per rank, and a copy moved into or out of a rank's node
+// moves that rank's stream for every later deal). The layers, side by
+// side, each get descendDealt: only moves that leave the table as it is,
+// so each is priced exactly and none raises the layer's surrogate cost;
+// the cheap swaps within nodes get repairSweeps tries of every pair of a
+// node's slots whatever the clock, the exact descent after them runs
+// until opts' deadline (by work alone over the cap). It returns the
+// moves priced.
 func repairDealt(ctx context.Context, p Problem, res *Result, opts Options) int64 {
 	q := p
 	q.Start = placement.FromReplicas(p.Cluster.GPUs(), res.Copies, "joint")
