@@ -375,19 +375,19 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 	s.tie = false
 	s.resync()
 	// 5. Under a short limit, balance within the nodes again: where the
-	// NICs set the layer's
-	// time the annealing trades the busiest GPU for NIC copies freely,
-	// and a swap within a node that does not raise the cost evens the
-	// GPUs out for nothing.
+	// NICs set the layer's time the annealing trades the busiest GPU for
+	// NIC copies freely, and a swap within a node that does not raise the
+	// cost evens the GPUs out for nothing.
 	if short {
 		se.m = phase(end, 1).Meter(ctx)
 		se.gpuPhase()
 	}
 	tries += se.tries
-	// 6. Over the cap, the swaps off the busiest GPU that lower the cost.
-	// It and 7. are bounded by work, not by the clock: the phases of the
-	// layers after leave them the time they take (spill).
-	tries += capDescent(ctx, s, false)
+	// 6. and 7. (settle) and 8. are bounded by work, not by the clock:
+	// the phases of the layers after leave them the time they take
+	// (spill).
+	s, n := settle(ctx, s)
+	tries += n
 	if logf != nil {
 		logf("layer %d: %v: remote start %.0f proxy %.0f nodes %.0f (imb %.4f) gpus %.0f (imb %.4f) end %.0f (imb %.4f); cost %.4g → %.4g (after gpus %.4g, port imb %.4f)", ly.l, time.Since(t0), startRemote, r0, r1, i1, r2, i2, s.remote(), s.imbalance(levelGPU), startCost, s.costNow(levelGPU), c2, s.portImbalance())
 	}
@@ -395,13 +395,22 @@ func improve(ctx context.Context, s *state, lim task.Limit, sh Shares, seed uint
 		// A layer that starts within the cap stays within it.
 		s = newStateKappa(ly, start, 0)
 	}
-	// 7. Whatever the clock left, the swaps within nodes that cost
+	// 8. Whatever the clock left, the swaps within nodes that cost
 	// nothing to price.
 	tries += evenOut(ctx, s)
 	if !lim.ByWork() {
 		ly.sh.spilled(time.Since(lim.Deadline))
 	}
 	return s, tries
+}
+
+// settle runs the steps after the phases: 6. the swaps between nodes that
+// even them out (evenNodes), 7. over the cap, the swaps off the busiest
+// GPU that lower the cost (capDescent). It returns the state and the
+// moves priced.
+func settle(ctx context.Context, s *state) (*state, int64) {
+	s, n := evenNodes(ctx, s)
+	return s, n + capDescent(ctx, s, false)
 }
 
 // proxyPhase runs the node-level proxy on s within lim and returns the

@@ -55,6 +55,12 @@ type relocation struct {
 // (two thirds of a pass on the 32k DeepSeek-V3 trace, 4 × 8 GPUs, 32
 // slots), follow, and are left out when the meter runs out among them.
 func (se *searcher) relocGains() [][]relocation {
+	return se.gains(true)
+}
+
+// gains is relocGains, with the replicated experts' copies left out
+// unless replicated is set.
+func (se *searcher) gains(replicated bool) [][]relocation {
 	s := se.s
 	sh := s.ly.sh
 	N, P := sh.N, sh.P
@@ -91,8 +97,11 @@ func (se *searcher) relocGains() [][]relocation {
 		}
 	}
 	tr := &s.tr
-replicated:
+trials:
 	for a := range s.held {
+		if !replicated {
+			break
+		}
 		A := a / P
 		for ia, e16 := range s.held[a] {
 			e := int(e16)
@@ -100,7 +109,7 @@ replicated:
 				continue
 			}
 			if se.m.Done() {
-				break replicated
+				break trials
 			}
 			for B := 0; B < N; B++ {
 				if B == A {
