@@ -3,6 +3,7 @@ package affinity
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -138,4 +139,81 @@ func TestCapDescentExactOnTheTable(t *testing.T) {
 	}
 	assert.GreaterOrEqual(t, lowered, runs/3, "the busiest GPU lowered")
 	t.Logf("%d of %d lowered", lowered, runs)
+}
+
+// TestCapDescentEndsWhereNoSwapHelps: under SGLang's plain table, on
+// random layers with replicated experts and a cap a third of the way from
+// the start's busiest/mean to 1, a layer capDescent leaves over the cap
+// is one where no swap it may make lowers the cost: none of the busiest
+// GPU's copies with a copy elsewhere that would carry less, and none of
+// the busiest GPU's experts' other copies with any copy, each priced on a
+// fresh state of the result. The descent's state also recounts to no
+// more than the start's cost. A descent that does nothing, or stops at
+// its first refusals while cheaper swaps are left, fails.
+func TestCapDescentEndsWhereNoSwapHelps(t *testing.T) {
+	rng := rand.New(rand.NewPCG(61, 3))
+	over, runs := 0, 0
+	for range 30 {
+		N, P := 2+rng.IntN(2), 2+rng.IntN(3)
+		E := 8 + rng.IntN(12)
+		red := fillSlots(E, N*P, N*P)
+		sc, plan, slots := randomInstance(t, rng, N, P, E, 2, 1, 150+rng.IntN(200), red, placement.DispatchSGLangStatic, false)
+		p := Problem{Scenario: sc, Slots: slots, Start: plan}
+		sh, err := newShape(p)
+		require.NoError(t, err)
+		s0 := newStateKappa(buildLayer(p, sh, 0), int32Copies(plan.ExpertGPUs(0)), 0)
+		b := costmodel.Balance(s0.tok, sh.speed)
+		if b < 1.01 {
+			continue
+		}
+		p.MaxImbalance = 1 + (b-1)/3
+		sh, err = newShape(p)
+		require.NoError(t, err)
+		ly := buildLayer(p, sh, 0)
+		s := newStateKappa(ly, int32Copies(plan.ExpertGPUs(0)), 0)
+		before := s.costNow(levelGPU)
+		capDescent(context.Background(), s, false)
+		runs++
+		fresh := newStateKappa(ly, s.copies(), 0)
+		checkAgainstModel(t, sc, s, 0)
+		require.LessOrEqual(t, fresh.costNow(levelGPU), before*(1+1e-12))
+		top := fresh.busiestOverCap()
+		if top < 0 {
+			continue
+		}
+		over++
+		now := fresh.costNow(levelGPU)
+		cur := fresh.tok[top] / sh.speed[top]
+		var moves []move
+		for ia, e := range fresh.held[top] {
+			for g := range sh.G {
+				for ib, f := range fresh.held[g] {
+					dl := fresh.cs[e].loadOn(top) - fresh.cs[f].loadOn(g)
+					if g != top && dl > 0 && math.Max((fresh.tok[top]-dl)/sh.speed[top], (fresh.tok[g]+dl)/sh.speed[g]) < cur*(1-1e-12) {
+						moves = append(moves, move{kind: moveSwap, a: top, ia: ia, b: g, ib: ib})
+					}
+				}
+			}
+			for _, h := range fresh.cs[e].gpus {
+				if int(h) == top {
+					continue
+				}
+				ia := slices.Index(fresh.held[h], e)
+				for g := range sh.G {
+					for ib := range fresh.held[g] {
+						moves = append(moves, move{kind: moveSwap, a: int(h), ia: ia, b: g, ib: ib})
+					}
+				}
+			}
+		}
+		for _, mv := range moves {
+			if !fresh.valid(mv) || mv.b == top {
+				continue
+			}
+			d := fresh.try(mv, levelGPU)
+			assert.GreaterOrEqual(t, d, -1e-12*math.Abs(now), "layer left over the cap with a cheaper swap %+v", mv)
+		}
+	}
+	t.Logf("%d layers, %d left over the cap", runs, over)
+	assert.Positive(t, over)
 }
