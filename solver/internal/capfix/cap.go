@@ -82,8 +82,17 @@ func Cap(ctx context.Context, p Problem, plan *placement.Plan, rep *costmodel.Re
 	// the tokens.
 	var ev *costmodel.Evaluator
 	var err error
+	// build is how long the evaluator took to build: a deal of the whole
+	// plan, what setting a layer that moves SGLang's stream costs again.
+	var build time.Duration
+	newEvaluator := func() error {
+		t0 := time.Now()
+		ev, err = p.NewEvaluator(plan)
+		build = time.Since(t0)
+		return err
+	}
 	if rep == nil {
-		if ev, err = p.NewEvaluator(plan); err != nil {
+		if err := newEvaluator(); err != nil {
 			return 0, err
 		}
 	}
@@ -107,25 +116,22 @@ func Cap(ctx context.Context, p Problem, plan *placement.Plan, rep *costmodel.Re
 		return 0, err
 	}
 	if ev == nil {
-		if ev, err = p.NewEvaluator(plan); err != nil {
+		if err := newEvaluator(); err != nil {
 			return 0, err
 		}
-	}
-	type miss struct {
-		layer  int
-		ratio  float64
-		floor  float64
-		expert int
 	}
 	var misses []miss
 	changed := 0
 	for _, l := range over {
 		orig := cloneLayer(ev.Layer(l))
 		r := repairLayer(ctx, p, ev, l, speed, deadline)
-		// The fallback's layer is tried while time is left: setting it
-		// re-deals the plan under SGLang's table (on 8 × 8 GPUs, 57
-		// layers over a cap, 2.5 s past a 10 s limit).
-		expired := ctx.Err() != nil || time.Now().After(deadline)
+		// The fallback's layer is tried while time is left for it:
+		// setting it, and setting the plan's own back, re-deals the plan
+		// under SGLang's table, each about the evaluator's build (on 8 ×
+		// 8 GPUs, 57 layers over a cap, 2.5 s past a 10 s limit; one
+		// layer over at 60 s, 2.6–3.0 s past, when only time being left
+		// was asked).
+		expired := ctx.Err() != nil || time.Until(deadline) < 2*build
 		if r > limit*(1+tol) && !expired && fallback != nil && sameSlotsPerGPU(fallback.Layers[l], orig, plan.GPUs) &&
 			(p.Current == nil || p.MaxMoves <= 0 || placement.ChangedSlots(p.Current.Layers[l], fallback.Layers[l]) <= p.MaxMoves) {
 			mine := cloneLayer(ev.Layer(l))
@@ -147,42 +153,59 @@ func Cap(ctx context.Context, p Problem, plan *placement.Plan, rep *costmodel.Re
 		}
 	}
 	if len(misses) > 0 {
-		worst := misses[0]
-		for _, m := range misses[1:] {
-			if m.ratio > worst.ratio {
-				worst = m
-			}
-		}
-		why := "the search found no plan under it"
-		if time.Now().After(deadline) {
-			why = "the time limit ended before the search found a plan under it (raise Options.TimeLimit)"
-		}
-		d := digitsAbove(worst.ratio, limit)
-		fix := fmt.Sprintf("raise Problem.MaxImbalance to %s", roundTo(worst.ratio, d, math.Ceil))
-		if worst.floor > limit*(1+tol) && worst.expert >= 0 {
-			who := fmt.Sprintf("expert %d", worst.expert)
-			if lp := ev.Layer(worst.layer); len(lp.SlotExpert) > p.Stats.Experts {
-				// With copies the bound holds for the plan's copy counts,
-				// which the repair's retargets could not change enough.
-				n := 0
-				for _, e := range lp.SlotExpert {
-					if int(e) == worst.expert {
-						n++
-					}
-				}
-				who += fmt.Sprintf(" with its %d %s", n, map[bool]string{true: "copy", false: "copies"}[n == 1])
-			}
-			why = fmt.Sprintf("%s gives its GPU at least %s× the mean, even with the lightest copies beside it", who, roundTo(worst.floor, digitsAbove(worst.floor, limit), math.Floor))
-		}
-		if !p.Redundant {
-			fix += " or add redundant slots (Problem.RedundantSlots) so that hot experts get copies"
-		} else {
-			fix += " or add redundant slots (Problem.RedundantSlots)"
-		}
-		return changed, &task.Infeasible{Constraint: "max imbalance", Detail: fmt.Sprintf(
-			"%d of %d layers stay above Problem.MaxImbalance %s; the worst, layer %d, is at %s: %s; %s",
-			len(misses), len(plan.Layers), strconv.FormatFloat(limit, 'f', -1, 64), worst.layer, roundTo(worst.ratio, d, math.Ceil), why, fix)}
+		return changed, missError(p, ev, len(plan.Layers), misses, time.Until(deadline) < 2*build)
 	}
 	*plan = *ev.Plan()
 	return changed, nil
+}
+
+// miss is a layer Cap left above the cap: its busiest/mean and, where
+// one expert sets it, the floor that expert gives its GPU.
+type miss struct {
+	layer  int
+	ratio  float64
+	floor  float64
+	expert int
+}
+
+// missError is Cap's *task.Infeasible for misses (of layers layers): the
+// worst, why (timeUp: the time limit ended first) and what would fix it.
+func missError(p Problem, ev *costmodel.Evaluator, layers int, misses []miss, timeUp bool) error {
+	limit := p.MaxImbalance
+	const tol = capTol
+	worst := misses[0]
+	for _, m := range misses[1:] {
+		if m.ratio > worst.ratio {
+			worst = m
+		}
+	}
+	why := "the search found no plan under it"
+	if timeUp {
+		why = "the time limit ended before the search found a plan under it (raise Options.TimeLimit)"
+	}
+	d := digitsAbove(worst.ratio, limit)
+	fix := fmt.Sprintf("raise Problem.MaxImbalance to %s", roundTo(worst.ratio, d, math.Ceil))
+	if worst.floor > limit*(1+tol) && worst.expert >= 0 {
+		who := fmt.Sprintf("expert %d", worst.expert)
+		if lp := ev.Layer(worst.layer); len(lp.SlotExpert) > p.Stats.Experts {
+			// With copies the bound holds for the plan's copy counts,
+			// which the repair's retargets could not change enough.
+			n := 0
+			for _, e := range lp.SlotExpert {
+				if int(e) == worst.expert {
+					n++
+				}
+			}
+			who += fmt.Sprintf(" with its %d %s", n, map[bool]string{true: "copy", false: "copies"}[n == 1])
+		}
+		why = fmt.Sprintf("%s gives its GPU at least %s× the mean, even with the lightest copies beside it", who, roundTo(worst.floor, digitsAbove(worst.floor, limit), math.Floor))
+	}
+	if !p.Redundant {
+		fix += " or add redundant slots (Problem.RedundantSlots) so that hot experts get copies"
+	} else {
+		fix += " or add redundant slots (Problem.RedundantSlots)"
+	}
+	return &task.Infeasible{Constraint: "max imbalance", Detail: fmt.Sprintf(
+		"%d of %d layers stay above Problem.MaxImbalance %s; the worst, layer %d, is at %s: %s; %s",
+		len(misses), layers, strconv.FormatFloat(limit, 'f', -1, 64), worst.layer, roundTo(worst.ratio, d, math.Ceil), why, fix)}
 }
