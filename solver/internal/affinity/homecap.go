@@ -30,7 +30,7 @@ import (
 // The deeper steps run only on a layer the first candidates leave over
 // the cap. Without them, `plan --nodes 8 --gpus-per-node 8
 // --redundant-slots 64 --dispatch sglang-static --max-imbalance 1.02
-// --time-limit 60s` on the 32k DeepSeek-V3 trace failed in 5 of 21 runs,
+// --time-limit 60s` on the 32k DeepSeek-V3 trace failed in 5 of 20 runs,
 // one or two layers left at 1.021–1.072 that the plan-level repair could
 // not bring under in the time left; with them it held in 5 of 5.
 //
