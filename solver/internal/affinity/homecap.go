@@ -141,6 +141,7 @@ func (se *searcher) capDescent() {
 				}
 			}
 		}
+		slices.SortFunc(cands, byPeak)
 		made := se.firstCheaper(cands, refusals, scratch)
 		if !made && !se.exact {
 			// Still over the cap: the rest of the candidates, then the
@@ -152,7 +153,9 @@ func (se *searcher) capDescent() {
 				made = se.firstCheaper(cands[refusals:], len(cands), scratch)
 			}
 			if !made {
-				made = se.firstCheaper(se.siblingCands(top, nil), math.MaxInt, scratch)
+				sib := se.siblingCands(top, nil)
+				slices.SortFunc(sib, byPeak)
+				made = se.firstCheaper(sib, math.MaxInt, scratch)
 			}
 		}
 		if !made {
@@ -161,13 +164,15 @@ func (se *searcher) capDescent() {
 	}
 }
 
-// firstCheaper prices cands exactly in the order of the peak they
-// promise, at most limit of them, and makes the first that lowers the
-// cost; it reports whether it made one.
+// byPeak orders candidates by the peak they promise, lowest first.
+func byPeak(x, y capCand) int { return cmp.Compare(x.peak, y.peak) }
+
+// firstCheaper prices cands exactly in their order (byPeak), at most
+// limit of them, and makes the first that lowers the cost; it reports
+// whether it made one.
 func (se *searcher) firstCheaper(cands []capCand, limit int, scratch []float64) bool {
 	s := se.s
 	P := s.ly.sh.P
-	slices.SortFunc(cands, func(x, y capCand) int { return cmp.Compare(x.peak, y.peak) })
 	now, base := s.costNow(levelGPU), s.baseCost()
 	for i, c := range cands {
 		if i >= limit || se.m.Done() {
